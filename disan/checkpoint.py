@@ -1,0 +1,61 @@
+"""Checkpoint save/load. Loading uses `torch.load(weights_only=True)`: no pickle code runs.
+
+A checkpoint is a plain dict of tensors and JSON-like values:
+    format, version, model_state, config (DiSANConfig dict), vocab (list of words), labels,
+    train_config, step, epoch, metrics, and optionally optimizer_state (for --resume).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from disan.model import DiSANConfig, build_model
+from disan.text import Vocab
+
+CHECKPOINT_FORMAT = "disan-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],
+                    **extra: Any) -> None:
+    """Write `model` (its config is `model.cfg`), vocab and labels plus `extra` fields atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "model_state": model.state_dict(),
+        "config": model.cfg.to_dict(),
+        "vocab": vocab.itos,
+        "labels": list(labels),
+        **extra,
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)  # a crash mid-write never leaves a truncated checkpoint behind
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint dict safely; raise ValueError with the path if it is not one of ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: checkpoint not found")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt / foreign files
+        raise ValueError(f"{path}: cannot read checkpoint ({exc.__class__.__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not a disan checkpoint")
+    return payload
+
+
+def model_from_checkpoint(payload: dict[str, Any]) -> tuple[torch.nn.Module, Vocab, list[str]]:
+    """Rebuild the model (eval mode), vocab and labels from a loaded checkpoint dict."""
+    cfg = DiSANConfig.from_dict(payload["config"])
+    model = build_model(cfg)
+    model.load_state_dict(payload["model_state"])
+    model.eval()
+    return model, Vocab(payload["vocab"][2:]), list(payload["labels"])

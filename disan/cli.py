@@ -1,0 +1,59 @@
+"""`disan` console script: train | eval | export | verify | serve | bench.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
+modules are imported only when their subcommand runs, so `disan serve` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data"),
+    "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks"),
+    "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),
+    "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity"),
+    "serve": ("service.cli", "serve a bundle over HTTP"),
+    "bench": ("bench.cli", "run the benchmarks"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser; subcommand arguments are added lazily in `main`."""
+    parser = argparse.ArgumentParser(prog="disan", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: dispatch to the subcommand's module; errors become one clear line + exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv or argv[0] not in COMMANDS:
+        parser.parse_args(argv)  # prints usage / error and exits
+        return 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        print(f"disan {name}: missing dependency {exc.name!r} (install the matching extra, "
+              "e.g. pip install '.[train]' or '.[serve]')", file=sys.stderr)
+        return 2
+    sub = argparse.ArgumentParser(prog=f"disan {name}", description=help_text)
+    module.add_arguments(sub)
+    args = sub.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"disan {name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

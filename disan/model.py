@@ -1,0 +1,247 @@
+"""DiSAN: Directional Self-Attention Network (Shen et al., AAAI 2018). The one home of model math.
+
+Shapes: B = batch, n = tokens, d_e = embedding dim, d = d_h (hidden dim, 300 in the paper).
+
+    x = embed(ids)                                       [B, n, d_e]
+    fw = DiSA(x, forward mask),  bw = DiSA(x, backward)  [B, n, d] each    (eqs. 14-20)
+    u = [fw; bw]                                         [B, n, 2d]
+    s = source2token(u)                                  [B, 2d]           (eqs. 12-13)
+
+Masking never uses -inf: the multi-dimensional logits are bounded by c (c*tanh(./c)), so we
+take exp(logit - c) in [e^-2c, 1] with no overflow even in fp16, multiply by the 0/1 mask and
+normalise; a row with no valid position (the first token going forward, the last going
+backward) gets exactly zero output instead of NaN. Unbounded logits (additive attention,
+source2token) use a finite fill (-1e4, representable in fp16), softmax, then the mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+AttentionKind = Literal["multi_dim", "additive", "coda"]
+MaskKind = Literal["directional", "diag", "none"]
+FINITE_NEG = -1.0e4  # masked-logit fill: exp() of it is 0 in fp32 and fp16, and it fits in fp16
+
+
+@dataclass
+class DiSANConfig:
+    """Everything needed to rebuild a model; stored inside every checkpoint and manifest."""
+
+    vocab_size: int
+    embed_dim: int = 300          # d_e (300 with GloVe 840B, 50 with the staged GloVe 6B 50d)
+    d_h: int = 300                # hidden size of each DiSA block; sentence vector is 2*d_h
+    c: float = 5.0                # scale of c*tanh(./c) in the token2token logits
+    activation: Literal["elu", "relu"] = "elu"
+    keep_prob: float = 0.75       # dropout keep probability (paper: 0.75 SNLI, 0.7 SST)
+    attention_kind: AttentionKind = "multi_dim"
+    mask_kind: MaskKind = "directional"
+    coda_gate: Literal["scaled", "centred"] = "scaled"  # 2*sigmoid(N), or sigmoid(N - mean_j N)
+    task: Literal["nli", "sentiment", "encoder"] = "nli"
+    num_classes: int = 3
+    head_dim: int = 300
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DiSANConfig:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+class Dense(nn.Module):
+    """dropout -> linear -> activation: the reference's `bn_dense_layer` (dropout on the input)."""
+
+    def __init__(self, d_in: int, d_out: int, activation: str | None, keep_prob: float, bias=True):
+        super().__init__()
+        self.drop = nn.Dropout(1.0 - keep_prob)
+        self.linear = nn.Linear(d_in, d_out, bias=bias)
+        self.act = {"elu": F.elu, "relu": F.relu, None: lambda t: t}[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.linear(self.drop(x)))
+
+
+def pair_mask(mask: Tensor, kind: str, direction: str) -> Tensor:
+    """[B, n, n] bool: may token i (row) attend to token j (column)?
+
+    forward: j < i; backward: j > i; diag: j != i. Padding columns are always masked.
+    """
+    n = mask.shape[1]
+    idx = torch.arange(n, device=mask.device)
+    rows, cols = idx[:, None], idx[None, :]
+    if kind == "diag":
+        allowed = rows != cols
+    elif direction == "forward":
+        allowed = cols < rows
+    else:
+        allowed = cols > rows
+    return allowed[None, :, :] & mask[:, None, :]
+
+
+def masked_softmax(logits: Tensor, mask: Tensor, dim: int) -> Tensor:
+    """Softmax over `dim` with masked entries exactly 0 (finite fill, no -inf, no NaN)."""
+    probs = torch.softmax(logits.masked_fill(~mask, FINITE_NEG), dim=dim)
+    return probs * mask.to(probs.dtype)
+
+
+class DiSA(nn.Module):
+    """One directional self-attention block (eqs. 14-20) for a fixed mask direction."""
+
+    def __init__(self, cfg: DiSANConfig, direction: str):
+        super().__init__()
+        d, kp = cfg.d_h, cfg.keep_prob
+        self.cfg, self.direction = cfg, direction
+        self.map = Dense(cfg.embed_dim, d, cfg.activation, kp)            # h = σ(W_h x + b_h)
+        self.drop = nn.Dropout(1.0 - kp)
+        self.w1 = nn.Linear(d, d, bias=False)                             # W(1) h_i  (query side)
+        self.w2 = nn.Linear(d, d, bias=False)                             # W(2) h_j  (key side)
+        self.b1 = nn.Parameter(torch.zeros(d))
+        if cfg.attention_kind == "additive":
+            self.score = nn.Linear(d, 1, bias=False)                     # token-wise: w^T σ(.)
+        if cfg.attention_kind == "coda":
+            self.n1 = nn.Linear(d, d, bias=False)                         # N = -|W3 h_i - W4 h_j|
+            self.n2 = nn.Linear(d, d, bias=False)
+        self.gate_s = Dense(d, d, None, kp)                               # W(f1) s + b(f)
+        self.gate_h = Dense(d, d, None, kp, bias=False)                   # W(f2) h
+
+    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B,n,d_e], mask [B,n] -> (u [B,n,d], attention mean over features [B,n,n], gate [B,n,d])."""
+        cfg = self.cfg
+        h = self.map(x)                                                   # [B,n,d]
+        hd = self.drop(h)
+        pm = pair_mask(mask, cfg.mask_kind, self.direction)              # [B,n,n]
+        pre = self.w1(hd)[:, :, None, :] + self.w2(hd)[:, None, :, :] + self.b1  # [B,n,n,d]
+        m4 = pm[..., None].to(h.dtype)                                    # [B,n,n,1]
+        if cfg.attention_kind == "multi_dim":
+            logits = cfg.c * torch.tanh(pre / cfg.c)                      # eq. 15, in [-c, c]
+            weights = torch.exp(logits - cfg.c) * m4                      # [B,n,n,d], exact 0 if masked
+            denom = weights.sum(dim=2, keepdim=True)                      # [B,n,1,d]
+            empty = (~pm.any(dim=2))[:, :, None, None].to(h.dtype)       # rows with no valid j
+            probs = weights / (denom + empty)
+        elif cfg.attention_kind == "additive":
+            scores = self.score(torch.tanh(pre)).squeeze(-1)              # [B,n,n]
+            probs = masked_softmax(scores, pm, dim=2)[..., None]          # [B,n,n,1]
+        else:  # coda: tanh(E) * gate(N), no softmax
+            dist = -(self.n1(hd)[:, :, None, :] - self.n2(hd)[:, None, :, :]).abs()  # [B,n,n,d]
+            if cfg.coda_gate == "scaled":
+                gate = 2.0 * torch.sigmoid(dist)
+            else:
+                count = m4.sum(dim=2, keepdim=True).clamp_min(1.0)
+                gate = torch.sigmoid(dist - (dist * m4).sum(dim=2, keepdim=True) / count)
+            probs = torch.tanh(pre) * gate * m4
+        s = (probs * h[:, None, :, :]).sum(dim=2)                         # eq. 16: [B,n,d]
+        fuse = torch.sigmoid(self.gate_s(s) + self.gate_h(h))             # eq. 19
+        u = (fuse * h + (1.0 - fuse) * s) * mask[..., None].to(h.dtype)   # eq. 20, padding -> 0
+        return u, probs.mean(dim=-1), fuse
+
+
+class Source2Token(nn.Module):
+    """Multi-dimensional source2token attention (eqs. 12-13): [B,n,D] -> [B,D]."""
+
+    def __init__(self, dim: int, cfg: DiSANConfig):
+        super().__init__()
+        self.map1 = Dense(dim, dim, cfg.activation, cfg.keep_prob)
+        self.map2 = Dense(dim, dim, None, cfg.keep_prob)
+
+    def forward(self, u: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        logits = self.map2(self.map1(u))                                  # [B,n,D]
+        probs = masked_softmax(logits, mask[..., None].expand_as(logits), dim=1)
+        return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D]
+
+
+class DiSANEncoder(nn.Module):
+    """Token ids -> 2*d_h sentence vector."""
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=0)
+        # Rows set False here (words only in GloVe) get zero gradient: they stay pre-trained.
+        self.register_buffer("trainable_rows", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        self.embed.weight.register_hook(lambda g: g * self.trainable_rows[:, None].to(g.dtype))
+        if cfg.mask_kind == "none":  # ablation: word embedding + source2token only
+            self.token_map = Dense(cfg.embed_dim, 2 * cfg.d_h, cfg.activation, cfg.keep_prob)
+        else:
+            direction_b = "backward" if cfg.mask_kind == "directional" else "diag"
+            self.fw = DiSA(cfg, "forward" if cfg.mask_kind == "directional" else "diag")
+            self.bw = DiSA(cfg, direction_b)
+        self.s2t = Source2Token(2 * cfg.d_h, cfg)
+
+    @property
+    def out_dim(self) -> int:
+        return 2 * self.cfg.d_h
+
+    def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):
+        """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, 2*d_h].
+
+        With `return_tokens=True` also returns a dict with u_fw, u_bw [B,n,d_h]; attn_fw,
+        attn_bw [B,n,n] (attention averaged over features); gate_fw, gate_bw [B,n,d_h]
+        (fusion gates); s2t [B,n] (source2token weights averaged over features).
+        """
+        x = self.embed(ids)                                               # [B,n,d_e]
+        extras: dict[str, Tensor] = {}
+        if self.cfg.mask_kind == "none":
+            u = self.token_map(x) * mask[..., None].to(x.dtype)           # [B,n,2d]
+        else:
+            u_fw, a_fw, g_fw = self.fw(x, mask)
+            u_bw, a_bw, g_bw = self.bw(x, mask)
+            u = torch.cat([u_fw, u_bw], dim=-1)                           # [B,n,2d]
+            extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
+                      "gate_fw": g_fw, "gate_bw": g_bw}
+        sent, probs = self.s2t(u, mask)
+        if not return_tokens:
+            return sent
+        extras["s2t"] = probs.mean(dim=-1)
+        return sent, extras
+
+    def decay_parameters(self) -> list[nn.Parameter]:
+        """Weight matrices that get L2 decay: not biases, not the embedding."""
+        return [p for name, p in self.named_parameters() if p.ndim >= 2 and not name.startswith("embed.")]
+
+
+class NLIModel(nn.Module):
+    """Shared encoder for premise u and hypothesis v; [u; v; u-v; u*v] -> 300 ELU -> classes."""
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = DiSANEncoder(cfg)
+        d = self.encoder.out_dim
+        self.hidden = Dense(4 * d, cfg.head_dim, "elu", cfg.keep_prob)
+        self.out = Dense(cfg.head_dim, cfg.num_classes, None, cfg.keep_prob)
+
+    def forward(self, p_ids: Tensor, p_mask: Tensor, h_ids: Tensor, h_mask: Tensor) -> Tensor:
+        """-> logits [B, num_classes]."""
+        u, v = self.encoder(p_ids, p_mask), self.encoder(h_ids, h_mask)  # [B,2d] each
+        return self.out(self.hidden(torch.cat([u, v, u - v, u * v], dim=-1)))
+
+    def decay_parameters(self) -> list[nn.Parameter]:
+        return self.encoder.decay_parameters() + [self.hidden.linear.weight, self.out.linear.weight]
+
+
+class SentimentModel(nn.Module):
+    """Encoder -> 300 ELU -> classes (5 for SST-5)."""
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = DiSANEncoder(cfg)
+        self.hidden = Dense(self.encoder.out_dim, cfg.head_dim, "elu", cfg.keep_prob)
+        self.out = Dense(cfg.head_dim, cfg.num_classes, None, cfg.keep_prob)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """-> logits [B, num_classes]."""
+        return self.out(self.hidden(self.encoder(ids, mask)))
+
+    def decay_parameters(self) -> list[nn.Parameter]:
+        return self.encoder.decay_parameters() + [self.hidden.linear.weight, self.out.linear.weight]
+
+
+def build_model(cfg: DiSANConfig) -> nn.Module:
+    """The model for `cfg.task` (nli -> NLIModel, sentiment -> SentimentModel, encoder -> DiSANEncoder)."""
+    return {"nli": NLIModel, "sentiment": SentimentModel, "encoder": DiSANEncoder}[cfg.task](cfg)

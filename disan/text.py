@@ -1,0 +1,128 @@
+"""Tokenizer and vocabulary, shared by training and serving (TORCH-FREE: only stdlib + numpy).
+
+The training data (SST trees, tokenized SNLI) is PTB-tokenized with escapes such as ``-LRB-``,
+`` `` `` and ``\\/``; users send raw text. `tokenize` maps both to the same lowercased tokens:
+it first undoes the PTB escapes, then splits punctuation and clitics PTB-style, so
+"doesn't (really)" and "does n't -LRB- really -RRB-" give identical tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PAD, UNK = 0, 1
+PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
+
+# PTB escapes -> the raw characters they stand for (applied to whole tokens, case-insensitively).
+_PTB_ESCAPES = {
+    "-lrb-": "(", "-rrb-": ")", "-lsb-": "[", "-rsb-": "]", "-lcb-": "{", "-rcb-": "}",
+    "``": '"', "''": '"',
+}
+_PTB_ESCAPE_RE = re.compile(r"(?<!\S)(-[lr][rsc]b-|``|'')(?!\S)", re.IGNORECASE)
+# Curly quotes and similar typography map to the ASCII forms the training text uses.
+_TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
+                             "\u2013": "-", "\u2014": "--", "\u2026": "..."})
+_NEGATION_RE = re.compile(r"(\w)(n't)\b", re.IGNORECASE)
+_CLITIC_RE = re.compile(r"(\w)('(?:s|re|ve|ll|d|m))\b", re.IGNORECASE)
+_CANNOT_RE = re.compile(r"\b(can)(not)\b", re.IGNORECASE)
+_TOKEN_RE = re.compile(
+    r"n't\b"                          # clitic negation, split off by _NEGATION_RE
+    r"|'(?:s|re|ve|ll|d|m)\b"         # clitics: 's 're 've 'll 'd 'm
+    r"|\.\.\.|--"                     # PTB keeps these as single tokens
+    r"|\w+(?:[-./]\w+)*"              # words, numbers (3.5), hyphenated words, a/b
+    r"|[^\w\s]",                      # any other single symbol
+    re.IGNORECASE,
+)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercased PTB-style tokens of raw or already PTB-tokenized `text`."""
+    text = unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHY)
+    text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
+    text = _PTB_ESCAPE_RE.sub(lambda m: _PTB_ESCAPES[m.group(1).lower()], text)
+    text = text.replace("\\/", "/").replace("\\*", "*").replace("`", "'")
+    text = _CANNOT_RE.sub(r"\1 \2", text)
+    text = _NEGATION_RE.sub(r"\1 \2", text)
+    text = _CLITIC_RE.sub(r"\1 \2", text)
+    return [tok.lower() for tok in _TOKEN_RE.findall(text)]
+
+
+@dataclass
+class Encoded:
+    """A padded batch: `ids` int64 [B, n] and `mask` bool [B, n]; `lengths` before padding."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: list[int]
+
+
+class Vocab:
+    """Word <-> id map with PAD=0 and UNK=1, saved as JSON next to the model."""
+
+    def __init__(self, words: Iterable[str]):
+        self.itos: list[str] = [PAD_TOKEN, UNK_TOKEN]
+        self.stoi: dict[str, int] = {PAD_TOKEN: PAD, UNK_TOKEN: UNK}
+        for word in words:
+            if word not in self.stoi:
+                self.stoi[word] = len(self.itos)
+                self.itos.append(word)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.stoi
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.itos == other.itos
+
+    def ids(self, tokens: Sequence[str]) -> list[int]:
+        """Token ids, UNK for unknown tokens."""
+        return [self.stoi.get(tok, UNK) for tok in tokens]
+
+    def encode(self, texts: Sequence[str], max_len: int | None = None,
+               min_len: int = 1) -> Encoded:
+        """Tokenize and pad `texts`; sequences longer than `max_len` are cut.
+
+        An empty text becomes one UNK token so every row has at least one valid position
+        (the service rejects empty strings before this point; training never has them).
+        """
+        rows = [self.ids(tokenize(t)) or [UNK] for t in texts]
+        if max_len is not None:
+            rows = [r[:max_len] for r in rows]
+        return self.pad(rows, min_len=min_len)
+
+    @staticmethod
+    def pad(rows: Sequence[Sequence[int]], min_len: int = 1) -> Encoded:
+        """Right-pad id lists into an `Encoded` batch."""
+        lengths = [len(r) for r in rows]
+        width = max([min_len, *lengths])
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+        return Encoded(ids=ids, mask=ids != PAD, lengths=lengths)
+
+    def to_json(self) -> dict:
+        return {"format": "disan-vocab", "version": 1, "pad": PAD, "unk": UNK, "itos": self.itos}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Vocab:
+        if data.get("format") != "disan-vocab" or data.get("itos", [None, None])[:2] != [
+            PAD_TOKEN, UNK_TOKEN
+        ]:
+            raise ValueError("not a disan vocab (expected format 'disan-vocab' with <pad>, <unk> first)")
+        return cls(data["itos"][2:])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
