@@ -1,0 +1,92 @@
+"""Operational settings of the service (pydantic-settings, environment prefix ``DISAN_``).
+
+Only operational knobs live here; the model's shape (dim, labels, max length) comes from the
+bundle manifest. Every field is settable as ``DISAN_<FIELD>`` (e.g. ``DISAN_PORT=9000``,
+``DISAN_CORS_ORIGINS='["https://example.org"]'``) and by the matching `disan serve` flag, which
+wins over the environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# service/ sits next to models/ in the repository (and in an editable install).
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BUNDLE_REL = Path("models") / "default"
+
+
+def default_bundle_dir() -> Path:
+    """The shipped bundle: ``./models/default`` if the working directory has one, else the repo's.
+
+    The cwd is tried first so a container (WORKDIR holding ``models/default``) and a plain
+    ``pip install .`` run from a checkout both work; an editable install finds the repo copy.
+    """
+    cwd_bundle = Path.cwd() / DEFAULT_BUNDLE_REL
+    if cwd_bundle.is_dir():
+        return cwd_bundle
+    return PACKAGE_ROOT / DEFAULT_BUNDLE_REL
+
+
+class Settings(BaseSettings):
+    """Service configuration; see the module docstring for how to set each field."""
+
+    model_config = SettingsConfigDict(env_prefix="DISAN_", extra="ignore", validate_default=True)
+
+    # --- where and what to serve ---
+    bundle: Path = Field(default_factory=default_bundle_dir,
+                         description="bundle directory (manifest.json, *.onnx, vocab.json)")
+    host: str = Field("127.0.0.1", description="interface to bind")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each loads the bundle)")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    # --- onnxruntime ---
+    providers: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto: CUDA if it really loads, else CPU; cuda: fail if CUDA is unusable")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
+    inter_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+
+    # --- request limits (checked before tokenizing) ---
+    max_texts_per_request: int = Field(256, ge=1, le=100_000)
+    max_chars_per_text: int = Field(10_000, ge=1, le=10_000_000)
+    max_tokens: int = Field(128, ge=1, le=100_000,
+                            description="longer texts -> 422 unless truncate=true; capped by the bundle")
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024,
+                                   description="request bodies above this are refused with 413 unread")
+
+    # --- micro-batching ---
+    queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
+    max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
+    max_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="how long a batch waits to fill")
+    max_batch_cells: int = Field(64 * 64 * 64, ge=1,
+                                 description="padded-cells budget per ORT call: batch x max_len^2")
+
+    # --- access ---
+    api_key: SecretStr | None = Field(None, description="if set, require `Authorization: Bearer <key>`")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="allowed CORS origins: JSON list or comma-separated")
+
+    # --- identity reported by the API ---
+    model_name: str | None = Field(None, description="name reported by the API (default: manifest's)")
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        """Accept a JSON list or a comma-separated string (friendlier in env files and compose)."""
+        if isinstance(value, str):
+            value = value.strip()
+            if value.startswith("["):
+                return json.loads(value)
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @property
+    def ort_threads(self) -> tuple[int, int]:
+        """(intra, inter) op thread counts for onnxruntime."""
+        return self.intra_op_threads, self.inter_op_threads
