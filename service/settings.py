@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
     inter_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    variant: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32", description="which exported graph variant to load (fp16 is meant for CUDA)")
 
     # --- request limits (checked before tokenizing) ---
     max_texts_per_request: int = Field(256, ge=1, le=100_000)

@@ -1,0 +1,150 @@
+"""The service's error types, the ONE table mapping them to HTTP status codes, and the handlers.
+
+Every error response has the stable body ``{"error": {"type": ..., "message": ...}}``.
+500s log the details server-side and return a generic message (never a traceback or input echo).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("disan.service")
+
+# type -> (HTTP status, when it happens). The single source of truth; documented in OpenAPI too.
+ERROR_TABLE: dict[str, tuple[int, str]] = {
+    "malformed_json": (400, "the body is not valid JSON"),
+    "unauthorized": (401, "missing or wrong API key (Authorization: Bearer <key>)"),
+    "not_found": (404, "no such route"),
+    "method_not_allowed": (405, "the route does not accept this method"),
+    "request_too_large": (413, "too many texts, a text over max_chars_per_text, or a body too big"),
+    "invalid_request": (422, "empty list or text, wrong field type, or a text over max_tokens"),
+    "overloaded": (429, "the batching queue is full; retry after Retry-After seconds"),
+    "client_closed_request": (499, "the client went away before the answer was ready"),
+    "internal_error": (500, "inference failed; details are in the server log"),
+    "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
+}
+_BY_STATUS = {status: etype for etype, (status, _) in ERROR_TABLE.items()}
+
+
+class ServiceError(Exception):
+    """Base of every error the API reports; `type` selects the row of ERROR_TABLE."""
+
+    type = "internal_error"
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return ERROR_TABLE[self.type][0]
+
+
+class MalformedJSON(ServiceError):
+    type = "malformed_json"
+
+
+class Unauthorized(ServiceError):
+    type = "unauthorized"
+
+    def __init__(self, message: str = "missing or invalid API key"):
+        super().__init__(message, {"WWW-Authenticate": "Bearer"})
+
+
+class RequestTooLarge(ServiceError):
+    type = "request_too_large"
+
+
+class InvalidRequest(ServiceError):
+    type = "invalid_request"
+
+
+class Overloaded(ServiceError):
+    type = "overloaded"
+
+    def __init__(self, message: str = "server busy: the batching queue is full", retry_after: int = 1):
+        super().__init__(message, {"Retry-After": str(retry_after)})
+
+
+class ClientClosed(ServiceError):
+    type = "client_closed_request"
+
+
+class NotReady(ServiceError):
+    type = "not_ready"
+
+    def __init__(self, message: str = "model not ready", retry_after: int = 1):
+        super().__init__(message, {"Retry-After": str(retry_after)})
+
+
+class InferenceError(ServiceError):
+    """Inference failed; the message is for the log only, clients get a generic one."""
+
+    type = "internal_error"
+
+
+def error_body(etype: str, message: str) -> dict[str, Any]:
+    """The stable error JSON body."""
+    return {"error": {"type": etype, "message": message}}
+
+
+def error_response(etype: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSONResponse for one row of the table."""
+    return JSONResponse(error_body(etype, message), status_code=ERROR_TABLE[etype][0], headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
+    """(type, one-line message) for a request that failed parsing or validation."""
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return "malformed_json", "request body is not valid JSON"
+    if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
+        # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
+        return "malformed_json", "request body must be JSON sent with Content-Type: application/json"
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return "invalid_request", f"{loc}: {first.get('msg', 'invalid')}{more}"
+
+
+async def _on_service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    if exc.status >= 500 and exc.type == "internal_error":
+        log.error("inference failed on %s: %s", request.url.path, exc.message)
+        return error_response(exc.type, "inference failed", exc.headers)
+    return error_response(exc.type, exc.message, exc.headers)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    etype, message = _validation_message(exc)
+    return error_response(etype, message)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    etype = _BY_STATUS.get(exc.status_code)
+    if etype is None:  # a status outside the table: keep the code, still use the stable body
+        return JSONResponse(error_body("http_error", str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+    return error_response(etype, str(exc.detail), getattr(exc, "headers", None))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response("internal_error", "internal server error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every failure through the table above."""
+    app.add_exception_handler(ServiceError, _on_service_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,225 @@
+"""What the routes call: limits -> tokenize -> micro-batcher -> runtime -> numpy results.
+
+`Service` owns the runtime, one `MicroBatcher` per graph and the ready state. Loading and warm-up
+run in the background so `/health` answers at once and `/ready` says 503 until the model is warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from disan.text import tokenize
+from service.batcher import BatchStats, MicroBatcher
+from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
+from service.metrics import Metrics
+from service.runtime import Runtime
+from service.settings import Settings
+
+log = logging.getLogger("disan.service")
+# Requests with more characters than this are tokenized in a thread so the loop stays responsive.
+_INLINE_CHARS = 20_000
+
+
+@dataclass
+class Tokenized:
+    """Token strings and ids of one text (already truncated)."""
+
+    tokens: list[str]
+    ids: list[int]
+
+
+def polarity_of(label: str) -> str:
+    """Coarse polarity of a fine sentiment label ('very negative' -> 'negative')."""
+    low = label.lower()
+    return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
+
+
+class Service:
+    """Process-wide state of one app: runtime, batchers, readiness."""
+
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.state = "loading"
+        self.detail: str | None = None
+        self.runtime: Runtime | None = None
+        self.batchers: dict[str, MicroBatcher] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._loader: asyncio.Task | None = None
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        """Begin loading + warm-up in the background (the app serves /health meanwhile)."""
+        self._loader = asyncio.create_task(self._load(), name="disan-load")
+
+    async def wait_ready(self) -> None:
+        """Wait until loading finished (successfully or not)."""
+        if self._loader is not None:
+            await asyncio.shield(self._loader)
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            runtime = await loop.run_in_executor(None, self._load_sync)
+        except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
+            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
+            log.error("cannot load the bundle: %s", self.detail)
+            return
+        self.runtime = runtime
+        s = self.settings
+        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs), thread_name_prefix="ort")
+        stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+        runners: dict[str, tuple[Any, Any]] = {
+            "encoder": (runtime.embed, len),
+            "nli": (runtime.nli, lambda pair: max(len(pair[0]), len(pair[1]))),
+            "sentiment": (runtime.sentiment, len),
+            "sentiment_explain": (runtime.explain, len),
+        }
+        for name in runtime.graphs:
+            fn, length = runners[name]
+            self.batchers[name] = MicroBatcher(
+                name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
+                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit, executor=self._executor,
+                stats=stats)
+            await self.batchers[name].start()
+        self.state = "ready"
+        log.info("ready: %s (dim %d) on %s", runtime.name, runtime.dim, runtime.providers)
+
+    def _load_sync(self) -> Runtime:
+        runtime = Runtime(self.settings.bundle, self.settings)
+        runtime.warmup()
+        return runtime
+
+    async def stop(self) -> None:
+        """Stop accepting work, drain every batcher, release the executor."""
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
+        if self.state == "ready":
+            self.state = "draining"
+        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def require_ready(self) -> Runtime:
+        """The runtime, or NotReady (503) while loading/draining/failed."""
+        if self.state != "ready" or self.runtime is None:
+            raise NotReady(f"model not ready ({self.state})")
+        return self.runtime
+
+    # ---- input checks ----
+    def prepare(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
+        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
+        runtime = self.require_ready()
+        s = self.settings
+        if len(texts) > s.max_texts_per_request:
+            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {s.max_texts_per_request} "
+                                  "per request")
+        for i, text in enumerate(texts):
+            if len(text) > s.max_chars_per_text:
+                raise RequestTooLarge(f"{field}[{i}]: {len(text)} characters, at most "
+                                      f"{s.max_chars_per_text}")
+        out = []
+        for i, text in enumerate(texts):
+            tokens = tokenize(text)
+            if not tokens:
+                raise InvalidRequest(f"{field}[{i}]: contains no tokens (only spaces or control characters)")
+            if len(tokens) > runtime.max_tokens:
+                if not truncate:
+                    raise InvalidRequest(f"{field}[{i}]: {len(tokens)} tokens, at most {runtime.max_tokens} "
+                                         "(send truncate=true to cut it)")
+                tokens = tokens[: runtime.max_tokens]
+            out.append(Tokenized(tokens, runtime.vocab.ids(tokens)))
+        return out
+
+    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
+        """`prepare`, moved off the event loop when the request carries a lot of text."""
+        if sum(len(t) for t in texts) > _INLINE_CHARS:
+            return await asyncio.to_thread(self.prepare, texts, truncate, field)
+        return self.prepare(texts, truncate, field)
+
+    async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
+        try:
+            return await self.batchers[graph].run(payloads)
+        except ServiceError:
+            raise
+        except Exception as exc:  # ORT failures etc.: logged in full, reported generically
+            raise InferenceError(f"{graph}: {type(exc).__name__}: {exc}") from exc
+
+    # ---- tasks ----
+    async def embed(self, texts: list[str], normalize: bool, truncate: bool,
+                    field: str = "texts") -> tuple[np.ndarray, int]:
+        """Sentence vectors float32 [B, D] and the token count."""
+        items = await self.prepare_async(texts, truncate, field)
+        rows = await self._run("encoder", [t.ids for t in items])
+        vectors = np.stack(rows).astype(np.float32, copy=False)
+        if normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, 1e-12)
+        return vectors, sum(len(t.ids) for t in items)
+
+    async def nli(self, pairs: list[tuple[str, str]], truncate: bool) -> tuple[list[dict], int]:
+        """Per pair {label, scores} and the token count."""
+        runtime = self.require_ready()
+        if len(pairs) > self.settings.max_texts_per_request:
+            raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
+                                  f"{self.settings.max_texts_per_request} per request")
+        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs.premise")
+        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs.hypothesis")
+        probs = await self._run("nli", [(p.ids, h.ids) for p, h in zip(premises, hypotheses, strict=True)])
+        labels = runtime.labels["nli"]
+        tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
+        return [self._prediction(row, labels) for row in probs], tokens
+
+    async def sentiment(self, texts: list[str], truncate: bool, explain: bool) -> tuple[list[dict], int]:
+        """Per text {label, polarity, scores[, explanation]} and the token count."""
+        runtime = self.require_ready()
+        if explain and not runtime.has_explain:
+            raise InvalidRequest("explain: this bundle has no sentiment_explain graph")
+        items = await self.prepare_async(texts, truncate)
+        labels = runtime.labels["sentiment"]
+        results = []
+        if explain:
+            outs = await self._run("sentiment_explain", [t.ids for t in items])
+            for item, out in zip(items, outs, strict=True):
+                pred = self._sentiment_prediction(out["probs"], labels)
+                pred["explanation"] = _explanation(item, out)
+                results.append(pred)
+        else:
+            probs = await self._run("sentiment", [t.ids for t in items])
+            results = [self._sentiment_prediction(row, labels) for row in probs]
+        return results, sum(len(t.ids) for t in items)
+
+    @staticmethod
+    def _prediction(probs: np.ndarray, labels: list[str]) -> dict:
+        scores = {label: float(p) for label, p in zip(labels, probs, strict=True)}
+        return {"label": labels[int(np.argmax(probs))], "scores": scores}
+
+    def _sentiment_prediction(self, probs: np.ndarray, labels: list[str]) -> dict:
+        pred = self._prediction(probs, labels)
+        coarse = {"negative": 0.0, "neutral": 0.0, "positive": 0.0}
+        for label, p in pred["scores"].items():
+            coarse[polarity_of(label)] += p
+        pred["polarity"] = max(coarse, key=coarse.__getitem__)
+        return pred
+
+
+def _per_token(a: np.ndarray) -> list[float]:
+    """[n] or [n, d] -> one float per token (mean over features)."""
+    return (a.mean(axis=-1) if a.ndim > 1 else a).astype(float).tolist()
+
+
+def _explanation(item: Tokenized, out: dict[str, np.ndarray]) -> dict:
+    return {
+        "tokens": item.tokens,
+        "token_weights": _per_token(out["s2t"]),
+        "gate_fw": _per_token(out["gate_fw"]),
+        "gate_bw": _per_token(out["gate_bw"]),
+        "attention_fw": out["attn_fw"].astype(float).tolist(),
+        "attention_bw": out["attn_bw"].astype(float).tolist(),
+    }

@@ -1,0 +1,177 @@
+"""HTTP routes. Thin: parse (schemas) -> Service (pipeline) -> response models."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.errors import ERROR_TABLE, ClientClosed, InvalidRequest, Unauthorized
+from service.pipeline import Service
+from service.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    ErrorResponse,
+    Info,
+    NLIRequest,
+    NLIResponse,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    SentimentRequest,
+    SentimentResponse,
+    Status,
+)
+
+T = TypeVar("T")
+_bearer = HTTPBearer(auto_error=False, description="required only when the server sets an API key")
+
+
+def get_service(request: Request) -> Service:
+    """The app's Service (set by create_app)."""
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def require_api_key(service: ServiceDep,
+                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """Check `Authorization: Bearer <key>` in constant time when an API key is configured."""
+    key = service.settings.api_key
+    if key is None:
+        return
+    if creds is None or not secrets.compare_digest(creds.credentials.encode(),
+                                                   key.get_secret_value().encode()):
+        raise Unauthorized()
+
+
+def _errors(*types: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error types, all with the shared error body."""
+    return {ERROR_TABLE[t][0]: {"model": ErrorResponse, "description": ERROR_TABLE[t][1]} for t in types}
+
+
+_INFER_ERRORS = _errors("malformed_json", "unauthorized", "request_too_large", "invalid_request",
+                        "overloaded", "internal_error", "not_ready")
+router = APIRouter()
+inference = APIRouter(dependencies=[Depends(require_api_key)], responses=_INFER_ERRORS)
+
+
+async def _watch_disconnect(request: Request) -> None:
+    """Return when the client goes away (the body is already read, so only disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`; if the client disconnects first, cancel it so its sentences are skipped."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_watch_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientClosed("client closed the request")
+    return task.result()
+
+
+@inference.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings")
+async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> dict:
+    """Embed each text with the DiSAN encoder; `normalize` L2-normalises the vectors."""
+    vectors, tokens = await unless_disconnected(
+        request, service.embed(body.texts, body.normalize, body.truncate))
+    runtime = service.require_ready()
+    return {"model": runtime.name, "dim": runtime.dim, "embeddings": vectors.tolist(),
+            "usage": {"tokens": tokens}}
+
+
+@inference.post("/nli", response_model=NLIResponse, summary="Natural language inference")
+async def nli(body: NLIRequest, request: Request, service: ServiceDep) -> dict:
+    """Entailment / neutral / contradiction for each premise-hypothesis pair."""
+    pairs = [(p.premise, p.hypothesis) for p in body.pairs]
+    results, tokens = await unless_disconnected(request, service.nli(pairs, body.truncate))
+    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
+
+
+@inference.post("/sentiment", response_model=SentimentResponse, response_model_exclude_none=True,
+                summary="Sentiment (5 SST classes + coarse polarity)")
+async def sentiment(body: SentimentRequest, request: Request, service: ServiceDep) -> dict:
+    """Fine-grained sentiment per text; `explain=true` adds attention maps and token weights."""
+    results, tokens = await unless_disconnected(
+        request, service.sentiment(body.texts, body.truncate, body.explain))
+    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
+
+
+@inference.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse,
+                summary="OpenAI-compatible embeddings")
+async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request, service: ServiceDep) -> dict:
+    """OpenAI `POST /v1/embeddings`: vectors are L2-normalised like OpenAI's; texts over the
+    token limit are rejected (OpenAI does the same), `base64` is little-endian float32."""
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    runtime = service.require_ready()
+    if body.dimensions is not None and body.dimensions != runtime.dim:
+        raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
+                             f"got {body.dimensions}")
+    vectors, tokens = await unless_disconnected(
+        request, service.embed(texts, normalize=True, truncate=False, field="input"))
+    if body.encoding_format == "base64":
+        little = vectors.astype("<f4", copy=False)
+        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    else:
+        data = vectors.tolist()
+    return {"object": "list", "model": runtime.name,
+            "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+@inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
+async def info(service: ServiceDep) -> dict:
+    """What is being served and how: the provider is the one the live session reports."""
+    rt = service.require_ready()
+    s = service.settings
+    m = rt.manifest
+    return {
+        "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
+        "variant": s.variant, "labels": rt.labels, "explain": rt.has_explain,
+        "limits": {"max_texts_per_request": s.max_texts_per_request,
+                   "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
+                   "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit},
+        "batching": {"max_batch_size": s.max_batch_size, "max_wait_ms": s.max_wait_ms,
+                     "max_batch_cells": s.max_batch_cells},
+        "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
+                    if isinstance(v, dict)},
+        "bundle": {k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
+    }
+
+
+@router.get("/health", response_model=Status, responses={503: {"model": Status}},
+            summary="Liveness")
+async def health(service: ServiceDep) -> Any:
+    """200 while the process is alive; 503 only if the bundle failed to load (restart me)."""
+    if service.state == "failed":
+        return JSONResponse({"status": "failed", "detail": service.detail}, status_code=503)
+    return {"status": "ok"}
+
+
+@router.get("/ready", response_model=Status, responses={503: {"model": Status}}, summary="Readiness")
+async def ready(service: ServiceDep) -> Any:
+    """200 once the bundle is loaded and warmed up; 503 while loading, draining or failed."""
+    if service.state != "ready":
+        return JSONResponse({"status": service.state, "detail": service.detail}, status_code=503,
+                            headers={"Retry-After": "1"})
+    return {"status": "ready"}
+
+
+@router.get("/metrics", summary="Prometheus metrics",
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition format."""
+    body, content_type = request.app.state.metrics.render()
+    return Response(body, media_type=content_type)
