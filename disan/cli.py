@@ -13,6 +13,7 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data"),
+    "pretrain": ("disan.distill", "pre-train an encoder by distilling MiniLM sentence vectors"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity"),

