@@ -16,8 +16,7 @@ LABEL org.opencontainers.image.title="disan-train" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    MPLCONFIGDIR=/tmp/matplotlib
+    PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 # Only what the package needs (see .dockerignore too): data and checkpoints are mounted, never copied.
 COPY pyproject.toml README.md ./
@@ -36,6 +35,11 @@ RUN python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/torch-
 # Named volumes inherit the ownership above; with bind mounts compose runs as the host user instead.
 # (No VOLUME instruction: it would leave an anonymous volume behind on every `docker run`.)
 WORKDIR /runs
+# DISAN_DATA: default --data of `disan train` (the mounted data set). HOME=/runs: the container
+# may run as any uid (compose passes the host user's), so caches (~/.cache/disan for derived word
+# vectors, matplotlib's config) go to the writable, persistent /runs instead of a missing home.
+ENV DISAN_DATA=/data \
+    HOME=/runs
 # Numeric, so Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 USER 10001:10001
 # A batch job, not a server: nothing to probe.
