@@ -151,8 +151,8 @@ async def info(service: ServiceDep) -> dict:
     }
 
 
-@router.get("/health", response_model=Status, responses={503: {"model": Status}},
-            summary="Liveness")
+@router.get("/health", response_model=Status, response_model_exclude_none=True,
+            responses={503: {"model": Status}}, summary="Liveness")
 async def health(service: ServiceDep) -> Any:
     """200 while the process is alive; 503 only if the bundle failed to load (restart me)."""
     if service.state == "failed":
@@ -160,7 +160,8 @@ async def health(service: ServiceDep) -> Any:
     return {"status": "ok"}
 
 
-@router.get("/ready", response_model=Status, responses={503: {"model": Status}}, summary="Readiness")
+@router.get("/ready", response_model=Status, response_model_exclude_none=True,
+            responses={503: {"model": Status}}, summary="Readiness")
 async def ready(service: ServiceDep) -> Any:
     """200 once the bundle is loaded and warmed up; 503 while loading, draining or failed."""
     if service.state != "ready":

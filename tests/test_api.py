@@ -1,0 +1,163 @@
+"""End-to-end API tests on the tiny exported bundle: every endpoint, OpenAI shape, provider, metrics."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.main import create_app
+from service.settings import Settings
+
+WORDS = ["a", "man", "is", "playing", "guitar", "the", "movie", "was", "great", "bad", "not", "zebra"]
+
+
+def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
+    """Poll /ready until the background load and warm-up finished."""
+    deadline = time.monotonic() + timeout
+    while client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/ready").json()
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_bundle):
+    app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=1.0))
+    with TestClient(app) as c:
+        wait_ready(c)
+        yield c
+
+
+def embed(client: TestClient, texts: list[str], **kw) -> np.ndarray:
+    r = client.post("/embed", json={"texts": texts, **kw})
+    assert r.status_code == 200, r.text
+    return np.asarray(r.json()["embeddings"], dtype=np.float64)
+
+
+def test_health_and_ready(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").json()["status"] == "ready"
+
+
+def test_embed_shape_usage_and_normalize(client):
+    r = client.post("/embed", json={"texts": ["a man is playing", "the movie was great !"]})
+    body = r.json()
+    assert r.status_code == 200
+    assert body["dim"] == len(body["embeddings"][0]) and len(body["embeddings"]) == 2
+    assert body["usage"]["tokens"] == 4 + 5
+    assert isinstance(body["model"], str) and body["model"]
+    raw = np.asarray(body["embeddings"])
+    unit = embed(client, ["a man is playing", "the movie was great !"], normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
+    assert not np.allclose(raw[0], raw[1])  # different sentences, different vectors
+
+
+def test_nli(client):
+    r = client.post("/nli", json={"pairs": [{"premise": "a man is playing guitar",
+                                             "hypothesis": "a man is playing"},
+                                            {"premise": "the movie", "hypothesis": "not great"}]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 2
+    for res in results:
+        assert set(res["scores"]) == {"entailment", "neutral", "contradiction"}
+        assert abs(sum(res["scores"].values()) - 1) < 1e-4
+        assert res["label"] == max(res["scores"], key=res["scores"].get)
+
+
+def test_sentiment_with_polarity(client):
+    r = client.post("/sentiment", json={"texts": ["the movie was great", "bad"]})
+    assert r.status_code == 200, r.text
+    for res in r.json()["results"]:
+        assert len(res["scores"]) == 5 and abs(sum(res["scores"].values()) - 1) < 1e-4
+        assert res["label"] == max(res["scores"], key=res["scores"].get)
+        assert res["polarity"] in {"negative", "neutral", "positive"}
+        assert "explanation" not in res
+
+
+def test_sentiment_explain_matches_plain_graph(client):
+    texts = ["the movie was not great", "bad"]
+    plain = client.post("/sentiment", json={"texts": texts}).json()["results"]
+    explained = client.post("/sentiment", json={"texts": texts, "explain": True}).json()["results"]
+    for p, e in zip(plain, explained, strict=True):
+        assert e["label"] == p["label"]
+        for k in p["scores"]:
+            assert abs(e["scores"][k] - p["scores"][k]) < 1e-5
+    ex = explained[0]["explanation"]
+    n = len(ex["tokens"])
+    assert ex["tokens"] == ["the", "movie", "was", "not", "great"]
+    assert len(ex["token_weights"]) == len(ex["gate_fw"]) == len(ex["gate_bw"]) == n
+    assert abs(sum(ex["token_weights"]) - 1) < 1e-4
+    assert len(ex["attention_fw"]) == n and all(len(row) == n for row in ex["attention_bw"])
+
+
+def test_openai_embeddings_float_and_base64(client):
+    texts = ["a man is playing", "the movie was great"]
+    f = client.post("/v1/embeddings", json={"input": texts, "model": "anything"}).json()
+    assert f["object"] == "list" and isinstance(f["model"], str)
+    assert [d["index"] for d in f["data"]] == [0, 1]
+    assert all(d["object"] == "embedding" for d in f["data"])
+    assert f["usage"]["prompt_tokens"] == f["usage"]["total_tokens"] == 8
+    vecs = np.asarray([d["embedding"] for d in f["data"]])
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)  # OpenAI-style unit vectors
+    np.testing.assert_allclose(vecs, embed(client, texts, normalize=True), atol=1e-6)
+    b = client.post("/v1/embeddings", json={"input": texts, "encoding_format": "base64"}).json()
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in b["data"]])
+    np.testing.assert_allclose(decoded, vecs, atol=1e-6)
+    single = client.post("/v1/embeddings", json={"input": "a man is playing"}).json()
+    assert len(single["data"]) == 1
+    np.testing.assert_allclose(single["data"][0]["embedding"], vecs[0], atol=1e-6)
+
+
+def test_openai_dimensions_must_match(client):
+    dim = client.get("/info").json()["dim"]
+    assert client.post("/v1/embeddings", json={"input": "a", "dimensions": dim}).status_code == 200
+    r = client.post("/v1/embeddings", json={"input": "a", "dimensions": dim + 1})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+
+
+def test_info_reports_the_live_session_provider(client):
+    info = client.get("/info").json()
+    runtime = client.app.state.service.runtime
+    live = {name: g.session.get_providers()[0] for name, g in runtime.graphs.items()}
+    assert info["providers"] == live
+    assert info["provider"] == live["encoder"]
+    assert info["dim"] == runtime.dim and info["limits"]["max_tokens"] == runtime.max_tokens
+    assert set(info["labels"]) == {"nli", "sentiment"}
+
+
+def test_metrics_exposed(client):
+    client.post("/embed", json={"texts": ["a man"]})
+    client.post("/embed", json={"texts": []})
+    text = client.get("/metrics").text
+    assert 'disan_requests_total{method="POST",route="/embed",status="200"}' in text
+    assert 'disan_requests_total{method="POST",route="/embed",status="422"}' in text
+    for family in ("disan_request_duration_seconds_bucket", 'disan_queue_depth{graph="encoder"}',
+                   'disan_batch_size_bucket{graph="encoder"', 'disan_batch_padded_cells_bucket',
+                   'disan_inference_seconds_bucket{graph="nli"'):
+        assert family in text, family
+
+
+def test_unicode_and_control_characters(client):
+    texts = ["Zürich ☃ 你好 🙂", "a\x00man\x1f\u200bis\tplaying", "\u0301\u0301 man"]
+    r = client.post("/embed", json={"texts": texts})
+    assert r.status_code == 200, r.text
+    assert np.isfinite(np.asarray(r.json()["embeddings"])).all()
+
+
+texts_strategy = st.lists(
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=20).map(" ".join), min_size=2, max_size=6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=texts_strategy)
+def test_batching_never_changes_results(client, texts):
+    together = embed(client, texts)
+    alone = np.concatenate([embed(client, [t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
