@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
+        loc = ".".join(str(p) for p in first["loc"]) or "settings"
         print(f"disan serve: invalid setting {loc}: {first['msg']}", file=sys.stderr)
         return 2
     if not (settings.bundle / "manifest.json").is_file():

@@ -117,6 +117,8 @@ class Service:
         """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
         runtime = self.require_ready()
         s = self.settings
+        if not texts:
+            raise InvalidRequest(f"{field}: the list is empty")
         if len(texts) > s.max_texts_per_request:
             raise RequestTooLarge(f"{field}: {len(texts)} items, at most {s.max_texts_per_request} "
                                   "per request")

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 Text = Annotated[str, StringConstraints(min_length=1)]
+TextList = Annotated[list[Text], Field(min_length=1)]
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -106,7 +107,7 @@ class OpenAIEmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
         {"input": ["The food was delicious.", "The waiter was friendly."], "model": "default"},
         {"input": "hello world", "encoding_format": "base64"}]})
-    input: Text | list[Text] = Field(description="a string or a non-empty list of strings")
+    input: Text | TextList = Field(description="a string or a non-empty list of strings")
     model: str | None = Field(None, description="accepted for compatibility; the loaded model answers")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="must equal the model's dim if given")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # service/ sits next to models/ in the repository (and in an editable install).
@@ -87,6 +87,14 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _queue_fits_a_request(self) -> Settings:
+        # A request is queued all-or-nothing: a queue smaller than one request would refuse it forever.
+        if self.queue_limit < self.max_texts_per_request:
+            raise ValueError(f"queue_limit ({self.queue_limit}) must be >= max_texts_per_request "
+                             f"({self.max_texts_per_request})")
+        return self
 
     @property
     def ort_threads(self) -> tuple[int, int]:

@@ -1,0 +1,222 @@
+"""Every row of the error table, end to end, with the stable body {"error": {"type", "message"}}."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.errors import ERROR_TABLE
+from service.main import create_app
+from service.pipeline import Service
+from service.settings import Settings
+
+
+def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/ready").json()
+        time.sleep(0.02)
+
+
+@contextmanager
+def serve(bundle, ready: bool = True, **overrides):
+    with TestClient(create_app(Settings(bundle=bundle, **overrides))) as c:
+        if ready:
+            wait_ready(c)
+        yield c
+
+
+def assert_error(r, status: int, etype: str) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == etype and ERROR_TABLE[etype][0] == status
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture(scope="module")
+def client(tiny_bundle):
+    with serve(tiny_bundle, max_texts_per_request=8, max_chars_per_text=200, max_tokens=6,
+               max_request_bytes=64 * 1024) as c:
+        yield c
+
+
+@pytest.mark.parametrize("payload", [
+    {"texts": []}, {"texts": [""]}, {"texts": ["ok", ""]}, {"texts": "not a list"}, {"texts": [3]},
+    {}, {"texts": ["a"], "extra": 1}, {"texts": ["   \t "]}, {"texts": ["\x00\x01"]},
+])
+def test_invalid_input_is_422(client, payload):
+    assert_error(client.post("/embed", json=payload), 422, "invalid_request")
+
+
+def test_nli_and_openai_validation(client):
+    assert_error(client.post("/nli", json={"pairs": []}), 422, "invalid_request")
+    assert_error(client.post("/nli", json={"pairs": [{"premise": "a"}]}), 422, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": []}), 422, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": ""}), 422, "invalid_request")
+    assert_error(client.post("/v1/embeddings", json={"input": [[1, 2]]}), 422, "invalid_request")
+
+
+def test_too_many_tokens_422_unless_truncate(client):
+    long = "a man is playing the guitar and the movie was great"  # 11 tokens > 6
+    err = assert_error(client.post("/embed", json={"texts": [long]}), 422, "invalid_request")
+    assert "truncate" in err["message"] and "texts[0]" in err["message"]
+    r = client.post("/embed", json={"texts": [long], "truncate": True})
+    assert r.status_code == 200 and r.json()["usage"]["tokens"] == 6
+    cut = client.post("/embed", json={"texts": ["a man is playing the guitar"]}).json()
+    assert r.json()["embeddings"] == cut["embeddings"]  # truncation = the first max_tokens tokens
+
+
+def test_too_many_texts_or_chars_is_413(client):
+    assert_error(client.post("/embed", json={"texts": ["a"] * 9}), 413, "request_too_large")
+    assert_error(client.post("/embed", json={"texts": ["a" * 201]}), 413, "request_too_large")
+    pairs = [{"premise": "a", "hypothesis": "b"}] * 9
+    assert_error(client.post("/nli", json={"pairs": pairs}), 413, "request_too_large")
+    assert_error(client.post("/sentiment", json={"texts": ["b" * 201], "truncate": True}), 413,
+                 "request_too_large")
+
+
+def test_huge_bodies_are_refused_before_parsing(client):
+    megabyte = "x" * (1 << 20)
+    assert_error(client.post("/embed", json={"texts": [megabyte]}), 413, "request_too_large")
+    assert_error(client.post("/embed", json={"texts": ["a"] * 10_000}), 413, "request_too_large")
+
+    def chunks():  # no Content-Length: the middleware must count streamed bytes
+        yield b'{"texts": ["'
+        for _ in range(100):
+            yield b"y" * 1024
+        yield b'"]}'
+
+    r = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(r, 413, "request_too_large")
+    assert client.get("/health").status_code == 200  # still up
+
+
+def test_10k_items_and_1mb_string_within_byte_limit(tiny_bundle):
+    """With a generous byte limit the count/character limits still reject them cheaply."""
+    with serve(tiny_bundle, max_request_bytes=8 << 20) as c:
+        t0 = time.perf_counter()
+        assert_error(c.post("/embed", json={"texts": ["word"] * 10_000}), 413, "request_too_large")
+        assert_error(c.post("/embed", json={"texts": ["x " * (1 << 19)]}), 413, "request_too_large")
+        assert time.perf_counter() - t0 < 10
+        assert c.post("/embed", json={"texts": ["still fine"]}).status_code == 200
+
+
+def test_malformed_json_is_400(client):
+    headers = {"content-type": "application/json"}
+    assert_error(client.post("/embed", content=b'{"texts": [', headers=headers), 400, "malformed_json")
+    assert_error(client.post("/embed", content=b"\xff\xfe", headers=headers), 400, "malformed_json")
+    assert_error(client.post("/nli", content=b"texts=a",
+                             headers={"content-type": "application/x-www-form-urlencoded"}),
+                 400, "malformed_json")
+
+
+def test_unknown_route_and_method(client):
+    assert_error(client.get("/nope"), 404, "not_found")
+    assert_error(client.get("/embed"), 405, "method_not_allowed")
+
+
+def test_api_key(tiny_bundle):
+    with serve(tiny_bundle, api_key="s3cret") as c:
+        assert_error(c.post("/embed", json={"texts": ["a"]}), 401, "unauthorized")
+        r = c.post("/embed", json={"texts": ["a"]}, headers={"Authorization": "Bearer wrong"})
+        assert_error(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert_error(c.get("/info"), 401, "unauthorized")
+        ok = c.post("/embed", json={"texts": ["a"]}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200
+
+
+def test_queue_full_is_429_with_retry_after(tiny_bundle):
+    with serve(tiny_bundle, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
+               max_wait_ms=0) as c:
+        batcher = c.app.state.service.batchers["encoder"]
+        gate, entered = threading.Event(), threading.Event()
+        real = batcher.runner
+
+        def blocked(rows):
+            entered.set()
+            gate.wait(10)
+            return real(rows)
+
+        batcher.runner = blocked
+        results: list[int] = []
+        workers = [threading.Thread(target=lambda: results.append(
+            c.post("/embed", json={"texts": ["a", "b", "c", "d"]}).status_code)) for _ in range(2)]
+        workers[0].start()
+        assert entered.wait(10)  # first request is inside the runner; the queue is empty again
+        workers[1].start()
+        deadline = time.monotonic() + 10
+        while batcher.depth < 4:  # second request fills the queue
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = c.post("/embed", json={"texts": ["e"]})
+        assert_error(r, 429, "overloaded")
+        assert int(r.headers["retry-after"]) >= 1
+        gate.set()
+        for w in workers:
+            w.join(10)
+        assert results == [200, 200]
+
+
+def test_not_ready_is_503(tiny_bundle, monkeypatch):
+    release = threading.Event()
+    real = Service._load_sync
+
+    def slow_load(self):
+        release.wait(10)
+        return real(self)
+
+    monkeypatch.setattr(Service, "_load_sync", slow_load)
+    with serve(tiny_bundle, ready=False) as c:
+        assert c.get("/health").status_code == 200
+        r = c.get("/ready")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert_error(c.post("/embed", json={"texts": ["a"]}), 503, "not_ready")
+        assert_error(c.post("/v1/embeddings", json={"input": "a"}), 503, "not_ready")
+        release.set()
+        wait_ready(c)
+        assert c.post("/embed", json={"texts": ["a"]}).status_code == 200
+
+
+def test_broken_bundle_reports_failed(tmp_path):
+    with serve(tmp_path, ready=False) as c:
+        deadline = time.monotonic() + 10
+        while c.get("/health").status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert c.get("/health").json()["status"] == "failed"
+        assert c.get("/ready").status_code == 503
+        assert_error(c.post("/nli", json={"pairs": [{"premise": "a", "hypothesis": "b"}]}),
+                     503, "not_ready")
+
+
+def test_inference_failure_is_500_without_details(tiny_bundle, caplog):
+    with serve(tiny_bundle) as c:
+        batcher = c.app.state.service.batchers["sentiment"]
+        real = batcher.runner
+
+        def broken(rows):
+            raise RuntimeError("secret internal detail /models/x")
+
+        batcher.runner = broken
+        err = assert_error(c.post("/sentiment", json={"texts": ["a"]}), 500, "internal_error")
+        assert "secret" not in err["message"]
+        assert any("secret internal detail" in rec.getMessage() for rec in caplog.records)
+        batcher.runner = real  # the worker survived the failure
+        assert c.post("/sentiment", json={"texts": ["a"]}).status_code == 200
+
+
+def test_cors_origins(tiny_bundle):
+    with serve(tiny_bundle, cors_origins=["https://app.example"]) as c:
+        r = c.options("/embed", headers={"Origin": "https://app.example",
+                                         "Access-Control-Request-Method": "POST"})
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        other = c.get("/health", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
