@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random-weight checkpoints and the ONNX bundle exported from them.
+
+torch / onnx are imported inside the fixtures, so test modules that do not use them still run
+in an environment without torch (the service's), and the fixtures skip cleanly there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from disan.text import Vocab
+
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+SENTIMENT_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
+# Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
+WORDS = """a an the man woman men women child children dog dogs cat people person is are was
+were be not no and or but of in on at to with for from by this that it he she they there
+playing plays play running runs sitting sits eating eats reading walks walking sleeping
+guitar street park book table dinner field grass rain water ball car house beach
+movie film story acting actors plot music scene time money year
+good great best bad worst terrible boring funny moving beautiful awful fine wonderful
+very really too so not quite . , ! ? ' n't 's""".split()
+TINY_DIMS = {"embed_dim": 16, "d_h": 8, "head_dim": 16}
+
+
+@dataclass
+class TinyCheckpoints:
+    """Paths of the tiny checkpoints plus what was put in them."""
+
+    nli: Path
+    sentiment: Path
+    vocab: Vocab
+    nli_labels: list[str]
+    sentiment_labels: list[str]
+
+
+def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str], seed: int,
+                         **cfg_overrides) -> Path:
+    """Save a random-weight model for `task` ("nli" | "sentiment") with tiny dimensions."""
+    torch = pytest.importorskip("torch")
+    from disan.checkpoint import save_checkpoint
+    from disan.model import DiSANConfig, build_model
+
+    torch.manual_seed(seed)
+    cfg = DiSANConfig(vocab_size=len(vocab), task=task, num_classes=len(labels),
+                      **{**TINY_DIMS, **cfg_overrides})
+    model = build_model(cfg).eval()
+    # Metrics are placeholders (random weights); the export must copy them into the manifest.
+    metrics = {"dev": {"accuracy": round(1.0 / len(labels), 4)}, "test": {"accuracy": 0.0},
+               "note": "random weights (test fixture)"}
+    save_checkpoint(path, model, vocab, labels, metrics=metrics, step=0, epoch=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab() -> Vocab:
+    """The shared vocabulary of the tiny checkpoints (PAD=0, UNK=1, then WORDS)."""
+    return Vocab(WORDS)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_vocab) -> TinyCheckpoints:
+    """A tiny NLI and a tiny sentiment checkpoint sharing one vocab (random weights)."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    return TinyCheckpoints(
+        nli=make_tiny_checkpoint(root / "nli.pt", "nli", tiny_vocab, NLI_LABELS, seed=1),
+        sentiment=make_tiny_checkpoint(root / "sentiment.pt", "sentiment", tiny_vocab,
+                                       SENTIMENT_LABELS, seed=2),
+        vocab=tiny_vocab, nli_labels=NLI_LABELS, sentiment_labels=SENTIMENT_LABELS,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
+    """Bundle directory exported (fp32 graphs + int8 variants) from `tiny_checkpoints`.
+
+    Session-scoped and shared: tests must not modify it (copy it first, see `bundle_copy`).
+    """
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from model_export.export import build_bundle
+
+    out = tmp_path_factory.mktemp("bundle") / "tiny"
+    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128,
+                 fp16=False, int8=True, log=lambda *_: None)
+    return out
