@@ -109,35 +109,47 @@ class DiSA(nn.Module):
         self.gate_s = Dense(d, d, None, kp)                               # W(f1) s + b(f)
         self.gate_h = Dense(d, d, None, kp, bias=False)                   # W(f2) h
 
-    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x [B,n,d_e], mask [B,n] -> (u [B,n,d], attention mean over features [B,n,n], gate [B,n,d])."""
+    def forward(self, x: Tensor, mask: Tensor, need_attention: bool = False
+                ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x [B,n,d_e], mask [B,n] -> (u [B,n,d], attention averaged over features [B,n,n] if
+        `need_attention` else None, fusion gate [B,n,d])."""
         cfg = self.cfg
         h = self.map(x)                                                   # [B,n,d]
         hd = self.drop(h)
         pm = pair_mask(mask, cfg.mask_kind, self.direction)              # [B,n,n]
-        pre = self.w1(hd)[:, :, None, :] + self.w2(hd)[:, None, :, :] + self.b1  # [B,n,n,d]
         m4 = pm[..., None].to(h.dtype)                                    # [B,n,n,1]
+        empty = (~pm.any(dim=2))[..., None].to(h.dtype)                  # [B,n,1]: rows with no valid j
         if cfg.attention_kind == "multi_dim":
-            logits = cfg.c * torch.tanh(pre / cfg.c)                      # eq. 15, in [-c, c]
-            weights = torch.exp(logits - cfg.c) * m4                      # [B,n,n,d], exact 0 if masked
-            denom = weights.sum(dim=2, keepdim=True)                      # [B,n,1,d]
-            empty = (~pm.any(dim=2))[:, :, None, None].to(h.dtype)       # rows with no valid j
-            probs = weights / (denom + empty)
-        elif cfg.attention_kind == "additive":
-            scores = self.score(torch.tanh(pre)).squeeze(-1)              # [B,n,n]
-            probs = masked_softmax(scores, pm, dim=2)[..., None]          # [B,n,n,1]
-        else:  # coda: tanh(E) * gate(N), no softmax
-            dist = -(self.n1(hd)[:, :, None, :] - self.n2(hd)[:, None, :, :]).abs()  # [B,n,n,d]
-            if cfg.coda_gate == "scaled":
-                gate = 2.0 * torch.sigmoid(dist)
-            else:
-                count = m4.sum(dim=2, keepdim=True).clamp_min(1.0)
-                gate = torch.sigmoid(dist - (dist * m4).sum(dim=2, keepdim=True) / count)
-            probs = torch.tanh(pre) * gate * m4
-        s = (probs * h[:, None, :, :]).sum(dim=2)                         # eq. 16: [B,n,d]
+            # eq. 15 logits c*tanh(y/c) with y = W1 h_i + W2 h_j + b, shifted by their bound c:
+            #   c*tanh(y/c) - c == -2c * sigmoid(-2y/c)
+            # The shift cancels in the normalisation, keeps exp() in [e^-2c, 1] (no overflow in
+            # fp16), and the -2/c scale folds into the small [B,n,d] projections, so the big
+            # [B,n,n,d] tensor sees only add, sigmoid, scale, exp, mask (layout keeps d innermost:
+            # the broadcast add and the j-reduction stay vectorised).
+            scale = -2.0 / cfg.c
+            z = ((self.w1(hd) + self.b1) * scale)[:, :, None, :] + (self.w2(hd) * scale)[:, None, :, :]
+            weights = torch.exp(torch.sigmoid(z) * (-2.0 * cfg.c)) * m4   # [B,n,n,d], 0 where masked
+            denom = weights.sum(dim=2) + empty                            # [B,n,d]
+            s = (weights * h[:, None, :, :]).sum(dim=2) / denom           # eq. 16: [B,n,d]
+            attn = (weights / denom[:, :, None, :]).mean(dim=-1) if need_attention else None
+        else:
+            pre = self.w1(hd)[:, :, None, :] + self.w2(hd)[:, None, :, :] + self.b1  # [B,n,n,d]
+            if cfg.attention_kind == "additive":
+                scores = self.score(torch.tanh(pre)).squeeze(-1)          # [B,n,n]
+                probs = masked_softmax(scores, pm, dim=2)[..., None]      # [B,n,n,1]
+            else:  # coda: tanh(E) * gate(N), no softmax
+                dist = -(self.n1(hd)[:, :, None, :] - self.n2(hd)[:, None, :, :]).abs()  # [B,n,n,d]
+                if cfg.coda_gate == "scaled":
+                    gate = 2.0 * torch.sigmoid(dist)
+                else:
+                    count = m4.sum(dim=2, keepdim=True).clamp_min(1.0)
+                    gate = torch.sigmoid(dist - (dist * m4).sum(dim=2, keepdim=True) / count)
+                probs = torch.tanh(pre) * gate * m4
+            s = (probs * h[:, None, :, :]).sum(dim=2)                     # eq. 16: [B,n,d]
+            attn = probs.mean(dim=-1) if need_attention else None
         fuse = torch.sigmoid(self.gate_s(s) + self.gate_h(h))             # eq. 19
         u = (fuse * h + (1.0 - fuse) * s) * mask[..., None].to(h.dtype)   # eq. 20, padding -> 0
-        return u, probs.mean(dim=-1), fuse
+        return u, attn, fuse
 
 
 class Source2Token(nn.Module):
@@ -188,8 +200,8 @@ class DiSANEncoder(nn.Module):
         if self.cfg.mask_kind == "none":
             u = self.token_map(x) * mask[..., None].to(x.dtype)           # [B,n,2d]
         else:
-            u_fw, a_fw, g_fw = self.fw(x, mask)
-            u_bw, a_bw, g_bw = self.bw(x, mask)
+            u_fw, a_fw, g_fw = self.fw(x, mask, need_attention=return_tokens)
+            u_bw, a_bw, g_bw = self.bw(x, mask, need_attention=return_tokens)
             u = torch.cat([u_fw, u_bw], dim=-1)                           # [B,n,2d]
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}
