@@ -20,7 +20,7 @@ import disan
 from service.errors import error_body, install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
 from service.pipeline import Service
-from service.routes import inference, router
+from service.routes import AUTH, inference, router
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
@@ -110,7 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
-    app.include_router(inference)
+    app.include_router(inference, **(AUTH if settings.api_key is not None else {}))
     # Added innermost first: the body limit runs after CORS, metrics count everything.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     if settings.cors_origins:

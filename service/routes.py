@@ -56,10 +56,12 @@ def _errors(*types: str) -> dict[int | str, dict[str, Any]]:
     return {ERROR_TABLE[t][0]: {"model": ErrorResponse, "description": ERROR_TABLE[t][1]} for t in types}
 
 
-_INFER_ERRORS = _errors("malformed_json", "unauthorized", "request_too_large", "invalid_request",
-                        "overloaded", "internal_error", "not_ready")
+_INFER_ERRORS = _errors("malformed_json", "request_too_large", "invalid_request", "overloaded",
+                        "internal_error", "not_ready")
+# Attached by create_app only when an API key is configured, so /openapi.json tells the truth.
+AUTH = {"dependencies": [Depends(require_api_key)], "responses": _errors("unauthorized")}
 router = APIRouter()
-inference = APIRouter(dependencies=[Depends(require_api_key)], responses=_INFER_ERRORS)
+inference = APIRouter(responses=_INFER_ERRORS)
 
 
 async def _watch_disconnect(request: Request) -> None:

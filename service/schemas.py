@@ -12,11 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 TextList = Annotated[list[Text], Field(min_length=1)]
-_STRICT = ConfigDict(extra="forbid")
+# Requests are strict (no 0 -> False, "5" -> 5 coercion) so the API accepts exactly what its
+# OpenAPI schema says, and unknown fields are errors (a typo like "text" is reported, not ignored).
+_STRICT = ConfigDict(extra="forbid", strict=True)
 
 
 def _examples(*examples: dict) -> ConfigDict:
-    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+    return ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": list(examples)})
 
 
 class Usage(BaseModel):
@@ -104,7 +106,7 @@ class SentimentResponse(BaseModel):
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI `POST /v1/embeddings` request; unknown fields are ignored like OpenAI's own clients."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"examples": [
         {"input": ["The food was delicious.", "The waiter was friendly."], "model": "default"},
         {"input": "hello world", "encoding_format": "base64"}]})
     input: Text | TextList = Field(description="a string or a non-empty list of strings")
