@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -222,6 +223,18 @@ def test_healthcheck_probe(status: int, api_key: str | None, expected: int,
     assert seen == [("/ready", f"Bearer {api_key}" if api_key else None)]
     # Nothing listening: unhealthy, not a traceback.
     assert load_probe().main() == 1
+
+
+def test_documented_train_commands_parse() -> None:
+    """`docker compose run --rm train ...` lines in the docs parse with the real CLI."""
+    pytest.importorskip("torch")  # the train/export parsers live in torch-side modules
+    text = "\n".join(f.read_text(encoding="utf-8") for f in (ROOT / "docs" / "containers.md",
+                                                             ROOT / "README.md") if f.is_file())
+    commands = re.findall(r"docker compose run --rm train ((?:[^\n]*\\\n)*[^\n]*)", text)
+    if not commands:
+        pytest.skip("no documented train commands")
+    for command in commands:
+        parse_disan(shlex.split(command.replace("\\\n", " ")))
 
 
 def test_train_image_runs_disan() -> None:
