@@ -105,6 +105,7 @@ class Service:
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        log.info("stopped: batchers drained")
 
     def require_ready(self) -> Runtime:
         """The runtime, or NotReady (503) while loading/draining/failed."""

@@ -1,0 +1,140 @@
+"""`disan serve` and Settings: flags mirror env variables, flags win, errors are one line, SIGTERM drains."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from service import cli
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_setting_has_a_flag_and_an_env_variable():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for name in Settings.model_fields:
+        assert cli.flag_name(name) in flags
+        assert cli.env_name(name) == "DISAN_" + name.upper()
+    for stable in ("--bundle", "--host", "--port", "--providers", "--max-batch-size", "--max-wait-ms",
+                   "--max-batch-cells", "--queue-limit", "--api-key", "--cors-origins", "--workers"):
+        assert stable in flags
+
+
+def test_flags_override_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("DISAN_PORT", "9001")
+    monkeypatch.setenv("DISAN_MAX_WAIT_MS", "7.5")
+    monkeypatch.setenv("DISAN_CORS_ORIGINS", "https://a.example, https://b.example")
+    s = cli.settings_from_args(parse("--port", "9002", "--bundle", str(tmp_path)))
+    assert s.port == 9002 and s.max_wait_ms == 7.5 and s.bundle == tmp_path
+    assert s.cors_origins == ["https://a.example", "https://b.example"]
+    s = cli.settings_from_args(parse("--cors-origins", "https://c.example"))
+    assert s.cors_origins == ["https://c.example"]
+
+
+def test_defaults(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no ./models/default here: falls back to the repo's
+    for name in Settings.model_fields:
+        monkeypatch.delenv(cli.env_name(name), raising=False)
+    s = Settings()
+    assert (s.host, s.port, s.providers) == ("127.0.0.1", 8000, "auto")
+    assert s.bundle == REPO / "models" / "default"
+    (tmp_path / "models" / "default").mkdir(parents=True)
+    assert Settings().bundle == tmp_path / "models" / "default"
+
+
+def test_invalid_settings_are_one_line_exit_2(capsys, tmp_path):
+    assert cli.run(parse("--port", "70000")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "port" in err[0]
+    assert cli.run(parse("--queue-limit", "1", "--max-texts-per-request", "5")) == 2
+    assert "queue_limit" in capsys.readouterr().err
+
+
+def test_missing_and_tampered_bundle(capsys, tmp_path, tiny_bundle):
+    assert cli.run(parse("--bundle", str(tmp_path / "nothing"))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and cli.EXPORT_HINT in err[0]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in tiny_bundle.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "vocab.json").write_text('{"format": "disan-vocab", "itos": ["<pad>", "<unk>", "x"]}')
+    assert cli.run(parse("--bundle", str(bad))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sha256" in err[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_server_serves_and_drains_on_sigterm(tiny_bundle):
+    port = free_port()
+    env = {**os.environ, "DISAN_MAX_WAIT_MS": "20", "DISAN_LOG_LEVEL": "info"}
+    proc = subprocess.Popen([sys.executable, "-m", "disan.cli", "serve", "--bundle", str(tiny_bundle),
+                             "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.1)
+        info = httpx.get(f"{base}/info").json()
+        assert info["provider"] == "CPUExecutionProvider"
+        statuses: list[int] = []
+
+        def client() -> None:
+            with httpx.Client(base_url=base, timeout=10) as c:
+                for _ in range(5):
+                    try:
+                        r = c.post("/embed", json={"texts": ["a man is playing"] * 8})
+                        statuses.append(r.status_code)
+                    except httpx.TransportError:
+                        statuses.append(-1)  # refused after shutdown began: fine, never a 5xx
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while not statuses:  # requests are flowing: now stop the server under load
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(30)
+        # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too.
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        log = proc.stdout.read()
+        assert "Application shutdown complete" in log and "batchers drained" in log, log
+        assert 200 in statuses and all(s in (200, 503, -1) for s in statuses), statuses
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
