@@ -50,19 +50,13 @@ INTERPOLATION = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}")
 
 
 class ComposeLoader(yaml.SafeLoader):
-    """YAML loader that accepts compose's `!reset` / `!override` tags (as their plain value)."""
+    """YAML loader that reads compose's `!reset` / `!override` tags as their plain value."""
 
 
-def _untagged(loader: yaml.SafeLoader, node: yaml.Node) -> object:
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node, deep=True)
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-for _tag in ("!reset", "!override"):
-    ComposeLoader.add_constructor(_tag, _untagged)
+ComposeLoader.add_multi_constructor("!", lambda loader, _tag, node: (
+    loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
+    else loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
+    else loader.construct_scalar(node)))
 
 
 def load_compose(path: Path) -> dict:
@@ -204,18 +198,11 @@ def test_healthcheck_probe(status: int, api_key: str | None, expected: int,
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    monkeypatch.setenv("DISAN_PORT", str(server.server_address[1]))
+    monkeypatch.setenv("DISAN_API_KEY", api_key or "")  # empty = no key, as in the probe
     try:
-        monkeypatch.setenv("DISAN_PORT", str(server.server_address[1]))
-        if api_key:
-            monkeypatch.setenv("DISAN_API_KEY", api_key)
-        else:
-            monkeypatch.delenv("DISAN_API_KEY", raising=False)
         assert load_probe().main() == expected
     finally:
         server.shutdown()
