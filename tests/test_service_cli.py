@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
@@ -13,7 +14,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from bench.load import check_loopback, run_load
 from service import cli
 from service.settings import Settings
 
@@ -108,6 +111,10 @@ def test_real_server_serves_and_drains_on_sigterm(tiny_bundle):
             time.sleep(0.1)
         info = httpx.get(f"{base}/info").json()
         assert info["provider"] == "CPUExecutionProvider"
+        load = asyncio.run(run_load(base, "/embed", concurrency=4, requests=40, time_limit=30,
+                                    texts_per_request=2))
+        assert load.sent == load.ok == 40 and load.statuses == {"200": 40}
+        assert 0 < load.p50_ms <= load.p95_ms <= load.p99_ms and load.sentences_per_s > 0
         statuses: list[int] = []
 
         def client() -> None:
@@ -138,3 +145,9 @@ def test_real_server_serves_and_drains_on_sigterm(tiny_bundle):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_load_generator_refuses_remote_hosts():
+    check_loopback("http://127.0.0.1:8000")
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        check_loopback("http://example.com:8000")

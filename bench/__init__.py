@@ -1,0 +1,1 @@
+"""Benchmarks: offline encoder throughput, service load (bench/load.py), results in RESULTS.md."""
