@@ -15,6 +15,7 @@ Every user-data problem raises ValueError with one line that names the file (and
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import io
 import json
@@ -294,9 +295,10 @@ class EncodedDataset:
     def __len__(self) -> int:
         return len(self.labels)
 
-    @property
-    def lengths(self) -> list[int]:
-        return [max(len(s) for s in row) for row in self.ids]
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        """Longest sentence of each example (computed once: batching asks for it every step)."""
+        return np.asarray([max(len(s) for s in row) for row in self.ids], dtype=np.int64)
 
 
 def encode_dataset(ds: Dataset, vocab: Vocab, max_len: int | None) -> EncodedDataset:

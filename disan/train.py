@@ -91,7 +91,7 @@ def evaluate(model: torch.nn.Module, data: EncodedDataset, device: torch.device,
 
 def _pieces(idx: np.ndarray, data: EncodedDataset, max_cells: int) -> list[np.ndarray]:
     """Split a batch so each forward holds at most `max_cells` = rows * len^2 (attention is n^2 * d)."""
-    n = max(data.lengths[i] for i in idx) if len(idx) else 1
+    n = int(data.lengths[idx].max()) if len(idx) else 1
     rows = max(1, max_cells // (n * n))
     return [idx[i:i + rows] for i in range(0, len(idx), rows)]
 

@@ -1,0 +1,145 @@
+"""DiSAN model: directionality, padding, finiteness, equations 12-20 against loop code, sizes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared CPU
+F = torch.nn.functional
+
+from disan.model import DiSANConfig, DiSANEncoder, NLIModel  # noqa: E402
+
+KINDS = list(itertools.product(["multi_dim", "additive", "coda"], ["directional", "diag", "none"]))
+V = 40
+
+
+def encoder(**kw) -> DiSANEncoder:
+    torch.manual_seed(0)
+    cfg = DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, **kw)
+    return DiSANEncoder(cfg).double().eval()
+
+
+@pytest.mark.parametrize("attention_kind", ["multi_dim", "additive", "coda"])
+def test_directionality(attention_kind: str) -> None:
+    enc = encoder(attention_kind=attention_kind)
+    ids = torch.randint(2, V, (3, 7))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    k = 3
+    changed = ids.clone()
+    changed[:, k] = (ids[:, k] - 2 + 1) % (V - 2) + 2  # a different real token at position k
+    _, a = enc(ids, mask, return_tokens=True)
+    _, b = enc(changed, mask, return_tokens=True)
+    assert torch.equal(a["u_fw"][:, :k], b["u_fw"][:, :k])          # forward: only earlier tokens
+    assert torch.equal(a["u_bw"][:, k + 1:], b["u_bw"][:, k + 1:])  # backward: only later tokens
+    # ... and the other side does see the change (so the test can fail).
+    assert not torch.allclose(a["u_fw"][:, k + 1:], b["u_fw"][:, k + 1:])
+    assert not torch.allclose(a["u_bw"][:, :k], b["u_bw"][:, :k])
+
+
+@pytest.mark.parametrize(("attention_kind", "mask_kind"), KINDS)
+def test_padding_does_not_change_the_sentence_vector(attention_kind: str, mask_kind: str) -> None:
+    enc = encoder(attention_kind=attention_kind, mask_kind=mask_kind).float()
+    ids = torch.randint(2, V, (4, 5))
+    ids[1, 3:] = 0
+    ids[2, 1:] = 0
+    mask = ids != 0
+    padded = torch.cat([ids, torch.zeros(4, 4, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        assert (enc(ids, mask) - enc(padded, padded != 0)).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize(("attention_kind", "mask_kind"), KINDS)
+def test_no_nan_or_inf_for_short_and_padded_rows(attention_kind: str, mask_kind: str) -> None:
+    torch.manual_seed(1)
+    cfg = DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, attention_kind=attention_kind, mask_kind=mask_kind,
+                      task="sentiment", num_classes=3, head_dim=8)
+    model = __import__("disan.model", fromlist=["build_model"]).build_model(cfg).train()
+    for n, lengths in ((1, [1, 1]), (2, [1, 2]), (6, [1, 6, 1, 2])):
+        ids = torch.randint(2, V, (len(lengths), n))
+        for row, length in enumerate(lengths):
+            ids[row, length:] = 0  # all padding but the first `length` tokens
+        logits = model(ids, ids != 0)
+        assert torch.isfinite(logits).all()
+        model.zero_grad()
+        logits.sum().backward()
+        for name, p in model.named_parameters():
+            assert p.grad is None or torch.isfinite(p.grad).all(), name
+
+
+# ---- equations 14-20 and 12-13, written out with loops over positions --------------------------
+
+def _dense(layer, x):
+    return layer.act(layer.linear(x))
+
+
+def loop_disa(block, x, mask, kind, direction):
+    """u for one sentence x [n, d_e] following eqs. 14-20 (or CoDA / additive) position by position."""
+    n = x.shape[0]
+    h = [_dense(block.map, x[i]) for i in range(n)]                                    # eq. 14
+    cfg = block.cfg
+    out = []
+    for i in range(n):
+        allowed = [j for j in range(n) if mask[j] and (
+            (j != i) if cfg.mask_kind == "diag" else (j < i if direction == "forward" else j > i))]
+        s = torch.zeros_like(h[i])
+        if allowed:
+            pre = [block.w1(h[i]) + block.w2(h[j]) + block.b1 for j in allowed]
+            if kind == "multi_dim":                                                   # eqs. 15-16
+                logit = torch.stack([cfg.c * torch.tanh(p / cfg.c) for p in pre])     # [m, d]
+                probs = torch.exp(logit) / torch.exp(logit).sum(0)                    # per feature
+            elif kind == "additive":
+                score = torch.stack([block.score(torch.tanh(p)).squeeze(-1) for p in pre])
+                probs = (torch.exp(score) / torch.exp(score).sum())[:, None].expand(-1, h[i].shape[0])
+            else:  # CoDA: tanh(E) * 2 sigmoid(N), N = -|W3 h_i - W4 h_j|
+                dist = torch.stack([-(block.n1(h[i]) - block.n2(h[j])).abs() for j in allowed])
+                if cfg.coda_gate == "scaled":
+                    gate = 2 * torch.sigmoid(dist)
+                else:  # centred over the valid positions
+                    gate = torch.sigmoid(dist - dist.mean(0))
+                probs = torch.tanh(torch.stack(pre)) * gate
+            s = sum(probs[t] * h[j] for t, j in enumerate(allowed))
+        f = torch.sigmoid(block.gate_s.linear(s) + block.gate_h.linear(h[i]))         # eq. 19
+        out.append(f * h[i] + (1 - f) * s if mask[i] else torch.zeros_like(h[i]))     # eq. 20
+    return torch.stack(out)
+
+
+def loop_source2token(s2t, u, mask):
+    """Eqs. 12-13 over the valid positions of u [n, D]."""
+    valid = [i for i in range(u.shape[0]) if mask[i]]
+    logits = torch.stack([s2t.map2.linear(F.elu(s2t.map1.linear(u[i]))) for i in valid])
+    probs = torch.exp(logits) / torch.exp(logits).sum(0)
+    return sum(probs[t] * u[i] for t, i in enumerate(valid))
+
+
+@pytest.mark.parametrize(("kind", "mask_kind", "gate"), [
+    ("multi_dim", "directional", "scaled"), ("multi_dim", "diag", "scaled"),
+    ("additive", "directional", "scaled"), ("coda", "directional", "scaled"),
+    ("coda", "directional", "centred")])
+def test_equations_match_a_loop_implementation(kind: str, mask_kind: str, gate: str) -> None:
+    enc = encoder(attention_kind=kind, mask_kind=mask_kind, coda_gate=gate)
+    with torch.no_grad():
+        enc.fw.b1.normal_()  # make the biases non-zero so they are checked too
+        enc.bw.b1.normal_()
+    ids = torch.randint(2, V, (2, 5))
+    ids[1, 3:] = 0
+    mask = ids != 0
+    sent, tok = enc(ids, mask, return_tokens=True)
+    bw_dir = "backward" if mask_kind == "directional" else "diag"
+    for b in range(2):
+        x = enc.embed(ids[b])
+        u_fw = loop_disa(enc.fw, x, mask[b], kind, "forward")
+        u_bw = loop_disa(enc.bw, x, mask[b], kind, bw_dir)
+        torch.testing.assert_close(tok["u_fw"][b], u_fw, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(tok["u_bw"][b], u_bw, rtol=1e-9, atol=1e-10)
+        ref = loop_source2token(enc.s2t, torch.cat([u_fw, u_bw], -1), mask[b])
+        torch.testing.assert_close(sent[b], ref, rtol=1e-9, atol=1e-10)
+
+
+def test_nli_model_has_the_papers_parameter_count() -> None:
+    model = NLIModel(DiSANConfig(vocab_size=10, embed_dim=300, d_h=300))
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("encoder.embed."))
+    assert math.isclose(n, 2.35e6, rel_tol=0.02), n

@@ -1,0 +1,60 @@
+"""Tokenizer and vocabulary (torch-free)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from disan.text import PAD, UNK, Vocab, tokenize
+
+# (PTB-tokenized as in SST / tokenized SNLI, raw text a user would send)
+PAIRS = [
+    ("The Rock is destined to be the 21st Century 's new `` Conan '' .",
+     'The Rock is destined to be the 21st Century\'s new "Conan".'),
+    ("It does n't -LRB- really -RRB- work .", "It doesn't (really) work."),
+    ("co-writer\\/director Peter Jackson 's vision", "co-writer/director Peter Jackson's vision"),
+    ("I ca n't believe they 're here !", "I can't believe they're here!"),
+    ("We can not wait ...", "We cannot wait..."),
+    ("A man -LSB- sic -RSB- plays , sings and dances .", "A man [sic] plays, sings and dances."),
+    ("She 'll say `` yes '' -- maybe .", "She\u2019ll say \u201cyes\u201d \u2014 maybe."),
+]
+
+
+@pytest.mark.parametrize(("ptb", "raw"), PAIRS)
+def test_ptb_and_raw_text_give_the_same_tokens(ptb: str, raw: str) -> None:
+    assert tokenize(ptb) == tokenize(raw)
+    assert all(t == t.lower() for t in tokenize(raw))
+
+
+def test_tokenize_splits_clitics_and_punctuation() -> None:
+    expected = ["do", "n't", "stop", ",", "it", "'s", "3.5", "miles", "!"]
+    assert tokenize("Don't stop, it's 3.5 miles!") == expected
+    assert tokenize("") == []
+
+
+def test_vocab_json_round_trip(tmp_path) -> None:
+    vocab = Vocab(["the", "movie", "é", "n't", "the"])  # duplicates are ignored
+    assert vocab.itos[:2] == ["<pad>", "<unk>"] and len(vocab) == 6
+    path = tmp_path / "vocab.json"
+    vocab.save(path)
+    again = Vocab.load(path)
+    assert again == vocab and again.stoi == vocab.stoi
+    assert json.loads(path.read_text(encoding="utf-8"))["format"] == "disan-vocab"
+
+
+def test_vocab_rejects_foreign_json() -> None:
+    with pytest.raises(ValueError, match="not a disan vocab"):
+        Vocab.from_json({"itos": ["a", "b"]})
+
+
+def test_encode_pads_masks_and_maps_unknown_words() -> None:
+    vocab = Vocab(["the", "movie", "is", "good"])
+    enc = vocab.encode(["The movie is good", "unseen words", ""], max_len=3)
+    assert enc.ids.dtype == np.int64 and enc.ids.shape == (3, 3)
+    assert enc.ids[0].tolist() == [vocab.stoi["the"], vocab.stoi["movie"], vocab.stoi["is"]]
+    assert enc.ids[1].tolist() == [UNK, UNK, PAD]
+    assert enc.ids[2].tolist() == [UNK, PAD, PAD]  # empty text -> one UNK, never an empty row
+    assert enc.mask.tolist() == [[True] * 3, [True, True, False], [True, False, False]]
+    assert enc.lengths == [3, 2, 1]

@@ -1,0 +1,175 @@
+"""Training: optimizer groups, frozen rows, overfitting, the `disan train` CLI end to end, resume."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared CPU
+
+from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.cli import main  # noqa: E402
+from disan.data import EncodedDataset  # noqa: E402
+from disan.model import DiSANConfig, build_model  # noqa: E402
+from disan.text import Vocab  # noqa: E402
+from disan.train import TrainConfig, make_optimizer, train_step  # noqa: E402
+
+POS = "good great fine wonderful funny moving".split()
+NEG = "bad awful boring terrible dull worst".split()
+FILL = "the movie film plot is was very really quite".split()
+TINY = ["--d-h", "8", "--batch-size", "16", "--no-progress", "--threads", "1", "--glove-extra", "3"]
+
+
+def sentence(rng: random.Random, positive: bool) -> str:
+    words = [rng.choice(FILL) for _ in range(rng.randint(1, 6))]
+    words.insert(rng.randint(0, len(words)), rng.choice(POS if positive else NEG))
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Generated sentiment + NLI jsonl splits and a tiny 8-d GloVe text file."""
+    root = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    out = {}
+    for split, n in (("train", 48), ("dev", 24), ("test", 24)):
+        out[f"sent_{split}"] = root / f"sent_{split}.jsonl"
+        out[f"sent_{split}"].write_text("".join(
+            json.dumps({"text": sentence(rng, i % 2 == 1), "label": i % 2}) + "\n" for i in range(n)))
+        rows = []
+        for i in range(n):
+            label = ["entailment", "neutral", "contradiction"][i % 3]
+            premise = sentence(rng, True)
+            hyp = premise if label == "entailment" else sentence(rng, label == "neutral")
+            rows.append(json.dumps({"sentence1": premise, "sentence2": hyp, "gold_label": label}) + "\n")
+        out[f"nli_{split}"] = root / f"nli_{split}.jsonl"
+        out[f"nli_{split}"].write_text("".join(rows))
+    out["glove"] = root / "glove.txt"
+    out["glove"].write_text("".join(
+        w + " " + " ".join(f"{rng.uniform(-1, 1):.4f}" for _ in range(8)) + "\n"
+        for w in ["the", ",", "good", "bad", "movie", "cat", "dog", "house", "tree"]))
+    return out
+
+
+def tiny_model(task: str = "sentiment", keep_prob: float = 1.0, vocab: int = 30):
+    torch.manual_seed(0)
+    cfg = DiSANConfig(vocab_size=vocab, embed_dim=8, d_h=8, head_dim=16, keep_prob=keep_prob, task=task,
+                      num_classes=3)
+    return build_model(cfg)
+
+
+def test_optimizer_decays_only_weight_matrices() -> None:
+    model = tiny_model()
+    opt = make_optimizer(model, TrainConfig(task="sentiment", out="x", weight_decay=1e-4))
+    decay, rest = opt.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 1e-4 and rest["weight_decay"] == 0.0
+    assert all(not n.endswith("bias") and not n.startswith("encoder.embed.") for n in decayed)
+    assert "encoder.fw.w1.weight" in decayed and "out.linear.weight" in decayed
+    assert {names[id(p)] for p in rest["params"]} >= {"encoder.embed.weight", "encoder.fw.b1"}
+
+
+def test_frozen_embedding_rows_do_not_move() -> None:
+    model = tiny_model(keep_prob=0.8)
+    frozen = torch.tensor([5, 6, 7])
+    model.encoder.trainable_rows[frozen] = False
+    before = model.encoder.embed.weight.detach().clone()
+    opt = make_optimizer(model, TrainConfig(task="sentiment", out="x", weight_decay=1e-2))
+    ids = torch.tensor([[5, 6, 7, 8, 9], [7, 5, 10, 11, 0]])
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids, ids != 0), torch.tensor([0, 2])).backward()
+        opt.step()
+    after = model.encoder.embed.weight.detach()
+    assert torch.equal(after[frozen], before[frozen])
+    assert not torch.equal(after[8:12], before[8:12])  # trainable rows that were used did change
+
+
+def test_tiny_model_overfits_32_examples() -> None:
+    gen = np.random.default_rng(0)
+    ids = [(gen.integers(2, 30, size=gen.integers(1, 9)).astype(np.int64),) for _ in range(32)]
+    data = EncodedDataset("sentiment", ids, gen.integers(0, 3, size=32))
+    model = tiny_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(150):
+        _, correct = train_step(model, opt, data, np.arange(32), torch.device("cpu"), max_cells=10**6)
+        if correct == 32:
+            break
+    model.eval()
+    from disan.data import collate
+    inputs, y = collate(data, np.arange(32))
+    assert (model(*inputs).argmax(-1) == y).all()
+
+
+def run_cli(*args: str) -> int:
+    return main(["train", *map(str, args)])
+
+
+def test_cli_trains_and_writes_a_loadable_checkpoint(files, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    rc = run_cli("--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+                 "--test", files["sent_test"], "--glove", files["glove"], "--epochs", "2",
+                 "--eval-every", "2", "--out", out, "--label-names", "negative,positive", *TINY)
+    assert rc == 0
+    for name in ("best.pt", "last.pt", "vocab.json", "metrics.jsonl", "curves.png"):
+        assert (out / name).is_file(), name
+    best = load_checkpoint(out / "best.pt")
+    model, vocab, labels = model_from_checkpoint(best)
+    assert labels == ["negative", "positive"] and vocab == Vocab.load(out / "vocab.json")
+    assert model.cfg.embed_dim == 8 and "optimizer_state" not in best
+    assert {"dev_acc", "test_acc", "test_confusion"} <= set(best["metrics"])
+    assert np.sum(best["metrics"]["test_confusion"]) == 24
+    assert best["train_config"]["keep_prob"] == 0.7 and best["train_config"]["weight_decay"] == 1e-4
+    # GloVe-only words are frozen, training words are not
+    rows = model.encoder.trainable_rows
+    assert not rows[vocab.stoi["cat"]] and rows[vocab.stoi["movie"]]
+    records = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records[:-1]] == [2, 3, 4, 6] and records[-1]["event"] == "final"
+    assert "optimizer_state" in load_checkpoint(out / "last.pt")
+
+
+def test_resume_continues_exactly(files, tmp_path: Path) -> None:
+    common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
+              "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", *TINY[:-2]]
+    assert run_cli(*common, "--epochs", "2", "--out", tmp_path / "straight") == 0
+    assert run_cli(*common, "--epochs", "1", "--out", tmp_path / "split") == 0
+    assert run_cli("--resume", tmp_path / "split" / "last.pt", "--epochs", "2", "--no-progress") == 0
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "split" / "last.pt")
+    assert a["step"] == b["step"] == 6 and b["epoch"] == 2
+    for key, value in a["model_state"].items():
+        assert torch.equal(value, b["model_state"][key]), key
+    lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(r).get("step") for r in lines]
+    assert steps[:2] == [3, 6]
+
+
+def test_vocab_reuse_keeps_the_vocab_exactly(files, tmp_path: Path) -> None:
+    first = tmp_path / "sent"
+    assert run_cli("--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+                   "--glove", files["glove"], "--vocab-texts", files["nli_train"], "--epochs", "1",
+                   "--out", first, *TINY) == 0
+    second = tmp_path / "nli"
+    assert run_cli("--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"],
+                   "--glove", files["glove"], "--vocab", first / "vocab.json", "--epochs", "1",
+                   "--out", second, *TINY) == 0
+    assert Vocab.load(second / "vocab.json") == Vocab.load(first / "vocab.json")
+
+
+def test_bad_data_gives_a_one_line_error(files, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(files["sent_train"].read_text() + '{"text": "oops", "label": \n')
+    rc = run_cli("--task", "sentiment", "--train", bad, "--dev", files["sent_dev"], "--out", tmp_path / "o",
+                 *TINY)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0
+    assert f"{bad}:49: malformed JSON" in err
+    rc = run_cli("--task", "nli", "--train", files["sent_train"], "--dev", files["sent_dev"],
+                 "--out", tmp_path / "o", *TINY)
+    assert rc == 2 and "holds sentiment data but the task is nli" in capsys.readouterr().err
