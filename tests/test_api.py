@@ -20,8 +20,8 @@ WORDS = ["a", "man", "is", "playing", "guitar", "the", "movie", "was", "great", 
 def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
     """Poll /ready until the background load and warm-up finished."""
     deadline = time.monotonic() + timeout
-    while client.get("/ready").status_code != 200:
-        assert time.monotonic() < deadline, client.get("/ready").json()
+    while (r := client.get("/ready")).status_code != 200:
+        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
         time.sleep(0.02)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 from contextlib import contextmanager
@@ -17,8 +19,8 @@ from service.settings import Settings
 
 def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while client.get("/ready").status_code != 200:
-        assert time.monotonic() < deadline, client.get("/ready").json()
+    while (r := client.get("/ready")).status_code != 200:
+        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
         time.sleep(0.02)
 
 
@@ -220,3 +222,83 @@ def test_cors_origins(tiny_bundle):
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         other = c.get("/health", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
+
+
+def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle):
+    """A request whose client leaves while it waits in the queue is answered 499 and never run."""
+    async def main():
+        app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=0, max_batch_size=1))
+        service = app.state.service
+        await service.start()
+        await service.wait_ready()
+        batcher = service.batchers["encoder"]
+        gate, seen = threading.Event(), []
+        real = batcher.runner
+
+        def blocked(rows):
+            seen.extend(tuple(r) for r in rows)
+            gate.wait(10)
+            return real(rows)
+
+        batcher.runner = blocked
+
+        async def call(texts, leave: asyncio.Event | None):
+            body = json.dumps({"texts": texts}).encode()
+            sent: list[dict] = []
+            first = True
+
+            async def receive():
+                nonlocal first
+                if first:
+                    first = False
+                    return {"type": "http.request", "body": body, "more_body": False}
+                if leave is not None:
+                    await leave.wait()
+                else:
+                    await asyncio.Event().wait()  # this client never leaves
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": "/embed", "raw_path": b"/embed",
+                     "query_string": b"", "headers": [(b"content-type", b"application/json")],
+                     "http_version": "1.1", "scheme": "http", "server": ("test", 80),
+                     "client": ("test", 1), "root_path": "", "asgi": {"version": "3.0"}}
+            await app(scope, receive, send)
+            return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+        leave = asyncio.Event()
+        first = asyncio.ensure_future(call(["a man"], None))  # occupies the worker
+        while not seen:
+            await asyncio.sleep(0.01)
+        gone = asyncio.ensure_future(call(["the movie was great"], leave))
+        while batcher.depth == 0:
+            await asyncio.sleep(0.01)
+        leave.set()
+        gone_status = await gone
+        gate.set()
+        first_status = await first
+        await service.stop()
+        return first_status, gone_status, seen, service.runtime.vocab
+
+    first_status, gone_status, seen, vocab = asyncio.run(main())
+    assert first_status == 200 and gone_status == 499
+    gone_ids = tuple(vocab.ids(["the", "movie", "was", "great"]))
+    assert gone_ids not in seen and len(seen) == 1
+
+
+def test_bundle_variants(tiny_bundle):
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    variants = {v for g in manifest["graphs"].values() for v in (g.get("variants") or {})}
+    if "int8" in variants:  # the shared fixture exports int8 variants
+        with serve(tiny_bundle, variant="int8") as c:
+            assert c.get("/info").json()["variant"] == "int8"
+            assert c.post("/embed", json={"texts": ["a man is playing"]}).status_code == 200
+    assert "fp16" not in variants
+    with serve(tiny_bundle, ready=False, variant="fp16") as c:
+        deadline = time.monotonic() + 10
+        while c.get("/health").status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert "fp16" in c.get("/ready").json()["detail"]
