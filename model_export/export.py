@@ -8,7 +8,6 @@ leaves a half-written bundle where the service would look for one.
 from __future__ import annotations
 
 import argparse
-import copy
 import gzip
 import json
 import platform
@@ -100,31 +99,40 @@ def load_sources(nli_path: Path, sentiment_path: Path):
 def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_embedding: bool,
                log=print) -> dict[str, dict[str, Any]]:
     """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
-    from model_export.graphs import build_wrappers, check_onnx, export_graph, quantize_int8
+    from model_export.graphs import (
+        build_wrappers,
+        check_onnx,
+        convert_fp16,
+        export_fp32_graphs,
+        quantize_int8,
+    )
 
-    vocab_size = nli_model.cfg.vocab_size
+    t0 = time.perf_counter()
+    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES)
+    log(f"exported {len(paths)} fp32 graphs in {time.perf_counter() - t0:.1f}s")
     wrappers = build_wrappers(nli_model, sent_model)
-    half = build_wrappers(copy.deepcopy(nli_model).half(), copy.deepcopy(sent_model).half()) if fp16 else {}
     graphs: dict[str, dict[str, Any]] = {}
-    for name, module in wrappers.items():
-        t0 = time.perf_counter()
-        path = export_graph(module, out / GRAPH_FILES[name], vocab_size)
+    for name, path in paths.items():
         check_onnx(path)
-        source = "sentiment" if name.startswith("sentiment") else "nli"
-        entry = {"file": path.name, "inputs": list(module.input_names),
-                 "outputs": list(module.output_names), "source": source,
+        entry = {"file": path.name, "inputs": list(wrappers[name].input_names),
+                 "outputs": list(wrappers[name].output_names),
+                 "source": "sentiment" if name.startswith("sentiment") else "nli",
                  "labels": None, "precision": "fp32", "variants": {}}
         if fp16:
-            p16 = export_graph(half[name], out / path.name.replace(".onnx", ".fp16.onnx"), vocab_size)
-            check_onnx(p16)
-            entry["variants"]["fp16"] = p16.name
+            entry["variants"]["fp16"] = check_and_name(
+                convert_fp16(path, out / path.name.replace(".onnx", ".fp16.onnx")), check_onnx)
         if int8:
-            p8 = quantize_int8(path, out / path.name.replace(".onnx", ".int8.onnx"), int8_embedding)
-            check_onnx(p8)
-            entry["variants"]["int8"] = p8.name
+            entry["variants"]["int8"] = check_and_name(
+                quantize_int8(path, out / path.name.replace(".onnx", ".int8.onnx"), int8_embedding),
+                check_onnx)
         graphs[name] = entry
-        log(f"exported {name} in {time.perf_counter() - t0:.1f}s")
     return graphs
+
+
+def check_and_name(path: Path, check) -> str:
+    """Run `check` (onnx.checker) on a variant file and return its file name."""
+    check(path)
+    return path.name
 
 
 def versions() -> dict[str, str]:
@@ -179,7 +187,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
         parity = check_parity(tmp, manifest, build_wrappers(nli_model, sent_model))
         manifest["verification"] = {"mode": "parity_vs_pytorch", "device": "cpu", "tolerance": 1e-5,
                                     "graphs": parity, "passed": all(g["passed"] for g in parity.values())}
-        variants: dict[str, Any] = {"fp32": {"files": [g["file"] for g in graphs.values()]}}
+        variants: dict[str, Any] = {"fp32": {"files": [g["file"] for g in graphs.values()],
+                                             "provider": "CPU or CUDA"}}
         wanted = [v for v, on in (("fp16", fp16), ("int8", int8)) if on]
         data = agreement_data(dev_data, vocab, dev_limit) if wanted else None
         for variant in wanted:
@@ -188,8 +197,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
         if int8:
             variants["int8"]["embedding"] = "int8" if int8_embedding else "fp32"
         if fp16:
-            variants["fp16"]["note"] = ("inputs ids int64/mask bool and outputs float32 as in fp32; "
-                                        "weights and activations fp16; meant for the CUDA provider")
+            variants["fp16"]["note"] = ("onnxruntime float16 converter on the fp32 graphs (keep_io_types): "
+                                        "ids int64/mask bool in, float32 out; fp16 weights and "
+                                        "activations; meant for the CUDA provider (slow on CPU)")
         manifest["variants"] = variants
         write_manifest(tmp, manifest)
         load_manifest(tmp)  # the service's own check must accept what we wrote

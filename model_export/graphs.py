@@ -145,6 +145,44 @@ def _rename_outputs(graph, output_names: Sequence[str]) -> None:
         value.name = name
 
 
+def extract(src: Path, dst: Path, inputs: Sequence[str], outputs: Sequence[str],
+            rename: dict[str, str] | None = None) -> Path:
+    """Cut the subgraph computing `outputs` from `inputs` out of `src`, renaming I/O if asked.
+
+    Only nodes the outputs depend on are kept (onnx.utils.Extractor), so the extracted graph
+    is exactly the computation of those outputs, with the same weights and dynamic axes.
+    """
+    import onnx
+    from onnx.utils import Extractor
+
+    model = Extractor(onnx.load(str(src))).extract_model(list(inputs), list(outputs))
+    for old, new in (rename or {}).items():
+        for value in [*model.graph.input, *model.graph.output]:
+            if value.name == old:
+                value.name = new
+        for node in model.graph.node:
+            node.input[:] = [new if x == old else x for x in node.input]
+            node.output[:] = [new if x == old else x for x in node.output]
+    onnx.save(model, str(dst))
+    return dst
+
+
+def convert_fp16(src: Path, dst: Path) -> Path:
+    """Half-precision copy of a verified fp32 graph: fp16 weights and activations, same I/O types.
+
+    Uses onnxruntime's float16 converter with keep_io_types (ids/mask in, float32 out). The model
+    math needs no change: disan/model.py never uses -inf or literals outside the fp16 range.
+    """
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "values truncated to fp16 range" chatter for tiny weights
+        model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    onnx.save(model, str(dst))
+    return dst
+
+
 def check_onnx(path: Path) -> None:
     """Run the full onnx checker (with shape inference); raises onnx.checker.ValidationError."""
     import onnx
@@ -179,3 +217,28 @@ def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel) -> dict
     if sentiment_model.cfg.mask_kind != "none":
         wrappers["sentiment_explain"] = SentimentExplainGraph(sentiment_model)
     return {name: w.eval() for name, w in wrappers.items()}
+
+
+def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
+                       files: dict[str, str]) -> dict[str, Path]:
+    """Write the fp32 graphs into `out` (names from `files`): three exports plus one extraction.
+
+    sentiment.onnx is cut out of the explain graph (same inputs, a subset of the outputs). The
+    encoder is NOT cut out of the NLI graph: there the exporter reads the shared batch size
+    from the hypothesis inputs, so the premise branch is not self-contained.
+    """
+    vocab_size = nli_model.cfg.vocab_size
+    paths = {
+        "encoder": export_graph(EncoderGraph(nli_model.encoder), out / files["encoder"], vocab_size),
+        "nli": export_graph(NLIGraph(nli_model), out / files["nli"], vocab_size),
+    }
+    if sentiment_model.cfg.mask_kind == "none":  # no attention maps to explain: plain graph only
+        paths["sentiment"] = export_graph(SentimentGraph(sentiment_model), out / files["sentiment"],
+                                          vocab_size)
+    else:
+        explain = export_graph(SentimentExplainGraph(sentiment_model), out / files["sentiment_explain"],
+                               vocab_size)
+        paths["sentiment"] = extract(explain, out / files["sentiment"], SentimentGraph.input_names,
+                                     SentimentGraph.output_names)
+        paths["sentiment_explain"] = explain
+    return paths

@@ -75,7 +75,7 @@ def tiny_checkpoints(tmp_path_factory, tiny_vocab) -> TinyCheckpoints:
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
-    """Bundle directory exported (fp32 graphs + int8 variants) from `tiny_checkpoints`.
+    """Bundle directory exported (fp32 graphs + fp16 and int8 variants) from `tiny_checkpoints`.
 
     Session-scoped and shared: tests must not modify it (copy it first, see `bundle_copy`).
     """
@@ -86,5 +86,5 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
 
     out = tmp_path_factory.mktemp("bundle") / "tiny"
     build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128,
-                 fp16=False, int8=True, log=lambda *_: None)
+                 fp16=True, int8=True, log=lambda *_: None)
     return out
