@@ -43,6 +43,7 @@ class TrainConfig:
     glove_extra: int = 30000
     vocab: str | None = None
     vocab_texts: list[str] = field(default_factory=list)
+    vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
     embed_dim: int = 300                        # random/minilm only; glove takes the file's
     d_h: int = 300
     c: float = 5.0

@@ -37,6 +37,10 @@ RECIPES = {
              "dev": "sst/sst2_dev.jsonl.gz",
              "test": "sst/sst2_test.jsonl.gz", "label_names": D.SST2_LABELS},
 }
+# Both shipped models must share one vocab (the export requires it), so every recipe builds its
+# vocab from the same files, whichever model is trained first; labels are never read from these.
+RECIPE_VOCAB_FILES = ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz", "snli/dev.jsonl.gz",
+                      "sst/sst5_train.jsonl.gz"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="frozen frequent GloVe words added beyond the training words (default 30000)")
     e.add_argument("--vocab", metavar="PATH", help="reuse this vocab.json exactly")
     e.add_argument("--vocab-texts", nargs="+", default=[], metavar="FILE",
-                   help="also put the words of these data files in the vocab (frozen)")
+                   help="also put the words of these data files in the vocab (frozen unless trained on); "
+                        "recipes default to one shared list so the NLI and SST-5 vocabs are identical")
     e.add_argument("--embed-dim", type=int, default=300, help="dimension for --init random|minilm")
     m = p.add_argument_group("model")
     m.add_argument("--d-h", type=int, default=300)
@@ -103,6 +108,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                  "dev": str(root / r["dev"]) if "dev" in r else None, "test": str(root / r["test"]),
                  "holdout_from": str(root / r["holdout_from"]) if "holdout_from" in r else None,
                  "label_names": r.get("label_names")}
+        if not args.vocab and not args.vocab_texts:
+            files["vocab_texts"] = [str(root / f) for f in RECIPE_VOCAB_FILES]
+            files["vocab_texts_only"] = True
     for key in ("task", "train", "dev", "test", "holdout_from"):
         if getattr(args, key):
             files[key] = getattr(args, key)
@@ -120,7 +128,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         task=task, out=args.out, train=list(files["train"]), dev=files.get("dev"), test=files.get("test"),
         holdout_from=files.get("holdout_from"), holdout=args.holdout, tree_level=args.tree_level,
         label_names=files.get("label_names"), recipe=args.recipe, init=args.init, glove=args.glove,
-        glove_extra=args.glove_extra, vocab=args.vocab, vocab_texts=list(args.vocab_texts),
+        glove_extra=args.glove_extra, vocab=args.vocab,
+        vocab_texts=list(files.get("vocab_texts", args.vocab_texts)),
+        vocab_texts_only=files.get("vocab_texts_only", False),
         embed_dim=args.embed_dim, d_h=args.d_h, c=args.c, activation=args.activation,
         attention_kind=args.attention_kind, mask_kind=args.mask_kind,
         keep_prob=args.keep_prob if args.keep_prob is not None else defaults["keep_prob"],
@@ -177,7 +187,8 @@ def prepare_embeddings(cfg: TrainConfig, train: D.Dataset):
         else:
             vectors = E.load_glove_package()
     if vocab is None:
-        vocab = E.build_vocab(texts, vectors, cfg.glove_extra, more)
+        vocab = (E.build_vocab(more, vectors, cfg.glove_extra) if cfg.vocab_texts_only
+                 else E.build_vocab(texts, vectors, cfg.glove_extra, more))
     dim = cfg.embed_dim
     if cfg.init == "glove":
         dim = vectors.dim

@@ -173,3 +173,33 @@ def test_bad_data_gives_a_one_line_error(files, tmp_path: Path, capsys) -> None:
     rc = run_cli("--task", "nli", "--train", files["sent_train"], "--dev", files["sent_dev"],
                  "--out", tmp_path / "o", *TINY)
     assert rc == 2 and "holds sentiment data but the task is nli" in capsys.readouterr().err
+
+
+def test_recipes_share_one_vocab_and_hold_out_snli_dev(files, tmp_path: Path) -> None:
+    """A fake staged-data tree: `--recipe sst5` and `--recipe nli` must write identical vocabs."""
+    import gzip
+    import shutil
+
+    root = tmp_path / "data"
+    layout = {"mnli/dev_matched.jsonl.gz": "nli_train", "senteval/SICK/sick_train.jsonl.gz": None,
+              "snli/dev.jsonl.gz": "nli_dev", "snli/test_tok.jsonl.gz": "nli_test",
+              "sst/sst5_train.jsonl.gz": "sent_train", "sst/sst5_phrases_train.jsonl.gz": "sent_train",
+              "sst/sst5_dev.jsonl.gz": "sent_dev", "sst/sst5_test.jsonl.gz": "sent_test"}
+    for rel, key in layout.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if key is None:  # SICK in its staged field names
+            rows = [json.loads(r) for r in files["nli_train"].read_text().splitlines()][:12]
+            text = "".join(json.dumps({"sentence_a": r["sentence1"], "sentence_b": r["sentence2"],
+                                       "entailment": r["gold_label"]}) + "\n" for r in rows)
+            (root / rel).write_bytes(gzip.compress(text.encode()))
+        else:
+            with files[key].open("rb") as src, gzip.open(root / rel, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    common = ["--data", root, "--glove", files["glove"], "--epochs", "1", *TINY]
+    # the fake SST has 2 labels, so it needs 2 label names instead of the recipe's 5
+    assert run_cli("--recipe", "sst5", "--out", tmp_path / "sst5", "--label-names", "neg,pos", *common) == 0
+    assert run_cli("--recipe", "nli", "--out", tmp_path / "nli", "--holdout", "6", *common) == 0
+    assert Vocab.load(tmp_path / "sst5" / "vocab.json") == Vocab.load(tmp_path / "nli" / "vocab.json")
+    best = load_checkpoint(tmp_path / "nli" / "best.pt")
+    assert best["metrics"]["sizes"] == {"train": 48 + 12 + 24 - 6, "dev": 6, "test": 24}
+    assert best["train_config"]["holdout_from"].endswith("snli/dev.jsonl.gz")
