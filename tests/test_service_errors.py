@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 from fastapi.testclient import TestClient
 
+from disan.manifest import write_manifest
 from service.errors import ERROR_TABLE
 from service.main import create_app
 from service.pipeline import Service
@@ -288,17 +289,25 @@ def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle):
     assert gone_ids not in seen and len(seen) == 1
 
 
-def test_bundle_variants(tiny_bundle):
+def test_bundle_variants(tiny_bundle, tmp_path):
     manifest = json.loads((tiny_bundle / "manifest.json").read_text())
     variants = {v for g in manifest["graphs"].values() for v in (g.get("variants") or {})}
-    if "int8" in variants:  # the shared fixture exports int8 variants
-        with serve(tiny_bundle, variant="int8") as c:
-            assert c.get("/info").json()["variant"] == "int8"
+    for variant in sorted(variants):  # whatever the shared fixture exported (int8, fp16)
+        with serve(tiny_bundle, variant=variant) as c:
+            assert c.get("/info").json()["variant"] == variant
             assert c.post("/embed", json={"texts": ["a man is playing"]}).status_code == 200
-    assert "fp16" not in variants
-    with serve(tiny_bundle, ready=False, variant="fp16") as c:
+    # A bundle without variants refuses --variant int8 with a clear reason.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for f in tiny_bundle.iterdir():
+        if f.name != "manifest.json" and ".int8." not in f.name and ".fp16." not in f.name:
+            (plain / f.name).write_bytes(f.read_bytes())
+    for g in manifest["graphs"].values():
+        g["variants"] = {}
+    write_manifest(plain, {k: v for k, v in manifest.items() if k != "files"})
+    with serve(plain, ready=False, variant="int8") as c:
         deadline = time.monotonic() + 10
         while c.get("/health").status_code == 200:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert "fp16" in c.get("/ready").json()["detail"]
+        assert "no int8 variant" in c.get("/ready").json()["detail"]
