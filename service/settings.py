@@ -88,6 +88,14 @@ class Settings(BaseSettings):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: object) -> object:
+        # `DISAN_API_KEY=` (an empty line in an .env file) must not lock every client out.
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
     @model_validator(mode="after")
     def _queue_fits_a_request(self) -> Settings:
         # A request is queued all-or-nothing: a queue smaller than one request would refuse it forever.

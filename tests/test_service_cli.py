@@ -151,3 +151,13 @@ def test_load_generator_refuses_remote_hosts():
     check_loopback("http://127.0.0.1:8000")
     with pytest.raises(ValueError, match="127.0.0.1"):
         check_loopback("http://example.com:8000")
+
+
+def test_empty_api_key_env_means_no_key(monkeypatch):
+    """`DISAN_API_KEY=` (empty line in an .env file) must not lock every client out."""
+    from service.settings import Settings
+
+    monkeypatch.setenv("DISAN_API_KEY", "")
+    assert Settings().api_key is None
+    monkeypatch.setenv("DISAN_API_KEY", "k")
+    assert Settings().api_key.get_secret_value() == "k"
