@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
+    parser.add_argument("--explain", choices=["separate", "merged", "none"], default="separate",
+                        help="explain outputs in their own graph, inside sentiment.onnx (smaller "
+                        "bundle), or not at all")
     parser.add_argument("--force", action="store_true", help="replace an existing bundle in --out")
 
 
@@ -97,7 +100,7 @@ def load_sources(nli_path: Path, sentiment_path: Path):
 
 
 def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_embedding: bool,
-               log=print) -> dict[str, dict[str, Any]]:
+               explain: str = "separate", log=print) -> dict[str, dict[str, Any]]:
     """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
     from model_export.graphs import (
         build_wrappers,
@@ -108,24 +111,26 @@ def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_em
     )
 
     t0 = time.perf_counter()
-    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES)
-    log(f"exported {len(paths)} fp32 graphs in {time.perf_counter() - t0:.1f}s")
-    wrappers = build_wrappers(nli_model, sent_model)
+    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES, explain)
+    log(f"exported {len(set(paths.values()))} fp32 graphs in {time.perf_counter() - t0:.1f}s")
+    wrappers = build_wrappers(nli_model, sent_model, explain)
     graphs: dict[str, dict[str, Any]] = {}
+    done: dict[Path, dict[str, str]] = {}  # file -> its variants ('merged' shares one file)
     for name, path in paths.items():
-        check_onnx(path)
-        entry = {"file": path.name, "inputs": list(wrappers[name].input_names),
-                 "outputs": list(wrappers[name].output_names),
-                 "source": "sentiment" if name.startswith("sentiment") else "nli",
-                 "labels": None, "precision": "fp32", "variants": {}}
-        if fp16:
-            entry["variants"]["fp16"] = check_and_name(
-                convert_fp16(path, out / path.name.replace(".onnx", ".fp16.onnx")), check_onnx)
-        if int8:
-            entry["variants"]["int8"] = check_and_name(
-                quantize_int8(path, out / path.name.replace(".onnx", ".int8.onnx"), int8_embedding),
-                check_onnx)
-        graphs[name] = entry
+        if path not in done:
+            check_onnx(path)
+            done[path] = {}
+            if fp16:
+                done[path]["fp16"] = check_and_name(
+                    convert_fp16(path, out / path.name.replace(".onnx", ".fp16.onnx")), check_onnx)
+            if int8:
+                done[path]["int8"] = check_and_name(
+                    quantize_int8(path, out / path.name.replace(".onnx", ".int8.onnx"), int8_embedding),
+                    check_onnx)
+        graphs[name] = {"file": path.name, "inputs": list(wrappers[name].input_names),
+                        "outputs": list(wrappers[name].output_names),
+                        "source": "sentiment" if name.startswith("sentiment") else "nli",
+                        "labels": None, "precision": "fp32", "variants": dict(done[path])}
     return graphs
 
 
@@ -149,9 +154,10 @@ def versions() -> dict[str, str]:
 
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int = 128, fp16: bool = False,
                  int8: bool = False, int8_embedding: bool = True, dev_data: Path | None = None,
-                 dev_limit: int = 2000, force: bool = False, log=print) -> dict[str, Any]:
+                 dev_limit: int = 2000, force: bool = False, explain: str = "separate",
+                 log=print) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
-    from model_export.graphs import build_wrappers
+    from model_export.graphs import build_wrappers, explain_mode
     from model_export.verify import check_parity, variant_agreement
 
     out = Path(out)
@@ -164,7 +170,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        graphs = export_all(nli_model, sent_model, tmp, fp16, int8, int8_embedding, log)
+        explain = explain_mode(sent_model, explain)
+        graphs = export_all(nli_model, sent_model, tmp, fp16, int8, int8_embedding, explain, log)
         for name, entry in graphs.items():
             entry["labels"] = {"nli": nli_labels, "sentiment": sent_labels}.get(entry["source"]) \
                 if name != "encoder" else None
@@ -173,7 +180,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
             "embedding_dim": nli_model.encoder.out_dim, "word_embedding_dim": nli_model.cfg.embed_dim,
-            "graphs": graphs,
+            "graphs": graphs, "explain": explain,
             "models": {task: {"config": payloads[task]["config"], "labels": loaded[task][2],
                               "metrics": payloads[task].get("metrics", {}),
                               "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
@@ -184,15 +191,15 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
             "versions": versions(),
         }
         write_manifest(tmp, manifest)  # hashes first, so the checks below see a complete bundle
-        parity = check_parity(tmp, manifest, build_wrappers(nli_model, sent_model))
+        parity = check_parity(tmp, manifest, build_wrappers(nli_model, sent_model, explain))
         manifest["verification"] = {"mode": "parity_vs_pytorch", "device": "cpu", "tolerance": 1e-5,
                                     "graphs": parity, "passed": all(g["passed"] for g in parity.values())}
-        variants: dict[str, Any] = {"fp32": {"files": [g["file"] for g in graphs.values()],
+        variants: dict[str, Any] = {"fp32": {"files": sorted({g["file"] for g in graphs.values()}),
                                              "provider": "CPU or CUDA"}}
         wanted = [v for v, on in (("fp16", fp16), ("int8", int8)) if on]
         data = agreement_data(dev_data, vocab, dev_limit) if wanted else None
         for variant in wanted:
-            variants[variant] = {"files": [g["variants"][variant] for g in graphs.values()],
+            variants[variant] = {"files": sorted({g["variants"][variant] for g in graphs.values()}),
                                  "agreement_vs_fp32": variant_agreement(tmp, manifest, variant, data)}
         if int8:
             variants["int8"]["embedding"] = "int8" if int8_embedding else "fp32"
@@ -219,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of `disan export`."""
     manifest = build_bundle(args.nli, args.sentiment, args.out, args.max_len, args.fp16,
                             args.quantize == "int8", args.int8_embedding == "int8", args.dev_data,
-                            args.dev_limit, args.force)
+                            args.dev_limit, args.force, args.explain)
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")

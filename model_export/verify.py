@@ -230,7 +230,8 @@ def load_references(manifest: dict[str, Any]) -> tuple[dict[str, Any] | None, st
 
     nli, _, _ = model_from_checkpoint(load_checkpoint(sources["nli"]["path"]))
     sent, _, _ = model_from_checkpoint(load_checkpoint(sources["sentiment"]["path"]))
-    return build_wrappers(nli, sent), "source checkpoints found, sha256 match"
+    explain = manifest.get("explain", "separate")
+    return build_wrappers(nli, sent, explain), "source checkpoints found, sha256 match"
 
 
 def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None) -> dict[str, Any]:
