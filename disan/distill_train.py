@@ -59,6 +59,7 @@ def pretrain_encoder(args: argparse.Namespace, sentences: list[str], teacher: np
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     texts = [s.split(" ") for s in sentences]
     vocab, vectors = _vocab(args, texts)
     vocab.save(out / "vocab.json")

@@ -44,6 +44,7 @@ class TrainConfig:
     vocab: str | None = None
     vocab_texts: list[str] = field(default_factory=list)
     vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
+    init_encoder: str | None = None             # start from this checkpoint's encoder (disan pretrain)
     embed_dim: int = 300                        # random/minilm only; glove takes the file's
     d_h: int = 300
     c: float = 5.0
@@ -306,3 +307,27 @@ def resume_model(path: str):
         raise ValueError(f"{path}: no optimizer state (resume from last.pt, not best.pt)")
     model, vocab, labels = model_from_checkpoint(ckpt)
     return ckpt, model, vocab, labels
+
+
+def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
+    """Copy the encoder of checkpoint `path` (an `encoder`, NLI or sentiment checkpoint) into `model`.
+
+    The vocabularies must be identical (row i must mean the same word); this run's trainable-row
+    mask is kept, so words outside its training data stay frozen at the pre-trained values.
+    """
+    ckpt = load_checkpoint(path)
+    if ckpt["vocab"] != vocab.itos:
+        raise ValueError(f"{path}: --init-encoder checkpoint has a different vocab (pass --vocab with "
+                         "the vocab.json it was trained with)")
+    state = ckpt["model_state"]
+    prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
+    enc_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    enc_state["trainable_rows"] = model.encoder.trainable_rows.clone()
+    old = DiSANConfig.from_dict(ckpt["config"])
+    new = model.encoder.cfg
+    for key in ("embed_dim", "d_h", "attention_kind", "mask_kind", "activation"):
+        if getattr(old, key) != getattr(new, key):
+            raise ValueError(f"{path}: --init-encoder has {key}={getattr(old, key)!r}, "
+                             f"this run {getattr(new, key)!r}")
+    model.encoder.load_state_dict(enc_state)
+    return ckpt.get("metrics") or {}

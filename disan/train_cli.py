@@ -19,7 +19,7 @@ from pathlib import Path
 from disan import data as D
 from disan import embeddings as E
 from disan.text import Vocab
-from disan.train import TrainConfig, Trainer, new_model, resume_model
+from disan.train import TrainConfig, Trainer, load_encoder_weights, new_model, resume_model
 
 # Per-task defaults from the paper: dropout keep prob and L2 weight decay.
 TASK_DEFAULTS = {"nli": {"keep_prob": 0.75, "weight_decay": 5e-5},
@@ -69,6 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--vocab-texts", nargs="+", default=[], metavar="FILE",
                    help="also put the words of these data files in the vocab (frozen unless trained on); "
                         "recipes default to one shared list so the NLI and SST-5 vocabs are identical")
+    e.add_argument("--init-encoder", metavar="CKPT",
+                   help="start from this checkpoint's encoder (e.g. disan pretrain's best.pt; same vocab)")
     e.add_argument("--embed-dim", type=int, default=300, help="dimension for --init random|minilm")
     m = p.add_argument_group("model")
     m.add_argument("--d-h", type=int, default=300)
@@ -130,7 +132,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         label_names=files.get("label_names"), recipe=args.recipe, init=args.init, glove=args.glove,
         glove_extra=args.glove_extra, vocab=args.vocab,
         vocab_texts=list(files.get("vocab_texts", args.vocab_texts)),
-        vocab_texts_only=files.get("vocab_texts_only", False),
+        vocab_texts_only=files.get("vocab_texts_only", False), init_encoder=args.init_encoder,
         embed_dim=args.embed_dim, d_h=args.d_h, c=args.c, activation=args.activation,
         attention_kind=args.attention_kind, mask_kind=args.mask_kind,
         keep_prob=args.keep_prob if args.keep_prob is not None else defaults["keep_prob"],
@@ -234,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
         labels, train, dev, test = load_splits(cfg)
         vocab, matrix, trainable, info = prepare_embeddings(cfg, train)
         model = new_model(cfg, len(vocab), matrix.shape[1], len(labels), matrix, trainable)
+        if cfg.init_encoder:
+            metrics = load_encoder_weights(model, cfg.init_encoder, vocab)
+            print(f"encoder initialised from {cfg.init_encoder} ({metrics})", file=sys.stderr)
         print(f"vocab {info['vocab']} words ({info['trainable_rows']} trainable, {info['pretrained_rows']} "
               f"pre-trained from {info['source']}), embed_dim {info['embed_dim']}", file=sys.stderr)
     sizes = {"train": len(train), "dev": len(dev), "test": len(test) if test else 0}
