@@ -42,12 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
 
 
-def load_runtime(bundle: Path, variant: str = "fp32"):
+def load_runtime(bundle: Path, variant: str = "fp32", threads: int = 0):
     """The service's runtime on CPU: eval scores exactly what `disan serve` runs."""
     from service.runtime import Runtime
     from service.settings import Settings
 
-    return Runtime(bundle, Settings(providers="cpu", variant=variant))
+    return Runtime(bundle, Settings(providers="cpu", variant=variant, intra_op_threads=threads))
 
 
 def _batches(rows: list, batch_size: int):
