@@ -128,10 +128,13 @@ class DiSA(nn.Module):
             # the broadcast add and the j-reduction stay vectorised).
             scale = -2.0 / cfg.c
             z = ((self.w1(hd) + self.b1) * scale)[:, :, None, :] + (self.w2(hd) * scale)[:, None, :, :]
-            weights = torch.exp(torch.sigmoid(z) * (-2.0 * cfg.c)) * m4   # [B,n,n,d], 0 where masked
-            denom = weights.sum(dim=2) + empty                            # [B,n,d]
-            s = (weights * h[:, None, :, :]).sum(dim=2) / denom           # eq. 16: [B,n,d]
-            attn = (weights / denom[:, :, None, :]).mean(dim=-1) if need_attention else None
+            weights = torch.exp(torch.sigmoid(z) * (-2.0 * cfg.c))        # [B,n,n,d], unmasked
+            # Masked sums over j as batched mat-vecs ([B,n,1,n] @ [B,n,n,d]): the 0/1 mask row
+            # removes masked j exactly, with no separate full-size mask multiply.
+            row_mask = pm[:, :, None, :].to(h.dtype)                      # [B,n,1,n]
+            denom = (row_mask @ weights).squeeze(2) + empty               # [B,n,d]
+            s = (row_mask @ (weights * h[:, None, :, :])).squeeze(2) / denom  # eq. 16: [B,n,d]
+            attn = ((weights * m4) / denom[:, :, None, :]).mean(dim=-1) if need_attention else None
         else:
             pre = self.w1(hd)[:, :, None, :] + self.w2(hd)[:, None, :, :] + self.b1  # [B,n,n,d]
             if cfg.attention_kind == "additive":
