@@ -53,6 +53,12 @@ class DiSANConfig:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
+def elu(x: Tensor) -> Tensor:
+    """ELU (alpha 1) as relu(x) + exp(min(x, 0)) - 1: the same values as F.elu (within 1e-7), but
+    it exports to ONNX ops that onnxruntime vectorises (its own Elu kernel is ~2x slower)."""
+    return F.relu(x) + (torch.exp(torch.clamp(x, max=0.0)) - 1.0)
+
+
 class Dense(nn.Module):
     """dropout -> linear -> activation: the reference's `bn_dense_layer` (dropout on the input)."""
 
@@ -60,7 +66,7 @@ class Dense(nn.Module):
         super().__init__()
         self.drop = nn.Dropout(1.0 - keep_prob)
         self.linear = nn.Linear(d_in, d_out, bias=bias)
-        self.act = {"elu": F.elu, "relu": F.relu, None: lambda t: t}[activation]
+        self.act = {"elu": elu, "relu": F.relu, None: lambda t: t}[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.act(self.linear(self.drop(x)))
