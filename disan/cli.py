@@ -1,4 +1,6 @@
-"""`disan` console script: train | eval | export | verify | serve | bench.
+"""`disan` console script: train | pretrain | eval | export | verify | serve.
+
+Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 modules are imported only when their subcommand runs, so `disan serve` never imports torch.
@@ -18,7 +20,6 @@ COMMANDS = {
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity"),
     "serve": ("service.cli", "serve a bundle over HTTP"),
-    "bench": ("bench.cli", "run the benchmarks"),
 }
 
 
