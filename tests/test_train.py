@@ -75,6 +75,12 @@ def test_optimizer_decays_only_weight_matrices() -> None:
     assert {names[id(p)] for p in rest["params"]} >= {"encoder.embed.weight", "encoder.fw.b1"}
 
 
+@pytest.mark.parametrize("name,cls", [("adadelta", "Adadelta"), ("adam", "Adam")])
+def test_optimizer_choice_keeps_the_decay_groups(name: str, cls: str) -> None:
+    opt = make_optimizer(tiny_model(), TrainConfig(task="nli", out="x", optimizer=name, lr=0.01))
+    assert type(opt).__name__ == cls and [g["weight_decay"] for g in opt.param_groups] == [5e-5, 0.0]
+
+
 def test_frozen_embedding_rows_do_not_move() -> None:
     model = tiny_model(keep_prob=0.8)
     frozen = torch.tensor([5, 6, 7])
