@@ -1,0 +1,222 @@
+"""Service benchmark: throughput and latency of `disan serve` on loopback vs offline ORT (one run).
+
+    python -m bench.service --bundle models/default --data ../shared/data [--seconds 10] [--json OUT]
+
+For concurrency 1, 8 and 64 it measures POST /embed (one SNLI-length sentence per request) against
+a server with the default micro-batching and against one with batching disabled
+(DISAN_MAX_BATCH_SIZE=1), and reports each as a ratio to the offline ORT throughput of the same
+bundle on the same sentences, measured in the same run. Load comes from `wrk` (Debian package
+wrk; bounded by --seconds) when installed, else from bench.load (Python, slower: it shares the
+CPU with the server). It also records the server's peak RSS after the largest allowed request.
+Only 127.0.0.1 is ever contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+WRK_SCRIPT = """
+local bodies = {}
+for line in io.lines("%s") do bodies[#bodies + 1] = line end
+local i = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  i = i %% #bodies + 1
+  return wrk.format(nil, nil, nil, bodies[i])
+end
+done = function(summary, latency, requests)
+  io.write(string.format('WRKJSON {"requests": %%d, "seconds": %%f, "errors": %%d, "non2xx": %%d, '
+    .. '"p50_ms": %%f, "p95_ms": %%f, "p99_ms": %%f}\\n', summary.requests, summary.duration / 1e6,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status, latency:percentile(50) / 1e3, latency:percentile(95) / 1e3,
+    latency:percentile(99) / 1e3))
+end
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`disan serve` in a subprocess on 127.0.0.1 with extra DISAN_* settings."""
+
+    def __init__(self, bundle: Path, **settings: object):
+        self.port = free_port()
+        env = {**os.environ, **{f"DISAN_{k.upper()}": str(v) for k, v in settings.items()}}
+        env.update(
+            DISAN_BUNDLE=str(bundle),
+            DISAN_HOST="127.0.0.1",
+            DISAN_PORT=str(self.port),
+            DISAN_LOG_LEVEL="warning",
+        )
+        self.proc = subprocess.Popen([sys.executable, "-m", "disan.cli", "serve"], env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("server did not become ready in 120 s")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def post(self, path: str, body: dict) -> int:
+        req = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def load(url: str, bodies_file: Path, concurrency: int, seconds: float) -> dict:
+    """Throughput and latency of POST /embed at `concurrency` for `seconds`."""
+    if shutil.which("wrk"):
+        script = Path(tempfile.mkstemp(suffix=".lua")[1])
+        script.write_text(WRK_SCRIPT % bodies_file)
+        out = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(script),
+                url + "/embed",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        script.unlink()
+        stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
+        stats["sentences_per_s"] = (stats["requests"] - stats["non2xx"]) / stats["seconds"]
+        stats["tool"] = "wrk"
+        return stats
+    import asyncio
+
+    from bench.load import run_load
+
+    texts = [json.loads(b)["texts"][0] for b in bodies_file.read_text().splitlines()]
+    res = asyncio.run(run_load(url, "/embed", concurrency, 10**6, seconds, 1, texts))
+    return {
+        "sentences_per_s": res.sentences_per_s,
+        "p50_ms": res.p50_ms,
+        "p95_ms": res.p95_ms,
+        "p99_ms": res.p99_ms,
+        "requests": res.sent,
+        "non2xx": res.sent - res.ok,
+        "tool": "bench.load",
+    }
+
+
+def run_service_bench(args: argparse.Namespace) -> dict:
+    """All service measurements plus the offline ORT reference, in one run."""
+    from bench.offline import load_sentences, throughput
+    from disan.evaluate import load_runtime
+    from disan.text import tokenize
+
+    sentences = load_sentences(args.data, args.sentences)["11-25"]  # SNLI-length sentences
+    rt = load_runtime(args.bundle, threads=args.threads)
+    offline = throughput(
+        lambda t: rt.embed([rt.vocab.ids(tokenize(s)) for s in t]), sentences, args.batch_size, 3
+    )
+    bodies = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    bodies.write_text("".join(json.dumps({"texts": [s]}) + "\n" for s in sentences))
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores",
+        "offline_ort_sentences_per_s": round(offline, 1),
+        "threads": args.threads,
+        "runs": {},
+    }
+    print(f"offline ORT fp32: {offline:.0f} sentences/s", flush=True)
+    configs = {"batching": {}, "no batching": {"max_batch_size": 1}}
+    for name, extra in configs.items():
+        with Server(args.bundle, intra_op_threads=args.threads, **extra) as server:
+            for c in args.concurrency:
+                stats = load(server.url, bodies, c, args.seconds)
+                stats["ratio_to_offline"] = round(stats["sentences_per_s"] / offline, 3)
+                results["runs"][f"{name} c={c}"] = stats
+                print(
+                    f"{name:>12} c={c:>3}: {stats['sentences_per_s']:7.1f} sent/s "
+                    f"(x{stats['ratio_to_offline']:.2f} offline), p50 {stats['p50_ms']:.1f} ms, "
+                    f"p99 {stats['p99_ms']:.1f} ms, non-2xx {stats['non2xx']}",
+                    flush=True,
+                )
+            if name == "batching":
+                # Largest allowed request: max texts, each max_tokens words long.
+                long_text = " ".join(["word"] * 128)
+                before = server.peak_rss_mb()
+                status = server.post("/embed", {"texts": [long_text] * 256, "truncate": True})
+                results["peak_rss_mb"] = {
+                    "after_warmup": round(before, 1),
+                    "after_largest_request": round(server.peak_rss_mb(), 1),
+                    "request": "256 texts x 128 tokens",
+                    "status": status,
+                }
+                print(f"peak RSS {before:.0f} MB -> {server.peak_rss_mb():.0f} MB after 256 x 128 tokens")
+    bodies.unlink()
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `python -m bench.service`."""
+    parser.add_argument("--bundle", type=Path, default=Path("models/default"))
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
+    parser.add_argument("--batch-size", type=int, default=32, help="offline reference batch size")
+    parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per load run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--json", type=Path, default=Path("bench/service.json"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    results = run_service_bench(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
