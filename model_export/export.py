@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="explain outputs in their own graph, inside sentiment.onnx (smaller "
                         "bundle), or not at all")
     parser.add_argument("--force", action="store_true", help="replace an existing bundle in --out")
+    parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -64,7 +65,10 @@ def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 
         sst = read_jsonl(paths["sentiment"])[:limit]
         return {"source": f"dev sets: {paths['nli']} and {paths['sentiment']} (first {limit} rows each)",
                 "pairs": [(r["sentence1"], r["sentence2"]) for r in nli],
-                "texts": [r["text"] for r in sst]}
+                "texts": [r["text"] for r in sst],
+                # gold labels, so the manifest can state each variant's accuracy delta vs fp32
+                "pair_labels": [str(r["gold_label"]) for r in nli],
+                "text_labels": [int(r["label"]) for r in sst]}
     # No dev data: random vocabulary words, lengths 3..40. Weaker evidence than a dev set
     # (label agreement on near-uniform random inputs is pessimistic); the manifest says which.
     rng = np.random.default_rng(seed)
@@ -155,7 +159,7 @@ def versions() -> dict[str, str]:
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int = 128, fp16: bool = False,
                  int8: bool = False, int8_embedding: bool = True, dev_data: Path | None = None,
                  dev_limit: int = 2000, force: bool = False, explain: str = "separate",
-                 log=print) -> dict[str, Any]:
+                 log=print, name: str = "disan") -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     from model_export.graphs import build_wrappers, explain_mode
     from model_export.verify import check_parity, variant_agreement
@@ -177,6 +181,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
                 if name != "encoder" else None
         vocab.save(tmp / "vocab.json")
         manifest: dict[str, Any] = {
+            "name": name,  # the model name the service reports
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
             "embedding_dim": nli_model.encoder.out_dim, "word_embedding_dim": nli_model.cfg.embed_dim,
@@ -226,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of `disan export`."""
     manifest = build_bundle(args.nli, args.sentiment, args.out, args.max_len, args.fp16,
                             args.quantize == "int8", args.int8_embedding == "int8", args.dev_data,
-                            args.dev_limit, args.force, args.explain)
+                            args.dev_limit, args.force, args.explain, name=args.name)
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")

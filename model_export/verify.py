@@ -190,6 +190,15 @@ def _run_all(sess, graph: dict[str, Any], vocab: Vocab, data: dict[str, list], m
     return np.stack(out)
 
 
+def _gold_indices(name: str, graph: dict[str, Any], data: dict[str, Any]) -> np.ndarray | None:
+    """Gold label ids for a probs graph's dev rows, if the agreement data carries labels."""
+    if name == "nli" and "pair_labels" in data:
+        return np.array([graph["labels"].index(lab) for lab in data["pair_labels"]])
+    if name.startswith("sentiment") and "text_labels" in data:
+        return np.array(data["text_labels"])
+    return None
+
+
 def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], variant: str,
                       data: dict[str, Any]) -> dict[str, Any]:
     """Label agreement (probs graphs) or cosine similarity (encoder) of a variant vs fp32."""
@@ -208,6 +217,11 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], variant: str,
         entry: dict[str, Any] = {"n": len(ref), "max_abs_diff": float(np.abs(got - ref).max())}
         if graph["outputs"][0] == "probs":
             entry["label_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
+            gold = _gold_indices(name, graph, data)
+            if gold is not None:
+                acc_ref = float((ref.argmax(-1) == gold).mean())
+                acc_got = float((got.argmax(-1) == gold).mean())
+                entry.update(accuracy_fp32=acc_ref, accuracy=acc_got, accuracy_delta=acc_got - acc_ref)
         else:
             cos = (got * ref).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1) + 1e-12)
             entry["min_cosine"], entry["mean_cosine"] = float(cos.min()), float(cos.mean())

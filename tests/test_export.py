@@ -215,3 +215,32 @@ def test_export_refuses_bad_arguments(tiny_checkpoints, tmp_path):
     (busy / "notes.txt").write_text("not a bundle")
     with pytest.raises(ValueError, match="not empty"):
         build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, busy, force=True)
+
+
+def test_variant_accuracy_delta_on_labelled_dev_data(tiny_bundle, tmp_path):
+    """With --dev-data the manifest can state each variant's accuracy and its delta vs fp32."""
+    import gzip
+
+    from disan.text import Vocab
+    from model_export.export import agreement_data
+    from model_export.verify import variant_agreement
+
+    (tmp_path / "snli").mkdir()
+    (tmp_path / "sst").mkdir()
+    labels = ["entailment", "neutral", "contradiction"]
+    with gzip.open(tmp_path / "snli" / "dev.jsonl.gz", "wt") as fh:
+        for i in range(30):
+            row = {"sentence1": "a man is playing music", "sentence2": "the dog runs " * (i % 3 + 1),
+                   "gold_label": labels[i % 3]}
+            fh.write(json.dumps(row) + "\n")
+    with gzip.open(tmp_path / "sst" / "sst5_dev.jsonl.gz", "wt") as fh:
+        for i in range(25):
+            fh.write(json.dumps({"text": "a good movie " * (i % 4 + 1), "label": i % 5}) + "\n")
+    manifest = load_manifest(tiny_bundle)
+    vocab = Vocab.load(tiny_bundle / "vocab.json")
+    report = variant_agreement(tiny_bundle, manifest, "int8", agreement_data(tmp_path, vocab, 100))
+    for name, n in (("nli", 30), ("sentiment", 25)):
+        entry = report[name]
+        assert entry["n"] == n and 0.0 <= entry["accuracy_fp32"] <= 1.0
+        assert entry["accuracy_delta"] == pytest.approx(entry["accuracy"] - entry["accuracy_fp32"])
+    assert "accuracy_delta" not in report["encoder"]
