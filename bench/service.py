@@ -196,6 +196,31 @@ def run_service_bench(args: argparse.Namespace) -> dict:
     return results
 
 
+def markdown(results: dict) -> str:
+    """Table of the load runs, each with its ratio to the offline ORT throughput."""
+    lines = [
+        f"Offline ORT fp32 (same bundle, same sentences, batch 32): "
+        f"{results['offline_ort_sentences_per_s']:.0f} sentences/s.",
+        "",
+        "| server | concurrency | sentences/s | x offline | p50 ms | p95 ms | p99 ms | non-2xx |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in results["runs"].items():
+        server, conc = name.rsplit(" c=", 1)
+        lines.append(
+            f"| {server} | {conc} | {s['sentences_per_s']:.0f} | {s['ratio_to_offline']:.2f} | "
+            f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['non2xx']} |"
+        )
+    rss = results.get("peak_rss_mb")
+    if rss:
+        lines += [
+            "",
+            f"Peak RSS: {rss['after_warmup']:.0f} MB after warm-up, {rss['after_largest_request']:.0f} MB "
+            f"after the largest allowed request ({rss['request']}, HTTP {rss['status']}).",
+        ]
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `python -m bench.service`."""
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
@@ -215,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_service_bench(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(markdown(results))
     return 0
 
 
