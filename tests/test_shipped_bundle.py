@@ -1,0 +1,41 @@
+"""The shipped bundle (models/default): loads, its hashes verify, and it reproduces its recorded
+SST-5 test accuracy within 0.1 points when the staged data is present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disan.manifest import load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / "models" / "default"
+STAGED = ROOT.parent / "shared" / "data"
+
+pytestmark = pytest.mark.skipif(not (BUNDLE / "manifest.json").is_file(), reason="no shipped bundle")
+
+
+def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
+    pytest.importorskip("onnxruntime")
+    from service.runtime import Runtime
+    from service.settings import Settings
+
+    manifest = load_manifest(BUNDLE)  # raises on a hash or format-version mismatch
+    assert manifest["verification"]["passed"] is True
+    runtime = Runtime(BUNDLE, Settings(providers="cpu"))
+    assert runtime.dim == manifest["embedding_dim"] == 600
+    assert {"encoder", "nli", "sentiment"} <= set(runtime.graphs)
+    assert (BUNDLE / "MODEL_CARD.md").is_file()
+    assert sum(p.stat().st_size for p in BUNDLE.iterdir()) < 60e6, "keep the shipped bundle under 60 MB"
+
+
+@pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
+def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
+    pytest.importorskip("torch")  # disan.data (the readers) imports torch
+    from disan.evaluate import evaluate_task
+
+    recorded = 100 * load_manifest(BUNDLE)["models"]["sentiment"]["metrics"]["test_acc"]
+    report = evaluate_task(BUNDLE, "sst5", STAGED)
+    assert report["n"] == 2210
+    assert abs(report["accuracy"] - recorded) <= 0.1, (report["accuracy"], recorded)
