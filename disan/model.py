@@ -124,7 +124,6 @@ class DiSA(nn.Module):
         hd = self.drop(h)
         pm = pair_mask(mask, cfg.mask_kind, self.direction)              # [B,n,n]
         m4 = pm[..., None].to(h.dtype)                                    # [B,n,n,1]
-        empty = (~pm.any(dim=2))[..., None].to(h.dtype)                  # [B,n,1]: rows with no valid j
         if cfg.attention_kind == "multi_dim":
             # eq. 15 logits c*tanh(y/c) with y = W1 h_i + W2 h_j + b, shifted by their bound c:
             #   c*tanh(y/c) - c == -2c * sigmoid(-2y/c)
@@ -138,6 +137,7 @@ class DiSA(nn.Module):
             # Masked sums over j as batched mat-vecs ([B,n,1,n] @ [B,n,n,d]): the 0/1 mask row
             # removes masked j exactly, with no separate full-size mask multiply.
             row_mask = pm[:, :, None, :].to(h.dtype)                      # [B,n,1,n]
+            empty = (~pm.any(dim=2))[..., None].to(h.dtype)              # [B,n,1]: rows with no valid j
             denom = (row_mask @ weights).squeeze(2) + empty               # [B,n,d]
             s = (row_mask @ (weights * h[:, None, :, :])).squeeze(2) / denom  # eq. 16: [B,n,d]
             attn = ((weights * m4) / denom[:, :, None, :]).mean(dim=-1) if need_attention else None
