@@ -4,8 +4,10 @@
         [--threads 2] [--per-bucket 256] [--json bench/offline.json]
 
 Real sentences from the staged data (SNLI test, MultiNLI dev, SST test) are bucketed by DiSAN
-token count (<=10, 11-25, 26-50, 51-100). Each engine encodes each bucket in length-sorted batches
-of --batch-size; the best of --repeats timed passes counts. Also reports single-sentence latency
+token count (<=10, 11-25, 26-50, 51-100). Each engine encodes each bucket in length-sorted batches:
+DiSAN (ORT, PyTorch) cut the way the service's batcher cuts them (at most --max-batch-size
+sentences and --max-cells padded cells, the service defaults), MiniLM in batches of --batch-size;
+the best of --repeats timed passes counts. Also reports single-sentence latency
 (p50/p99 over the bucket's first sentences, batch 1), the FLOPs per sentence of the DiSAN encoder
 and the machine's measured matmul peak, so throughput is shown as a fraction of the compute-bound
 limit. Results are ratios to MiniLM measured in the same run.
@@ -90,12 +92,23 @@ def matmul_peak(threads: int, size: int = 1536, seconds: float = 2.0) -> float:
     return 2 * size**3 / best
 
 
+def length_batches(sentences: list[str], batch_size: int, max_cells: int | None = None) -> list[list[str]]:
+    """Token-length-sorted batches of `batch_size`, further cut to `max_cells` padded cells
+    (batch x max_len^2) exactly as the service's batcher cuts them when `max_cells` is given."""
+    from service.batcher import split_by_cells
+
+    order = sorted(sentences, key=lambda s: len(tokenize(s)))
+    lengths = [max(1, len(tokenize(s))) for s in order]
+    cells = max_cells if max_cells is not None else batch_size * max(lengths) ** 2
+    return [[order[i] for i in part] for part in split_by_cells(lengths, cells, batch_size)]
+
+
 def throughput(
-    encode: Callable[[list[str]], object], sentences: list[str], batch_size: int, repeats: int
+    encode: Callable[[list[str]], object], sentences: list[str], batch_size: int, repeats: int,
+    max_cells: int | None = None,
 ) -> float:
-    """Best-of-`repeats` sentences/s encoding `sentences` in length-sorted batches."""
-    order = sorted(sentences, key=lambda s: len(s))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    """Best-of-`repeats` sentences/s encoding `sentences` in `length_batches`."""
+    batches = length_batches(sentences, batch_size, max_cells)
     encode(batches[0])  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -173,6 +186,7 @@ def run_offline(args: argparse.Namespace) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "threads": args.threads,
         "batch_size": args.batch_size,
+        "disan_batching": {"max_batch_size": args.max_batch_size, "max_cells": args.max_cells},
         "matmul_peak_gflops": round(peak / 1e9, 1),
         "buckets": {},
     }
@@ -189,7 +203,9 @@ def run_offline(args: argparse.Namespace) -> dict:
             "engines": {},
         }
         for engine, encode in encs.items():
-            tput = throughput(encode, sentences, args.batch_size, args.repeats)
+            disan = not engine.startswith("MiniLM")
+            tput = throughput(encode, sentences, args.max_batch_size if disan else args.batch_size,
+                              args.repeats, args.max_cells if disan else None)
             row["engines"][engine] = {
                 "sentences_per_s": round(tput, 1),
                 **latency_ms(encode, sentences),
@@ -206,7 +222,9 @@ def run_offline(args: argparse.Namespace) -> dict:
 def markdown(results: dict) -> str:
     """One table: bucket x engine with sentences/s, ratio to MiniLM, fraction of limit, latency."""
     lines = [
-        f"Machine: {results['machine']}; {results['threads']} threads; batch {results['batch_size']}; "
+        f"Machine: {results['machine']}; {results['threads']} threads; DiSAN batches: "
+        f"{results['disan_batching']['max_batch_size']} sentences / {results['disan_batching']['max_cells']} "
+        f"padded cells at most; MiniLM batch {results['batch_size']}; "
         f"measured matmul peak {results['matmul_peak_gflops']} GFLOP/s.",
         "",
         "| bucket (tokens) | mean n | MFLOP/sent | limit sent/s | engine | sent/s | x MiniLM | "
@@ -229,7 +247,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--checkpoint", type=Path, help="NLI checkpoint for the PyTorch eager row")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
+    from service.settings import Settings
+
+    defaults = Settings.model_fields
+    parser.add_argument("--batch-size", type=int, default=32, help="MiniLM batch size")
+    parser.add_argument("--max-batch-size", type=int, default=defaults["max_batch_size"].default,
+                        help="DiSAN: most sentences per call (default: the service's)")
+    parser.add_argument("--max-cells", type=int, default=defaults["max_batch_cells"].default,
+                        help="DiSAN: padded cells per call (default: the service's max_batch_cells)")
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-minilm", action="store_true")

@@ -115,25 +115,39 @@ class DiSA(nn.Module):
         self.gate_s = Dense(d, d, None, kp)                               # W(f1) s + b(f)
         self.gate_h = Dense(d, d, None, kp, bias=False)                   # W(f2) h
 
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B,n,d_e] -> (h, dropout(h)) [B,n,d] each: eq. 14's token representations."""
+        h = self.map(x)
+        return h, self.drop(h)
+
+    def scaled_logit_terms(self, hd: Tensor) -> tuple[Tensor, Tensor]:
+        """Query and key terms of the multi-dim logits, pre-scaled by -2/c: [B,n,d] each.
+
+        eq. 15 logits c*tanh(y/c) with y = W1 h_i + W2 h_j + b, shifted by their bound c:
+            c*tanh(y/c) - c == -2c * sigmoid(-2y/c)
+        The shift cancels in the normalisation and keeps exp() in [e^-2c, 1] (no overflow in
+        fp16); the -2/c scale folds into these small [B,n,d] projections, so the big [B,n,n,d]
+        tensor sees only add, sigmoid, scale, exp.
+        """
+        scale = -2.0 / self.cfg.c
+        return (self.w1(hd) + self.b1) * scale, self.w2(hd) * scale
+
+    def fuse(self, h: Tensor, s: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Fusion gate (eqs. 19-20): (u [B,n,d] with padding rows 0, gate [B,n,d])."""
+        gate = torch.sigmoid(self.gate_s(s) + self.gate_h(h))
+        return (gate * h + (1.0 - gate) * s) * mask[..., None].to(h.dtype), gate
+
     def forward(self, x: Tensor, mask: Tensor, need_attention: bool = False
                 ) -> tuple[Tensor, Tensor | None, Tensor]:
         """x [B,n,d_e], mask [B,n] -> (u [B,n,d], attention averaged over features [B,n,n] if
         `need_attention` else None, fusion gate [B,n,d])."""
         cfg = self.cfg
-        h = self.map(x)                                                   # [B,n,d]
-        hd = self.drop(h)
+        h, hd = self.project(x)                                           # [B,n,d]
         pm = pair_mask(mask, cfg.mask_kind, self.direction)              # [B,n,n]
         m4 = pm[..., None].to(h.dtype)                                    # [B,n,n,1]
         if cfg.attention_kind == "multi_dim":
-            # eq. 15 logits c*tanh(y/c) with y = W1 h_i + W2 h_j + b, shifted by their bound c:
-            #   c*tanh(y/c) - c == -2c * sigmoid(-2y/c)
-            # The shift cancels in the normalisation, keeps exp() in [e^-2c, 1] (no overflow in
-            # fp16), and the -2/c scale folds into the small [B,n,d] projections, so the big
-            # [B,n,n,d] tensor sees only add, sigmoid, scale, exp, mask (layout keeps d innermost:
-            # the broadcast add and the j-reduction stay vectorised).
-            scale = -2.0 / cfg.c
-            z = ((self.w1(hd) + self.b1) * scale)[:, :, None, :] + (self.w2(hd) * scale)[:, None, :, :]
-            weights = torch.exp(torch.sigmoid(z) * (-2.0 * cfg.c))        # [B,n,n,d], unmasked
+            q, k = self.scaled_logit_terms(hd)
+            weights = torch.exp(torch.sigmoid(q[:, :, None, :] + k[:, None, :, :]) * (-2.0 * cfg.c))
             # Masked sums over j as batched mat-vecs ([B,n,1,n] @ [B,n,n,d]): the 0/1 mask row
             # removes masked j exactly, with no separate full-size mask multiply.
             row_mask = pm[:, :, None, :].to(h.dtype)                      # [B,n,1,n]
@@ -156,9 +170,56 @@ class DiSA(nn.Module):
                 probs = torch.tanh(pre) * gate * m4
             s = (probs * h[:, None, :, :]).sum(dim=2)                     # eq. 16: [B,n,d]
             attn = probs.mean(dim=-1) if need_attention else None
-        fuse = torch.sigmoid(self.gate_s(s) + self.gate_h(h))             # eq. 19
-        u = (fuse * h + (1.0 - fuse) * s) * mask[..., None].to(h.dtype)   # eq. 20, padding -> 0
+        u, fuse = self.fuse(h, s, mask)
         return u, attn, fuse
+
+
+def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention: bool = False
+                     ) -> tuple[tuple[Tensor, Tensor | None, Tensor], tuple[Tensor, Tensor | None, Tensor]]:
+    """Both multi-dim directional blocks in ONE [B,n,n,d] tensor: `(fw(x), bw(x))`, same values.
+
+    The forward mask keeps pairs j < i and the backward mask j > i: complementary triangles. So
+    the lower triangle holds the forward block's logits and the upper triangle the backward
+    block's, and the expensive sigmoid/exp run over n*n pairs once instead of twice (the
+    diagonal is masked in both). Each direction then sums its own triangle with a 0/1 row mask,
+    both in one batched mat-vec ([B,n,2,n] @ [B,n,n,d]).
+    """
+    c = fw.cfg.c
+    n = mask.shape[1]
+    h_f, hd_f = fw.project(x)                                             # [B,n,d]
+    h_b, hd_b = bw.project(x)
+    q_f, k_f = fw.scaled_logit_terms(hd_f)
+    q_b, k_b = bw.scaled_logit_terms(hd_b)
+    idx = torch.arange(n, device=mask.device)
+    lower = idx[None, :] < idx[:, None]                                   # [n,n]: j < i (forward)
+    # Row i, column j reads the forward block's terms below the diagonal and the backward
+    # block's on and above it: gathers from [fw; bw] stacked along the token axis (plain row
+    # copies; onnxruntime's broadcasting Where is ~2x slower than Add on this shape).
+    q_src = torch.where(lower, idx[:, None], idx[:, None] + n).reshape(-1)  # [n*n] rows of [q_f; q_b]
+    k_src = torch.where(lower, idx[None, :], idx[None, :] + n).reshape(-1)  # [n*n] rows of [k_f; k_b]
+    B, d = q_f.shape[0], q_f.shape[2]
+
+    def pick(fw_rows: Tensor, bw_rows: Tensor, src: Tensor) -> Tensor:   # -> [B,n,n,d]
+        return torch.cat([fw_rows, bw_rows], dim=1).index_select(1, src).reshape(B, n, n, d)
+
+    z = pick(q_f, q_b, q_src) + pick(k_f, k_b, k_src)                    # y of each pair's block
+    weights = torch.exp(torch.sigmoid(z) * (-2.0 * c))                    # [B,n,n,d], unmasked
+    values = pick(h_f, h_b, k_src)                                        # h_j of each pair's block
+    pm_f = lower[None] & mask[:, None, :]                                 # [B,n,n]
+    pm_b = lower.T[None] & mask[:, None, :]
+    rows = torch.stack([pm_f, pm_b], dim=2).to(h_f.dtype)                 # [B,n,2,n]
+    empty = (rows.sum(dim=3) == 0).to(h_f.dtype)[..., None]               # [B,n,2,1]: no valid j
+    denom = rows @ weights + empty                                        # [B,n,2,d]
+    s = (rows @ (weights * values)) / denom                               # eq. 16: [B,n,2,d]
+    u_f, g_f = fw.fuse(h_f, s[:, :, 0], mask)
+    u_b, g_b = bw.fuse(h_b, s[:, :, 1], mask)
+    a_f = a_b = None
+    if need_attention:
+        low4 = lower[:, :, None]
+        probs = weights / torch.where(low4, denom[:, :, 0:1, :], denom[:, :, 1:2, :])  # [B,n,n,d]
+        mean = probs.mean(dim=-1)                                         # [B,n,n]
+        a_f, a_b = mean * pm_f.to(mean.dtype), mean * pm_b.to(mean.dtype)
+    return (u_f, a_f, g_f), (u_b, a_b, g_b)
 
 
 class Source2Token(nn.Module):
@@ -192,6 +253,9 @@ class DiSANEncoder(nn.Module):
             self.fw = DiSA(cfg, "forward" if cfg.mask_kind == "directional" else "diag")
             self.bw = DiSA(cfg, direction_b)
         self.s2t = Source2Token(2 * cfg.d_h, cfg)
+        # Both directions in one n x n tensor (same values; see directional_pair). A plain
+        # attribute, not config: tests switch it off to compare against the per-block path.
+        self.packed = cfg.mask_kind == "directional" and cfg.attention_kind == "multi_dim"
 
     @property
     def out_dim(self) -> int:
@@ -209,8 +273,12 @@ class DiSANEncoder(nn.Module):
         if self.cfg.mask_kind == "none":
             u = self.token_map(x) * mask[..., None].to(x.dtype)           # [B,n,2d]
         else:
-            u_fw, a_fw, g_fw = self.fw(x, mask, need_attention=return_tokens)
-            u_bw, a_bw, g_bw = self.bw(x, mask, need_attention=return_tokens)
+            if self.packed:
+                (u_fw, a_fw, g_fw), (u_bw, a_bw, g_bw) = directional_pair(
+                    self.fw, self.bw, x, mask, need_attention=return_tokens)
+            else:
+                u_fw, a_fw, g_fw = self.fw(x, mask, need_attention=return_tokens)
+                u_bw, a_bw, g_bw = self.bw(x, mask, need_attention=return_tokens)
             u = torch.cat([u_fw, u_bw], dim=-1)                           # [B,n,2d]
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}

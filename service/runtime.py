@@ -56,11 +56,14 @@ def requested_providers(choice: str) -> list[str]:
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:
-    """Thread counts and graph optimisation level from settings."""
+    """Thread counts, spinning and graph optimisation level from settings."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = settings.intra_op_threads
     opts.inter_op_num_threads = settings.inter_op_threads
     opts.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
+    spin = "1" if settings.ort_spinning else "0"
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
     opts.log_severity_level = 3  # warnings about unused initialisers etc. are noise in serving
     return opts
 

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         "auto", description="auto: CUDA if it really loads, else CPU; cuda: fail if CUDA is unusable")
     intra_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
     inter_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
+    ort_spinning: bool = Field(
+        False, description="let onnxruntime's idle threads spin (lowest latency when the CPU is "
+        "otherwise idle; off by default: spinning steals the cores the HTTP layer needs)")
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     variant: Literal["fp32", "fp16", "int8"] = Field(
         "fp32", description="which exported graph variant to load (fp16 is meant for CUDA)")
@@ -66,7 +69,9 @@ class Settings(BaseSettings):
     queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
     max_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="how long a batch waits to fill")
-    max_batch_cells: int = Field(64 * 64 * 64, ge=1,
+    # Measured (bench/cells.py, bench/RESULTS.md): past a few thousand cells the [B,n,n,d]
+    # attention tensors leave the CPU caches and a bigger call is slower per sentence.
+    max_batch_cells: int = Field(4096, ge=1,
                                  description="padded-cells budget per ORT call: batch x max_len^2")
 
     # --- access ---

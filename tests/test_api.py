@@ -161,3 +161,24 @@ def test_batching_never_changes_results(client, texts):
     together = embed(client, texts)
     alone = np.concatenate([embed(client, [t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("path", "body", "model"), [
+    ("/embed", {"texts": ["a man is playing", "zebra"], "normalize": True}, "EmbedResponse"),
+    ("/nli", {"pairs": [{"premise": "a man is playing", "hypothesis": "a man"}]}, "NLIResponse"),
+    ("/sentiment", {"texts": ["the movie was great"]}, "SentimentResponse"),
+    ("/sentiment", {"texts": ["the movie was bad"], "explain": True}, "SentimentResponse"),
+    ("/v1/embeddings", {"input": ["a man", "the movie"]}, "OpenAIEmbeddingsResponse"),
+])
+def test_responses_match_their_declared_models(client, path, body, model):
+    """The routes serialise with orjson, bypassing FastAPI's response validation: every
+    response must still be exactly what its declared (OpenAPI) model allows."""
+    from service import schemas
+
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    cls = getattr(schemas, model)
+    parsed = cls.model_validate_json(r.content, strict=False)
+    assert parsed.model_dump(mode="json", exclude_none=True) == r.json()
+    assert client.get("/openapi.json").json()["paths"][path]["post"]["responses"]["200"]

@@ -139,6 +139,30 @@ def test_equations_match_a_loop_implementation(kind: str, mask_kind: str, gate: 
         torch.testing.assert_close(sent[b], ref, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_directions_match_the_per_block_path(dtype: torch.dtype) -> None:
+    """The one-tensor path (both triangles packed) gives the per-block values: outputs,
+    attention maps and gates, with padding, a 1-token row and an all-padding row."""
+    enc = encoder().to(dtype)
+    assert enc.packed
+    with torch.no_grad():
+        enc.fw.b1.normal_()
+        enc.bw.b1.normal_()
+    ids = torch.randint(2, V, (4, 9))
+    ids[1, 5:] = 0
+    ids[2, 1:] = 0
+    ids[3, :] = 0
+    mask = ids != 0
+    packed_sent, packed = enc(ids, mask, return_tokens=True)
+    enc.packed = False
+    plain_sent, plain = enc(ids, mask, return_tokens=True)
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(packed_sent, plain_sent, **tol)
+    for key in ("u_fw", "u_bw", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t"):
+        torch.testing.assert_close(packed[key], plain[key], **tol, msg=key)
+    assert torch.isfinite(packed_sent).all()
+
+
 def test_nli_model_has_the_papers_parameter_count() -> None:
     model = NLIModel(DiSANConfig(vocab_size=10, embed_dim=300, d_h=300))
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("encoder.embed."))
