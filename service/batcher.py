@@ -75,7 +75,7 @@ class MicroBatcher(Generic[P, R]):
     """Collects items from concurrent callers and runs them in padded-cell-bounded batches."""
 
     def __init__(self, name: str, runner: Runner, *, length: Callable[[Any], int] = len,
-                 max_batch_size: int = 64, max_wait_ms: float = 2.0, max_batch_cells: int = 4096,
+                 max_batch_size: int = 64, max_wait_ms: float = 0.0, max_batch_cells: int = 4096,
                  queue_limit: int = 4096, executor: Executor | None = None,
                  stats: BatchStats | None = None):
         self.name = name

@@ -68,7 +68,10 @@ class Settings(BaseSettings):
     # --- micro-batching ---
     queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
-    max_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="how long a batch waits to fill")
+    # 0 = continuous batching: a batch takes whatever queued while the previous call ran. Measured
+    # (bench/RESULTS.md): waiting 2 ms halved throughput at concurrency 1 and gained nothing at 64.
+    max_wait_ms: float = Field(0.0, ge=0.0, le=1000.0,
+                               description="how long a batch waits to fill (0: take what is queued)")
     # Measured (bench/cells.py, bench/RESULTS.md): past a few thousand cells the [B,n,n,d]
     # attention tensors leave the CPU caches and a bigger call is slower per sentence.
     max_batch_cells: int = Field(4096, ge=1,
