@@ -232,7 +232,7 @@ class Source2Token(nn.Module):
 
     def forward(self, u: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         logits = self.map2(self.map1(u))                                  # [B,n,D]
-        probs = masked_softmax(logits, mask[..., None].expand_as(logits), dim=1)
+        probs = masked_softmax(logits, mask[..., None], dim=1)          # mask broadcast, not tiled
         return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D]
 
 

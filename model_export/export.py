@@ -176,9 +176,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
     try:
         explain = explain_mode(sent_model, explain)
         graphs = export_all(nli_model, sent_model, tmp, fp16, int8, int8_embedding, explain, log)
-        for name, entry in graphs.items():
+        for graph, entry in graphs.items():
             entry["labels"] = {"nli": nli_labels, "sentiment": sent_labels}.get(entry["source"]) \
-                if name != "encoder" else None
+                if graph != "encoder" else None
         vocab.save(tmp / "vocab.json")
         manifest: dict[str, Any] = {
             "name": name,  # the model name the service reports

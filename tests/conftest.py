@@ -86,5 +86,5 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
 
     out = tmp_path_factory.mktemp("bundle") / "tiny"
     build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128,
-                 fp16=True, int8=True, log=lambda *_: None)
+                 fp16=True, int8=True, log=lambda *_: None, name="tiny-disan")
     return out

@@ -130,6 +130,7 @@ def test_info_reports_the_live_session_provider(client):
     assert info["provider"] == live["encoder"]
     assert info["dim"] == runtime.dim and info["limits"]["max_tokens"] == runtime.max_tokens
     assert set(info["labels"]) == {"nli", "sentiment"}
+    assert info["model"] == "tiny-disan"  # the manifest's name, as given to `disan export --name`
 
 
 def test_metrics_exposed(client):

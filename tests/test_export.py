@@ -51,6 +51,7 @@ def padded(rng, vocab_size: int, batch: int, n: int):
 def test_manifest_records_contract(tiny_bundle, tiny_checkpoints):
     m = load_manifest(tiny_bundle)
     assert m["format_version"] == FORMAT_VERSION
+    assert m["name"] == "tiny-disan"  # the --name given, not a graph's name
     assert m["max_len"] == 128 and m["vocab_size"] == len(tiny_checkpoints.vocab)
     assert m["embedding_dim"] == 2 * m["models"]["nli"]["config"]["d_h"]
     assert m["graphs"]["nli"]["labels"] == tiny_checkpoints.nli_labels
