@@ -3,9 +3,11 @@
     python -m bench.service --bundle models/default --data ../shared/data [--seconds 10] [--json OUT]
 
 For concurrency 1, 8 and 64 it measures POST /embed (one SNLI-length sentence per request) against
-a server with the default micro-batching and against one with batching disabled
-(DISAN_MAX_BATCH_SIZE=1), and reports each as a ratio to the offline ORT throughput of the same
-bundle on the same sentences, measured in the same run. Load comes from `wrk` (Debian package
+a server with the default micro-batching, the same with two worker processes of one ORT thread
+each, and one with batching disabled (DISAN_MAX_BATCH_SIZE=1); plus the default server with
+--texts-per-request sentences per request (how much of the gap is per-request HTTP cost). Each
+is reported as a ratio to the offline ORT throughput of the same bundle on the same sentences
+(length-sorted, cut the way the batcher cuts), measured in the same run. Load comes from `wrk` (Debian package
 wrk; bounded by --seconds) when installed, else from bench.load (Python, slower: it shares the
 CPU with the server). It also records the server's peak RSS after the largest allowed request.
 Only 127.0.0.1 is ever contacted.
@@ -103,8 +105,9 @@ class Server:
         self.stop()
 
 
-def load(url: str, bodies_file: Path, concurrency: int, seconds: float) -> dict:
-    """Throughput and latency of POST /embed at `concurrency` for `seconds`."""
+def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_request: int = 1) -> dict:
+    """Throughput and latency of POST /embed at `concurrency` for `seconds` (`per_request`
+    sentences in each body)."""
     if shutil.which("wrk"):
         script = Path(tempfile.mkstemp(suffix=".lua")[1])
         script.write_text(WRK_SCRIPT % bodies_file)
@@ -126,15 +129,15 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float) -> dict:
         )
         script.unlink()
         stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
-        stats["sentences_per_s"] = (stats["requests"] - stats["non2xx"]) / stats["seconds"]
+        stats["sentences_per_s"] = per_request * (stats["requests"] - stats["non2xx"]) / stats["seconds"]
         stats["tool"] = "wrk"
         return stats
     import asyncio
 
     from bench.load import run_load
 
-    texts = [json.loads(b)["texts"][0] for b in bodies_file.read_text().splitlines()]
-    res = asyncio.run(run_load(url, "/embed", concurrency, 10**6, seconds, 1, texts))
+    texts = [t for b in bodies_file.read_text().splitlines() for t in json.loads(b)["texts"]]
+    res = asyncio.run(run_load(url, "/embed", concurrency, 10**6, seconds, per_request, texts))
     return {
         "sentences_per_s": res.sentences_per_s,
         "p50_ms": res.p50_ms,
@@ -158,8 +161,11 @@ def run_service_bench(args: argparse.Namespace) -> dict:
         lambda t: rt.embed([rt.vocab.ids(tokenize(s)) for s in t]), sentences, args.max_batch_size, 3,
         args.max_cells,
     )
-    bodies = Path(tempfile.mkstemp(suffix=".jsonl")[1])
-    bodies.write_text("".join(json.dumps({"texts": [s]}) + "\n" for s in sentences))
+    bodies: dict[int, Path] = {}
+    for k in sorted({1, args.texts_per_request}):
+        bodies[k] = Path(tempfile.mkstemp(suffix=f".{k}.jsonl")[1])
+        bodies[k].write_text("".join(json.dumps({"texts": sentences[i : i + k]}) + "\n"
+                                     for i in range(0, len(sentences) - k + 1, k)))
     results: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} cores",
@@ -177,12 +183,17 @@ def run_service_bench(args: argparse.Namespace) -> dict:
     }
     for name, extra in configs.items():
         with Server(args.bundle, **extra) as server:
-            for c in args.concurrency:
-                stats = load(server.url, bodies, c, args.seconds)
+            points = [(c, 1) for c in args.concurrency]
+            if name == "batching" and args.texts_per_request > 1:
+                points += [(c, args.texts_per_request) for c in args.concurrency if c > 1]
+            for c, k in points:
+                stats = load(server.url, bodies[k], c, args.seconds, k)
+                stats["texts_per_request"] = k
                 stats["ratio_to_offline"] = round(stats["sentences_per_s"] / offline, 3)
-                results["runs"][f"{name} c={c}"] = stats
+                label = name if k == 1 else f"{name}, {k} texts/request"
+                results["runs"][f"{label} c={c}"] = stats
                 print(
-                    f"{name:>12} c={c:>3}: {stats['sentences_per_s']:7.1f} sent/s "
+                    f"{label:>32} c={c:>3}: {stats['sentences_per_s']:7.1f} sent/s "
                     f"(x{stats['ratio_to_offline']:.2f} offline), p50 {stats['p50_ms']:.1f} ms, "
                     f"p99 {stats['p99_ms']:.1f} ms, non-2xx {stats['non2xx']}",
                     flush=True,
@@ -199,7 +210,8 @@ def run_service_bench(args: argparse.Namespace) -> dict:
                     "status": status,
                 }
                 print(f"peak RSS {before:.0f} MB -> {server.peak_rss_mb():.0f} MB after 256 x 128 tokens")
-    bodies.unlink()
+    for path in bodies.values():
+        path.unlink()
     return results
 
 
@@ -238,6 +250,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from service.settings import Settings
 
     defaults = Settings.model_fields
+    parser.add_argument("--texts-per-request", type=int, default=8,
+                        help="also measure the batching server with this many sentences per request")
     parser.add_argument("--max-batch-size", type=int, default=defaults["max_batch_size"].default,
                         help="offline reference: most sentences per call (default: the service's)")
     parser.add_argument("--max-cells", type=int, default=defaults["max_batch_cells"].default,
