@@ -15,13 +15,13 @@ The service default (`max_batch_cells`) is chosen from this table (bench/RESULTS
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 from bench.offline import load_sentences
+from bench.report import run_and_report
 from disan.text import tokenize
 from service.batcher import split_by_cells
 
@@ -96,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS)
     parser.add_argument("--json", type=Path, default=Path("bench/cells.json"))
-    args = parser.parse_args(argv)
-    results = run_cells(args)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown(results))
-    return 0
+    return run_and_report(parser, run_cells, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import run_and_report
 from disan.text import tokenize
 
 BUCKETS = [(1, 10), (11, 25), (26, 50), (51, 100)]
@@ -264,12 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    results = run_offline(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown(results))
-    return 0
+    return run_and_report(parser, run_offline, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ batch 32 for reference.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.report import run_and_report
 
 SHAPES = [(64, 8), (16, 16), (6, 25), (32, 16), (32, 25), (1, 48), (1, 100)]
 
@@ -84,11 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", type=Path, default=Path("bench/packing.json"))
-    args = parser.parse_args(argv)
-    results = run_packing(args)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown(results))
-    return 0
+    return run_and_report(parser, run_packing, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.report import run_and_report
+
 WRK_SCRIPT = """
 local bodies = {}
 for line in io.lines("%s") do bodies[#bodies + 1] = line end
@@ -265,12 +267,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    results = run_service_bench(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(markdown(results))
-    return 0
+    return run_and_report(parser, run_service_bench, markdown, argv)
 
 
 if __name__ == "__main__":
