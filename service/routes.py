@@ -43,7 +43,7 @@ ServiceDep = Annotated[Service, Depends(get_service)]
 
 
 async def require_api_key(service: ServiceDep,
-                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+                          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Check `Authorization: Bearer <key>` in constant time when an API key is configured."""
     key = service.settings.api_key
     if key is None:
@@ -69,8 +69,8 @@ inference = APIRouter(responses=_INFER_ERRORS)
 def json_response(payload: dict[str, Any]) -> Response:
     """Serialise a route's result directly (numpy arrays included) with orjson.
 
-    The routes build exactly their declared response model's shape (tests check it against
-    the OpenAPI schema); skipping FastAPI's validate-then-dump pass of that model saves a
+    The routes build exactly their declared response model's shape (tests validate every
+    route's response against that model, which is also its OpenAPI schema); skipping FastAPI's validate-then-dump pass of that model saves a
     measurable share of the per-request CPU on the hot path. float32 vectors are written with
     the shortest repr that round-trips float32.
     """
