@@ -70,9 +70,9 @@ def json_response(payload: dict[str, Any]) -> Response:
     """Serialise a route's result directly (numpy arrays included) with orjson.
 
     The routes build exactly their declared response model's shape (tests validate every
-    route's response against that model, which is also its OpenAPI schema); skipping FastAPI's validate-then-dump pass of that model saves a
-    measurable share of the per-request CPU on the hot path. float32 vectors are written with
-    the shortest repr that round-trips float32.
+    route's response against that model, which is also its OpenAPI schema). Skipping FastAPI's
+    validate-then-dump pass of that model saves a measurable share of the per-request CPU on
+    the hot path. float32 vectors are written with the shortest repr that round-trips float32.
     """
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
                     media_type="application/json")
