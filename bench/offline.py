@@ -98,10 +98,10 @@ def length_batches(sentences: list[str], batch_size: int, max_cells: int | None 
     (batch x max_len^2) exactly as the service's batcher cuts them when `max_cells` is given."""
     from service.batcher import split_by_cells
 
-    order = sorted(sentences, key=lambda s: len(tokenize(s)))
-    lengths = [max(1, len(tokenize(s))) for s in order]
+    order = sorted((max(1, len(tokenize(s))), s) for s in sentences)
+    lengths = [n for n, _ in order]
     cells = max_cells if max_cells is not None else batch_size * max(lengths) ** 2
-    return [[order[i] for i in part] for part in split_by_cells(lengths, cells, batch_size)]
+    return [[order[i][1] for i in part] for part in split_by_cells(lengths, cells, batch_size)]
 
 
 def throughput(

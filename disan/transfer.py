@@ -134,6 +134,8 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
     dev_matched + SICK train + SNLI dev minus the held-out slice) -> SNLI test.
     """
     from disan.data import holdout_split, read_examples
+    from disan.train import TrainConfig
+    from disan.train_cli import RECIPES
 
     def texts(examples, k: int) -> list[str]:
         return [" ".join(ex.texts[k]) for ex in examples]
@@ -143,13 +145,14 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
     _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
     clf = _classifier().fit(encode(texts(train, 0)), [ex.label for ex in train])
     scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
+    recipe, defaults = RECIPES["nli"], TrainConfig(task="nli", out="")
     pairs = []
-    for rel in ("mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz", "snli/dev.jsonl.gz"):
+    for rel in recipe["train"]:
         _, ex = read_examples(data_root / rel)
-        if rel.startswith("snli"):
-            ex, _ = holdout_split(ex, 1500, 2018)  # the same held-out slice as `disan train --recipe nli`
+        if rel == recipe["holdout_from"]:  # drop the held-out slice `disan train --recipe nli` selects on
+            ex, _ = holdout_split(ex, defaults.holdout, defaults.holdout_seed)
         pairs += ex
-    _, test = read_examples(data_root / "snli/test_tok.jsonl.gz")
+    _, test = read_examples(data_root / recipe["test"])
 
     def features(examples) -> np.ndarray:
         u, v = encode(texts(examples, 0)), encode(texts(examples, 1))
@@ -201,8 +204,8 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             raise ValueError(f"unknown baseline {key!r} (choose from {sorted(baselines)})")
         encoders[baselines[key][0]] = baselines[key][1]
     results = {}
+    data_root = args.data if (args.data / "sst").is_dir() else None
     for name, make in encoders.items():
-        data_root = args.data if (args.data / "sst").is_dir() else None
         results[name] = evaluate_encoder(make(), senteval, data_root=data_root)
         print(name, json.dumps(results[name]), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
