@@ -7,6 +7,7 @@ Every error response has the stable body ``{"error": {"type": ..., "message": ..
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "internal_error": (500, "inference failed; details are in the server log"),
     "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
 }
+NOT_JSON_MESSAGE = "request body must be JSON sent with Content-Type: application/json"
 _BY_STATUS = {status: etype for etype, (status, _) in ERROR_TABLE.items()}
 
 
@@ -100,31 +102,35 @@ def error_response(etype: str, message: str, headers: dict[str, str] | None = No
     return JSONResponse(error_body(etype, message), status_code=ERROR_TABLE[etype][0], headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
-    """(type, one-line message) for a request that failed parsing or validation."""
-    errors = exc.errors()
+def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
+    """(type, one-line message) for a body that failed parsing or validation (pydantic errors)."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return "malformed_json", "request body is not valid JSON"
     if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
         # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
-        return "malformed_json", "request body must be JSON sent with Content-Type: application/json"
+        return "malformed_json", NOT_JSON_MESSAGE
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return "invalid_request", f"{loc}: {first.get('msg', 'invalid')}{more}"
 
 
+def public_message(exc: ServiceError, path: str) -> str:
+    """What the client is told about `exc`; inference failures are logged and reported generically."""
+    if exc.status >= 500 and exc.type == "internal_error":
+        log.error("inference failed on %s: %s", path, exc.message)
+        return "inference failed"
+    return exc.message
+
+
 async def _on_service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    if exc.status >= 500 and exc.type == "internal_error":
-        log.error("inference failed on %s: %s", request.url.path, exc.message)
-        return error_response(exc.type, "inference failed", exc.headers)
-    return error_response(exc.type, exc.message, exc.headers)
+    return error_response(exc.type, public_message(exc, request.url.path), exc.headers)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    etype, message = _validation_message(exc)
+    etype, message = validation_message(exc.errors())
     return error_response(etype, message)
 
 

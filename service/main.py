@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import disan
 from service.errors import error_body, install_error_handlers
+from service.fastpath import InferenceFastPath
 from service.metrics import Metrics, MetricsMiddleware
 from service.pipeline import Service
 from service.routes import AUTH, inference, router
@@ -111,7 +112,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(inference, **(AUTH if settings.api_key is not None else {}))
-    # Added innermost first: the body limit runs after CORS, metrics count everything.
+    # Added innermost first: the fast path sees bodies the limit let through, CORS applies to
+    # everything, metrics count everything.
+    if settings.fast_path:
+        app.add_middleware(InferenceFastPath, service=service)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from starlette.types import Receive
 
 from service.errors import ERROR_TABLE, ClientClosed, InvalidRequest, Unauthorized
 from service.pipeline import Service
@@ -42,14 +44,19 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-async def require_api_key(service: ServiceDep,
-                          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    """Check `Authorization: Bearer <key>` in constant time when an API key is configured."""
+def api_key_ok(service: Service, credentials: str | None) -> bool:
+    """True when no API key is configured, or `credentials` matches it (constant time)."""
     key = service.settings.api_key
     if key is None:
-        return
-    if creds is None or not secrets.compare_digest(creds.credentials.encode(),
-                                                   key.get_secret_value().encode()):
+        return True
+    return credentials is not None and secrets.compare_digest(credentials.encode(),
+                                                              key.get_secret_value().encode())
+
+
+async def require_api_key(service: ServiceDep,
+                          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """Check `Authorization: Bearer <key>` when an API key is configured."""
+    if not api_key_ok(service, creds.credentials if creds is not None else None):
         raise Unauthorized()
 
 
@@ -74,20 +81,25 @@ def json_response(payload: dict[str, Any]) -> Response:
     validate-then-dump pass of that model saves a measurable share of the per-request CPU on
     the hot path. float32 vectors are written with the shortest repr that round-trips float32.
     """
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
-                    media_type="application/json")
+    return Response(encode_json(payload), media_type="application/json")
 
 
-async def _watch_disconnect(request: Request) -> None:
+def encode_json(payload: dict[str, Any]) -> bytes:
+    """orjson bytes of a route result (numpy arrays written as lists)."""
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def _watch_disconnect(receive: Receive) -> None:
     """Return when the client goes away (the body is already read, so only disconnect can come)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it so its sentences are skipped."""
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Run `work`; if the client disconnects first (ASGI `receive` says so), cancel it so its
+    sentences are skipped."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_watch_disconnect(request))
+    watcher = asyncio.ensure_future(_watch_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -98,33 +110,71 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
+# ---- inference: one handler per route, shared by FastAPI and service.fastpath ----
+async def embed_result(body: EmbedRequest, service: Service) -> dict[str, Any]:
+    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them."""
+    vectors, tokens = await service.embed(body.texts, body.normalize, body.truncate)
+    runtime = service.require_ready()
+    return {"model": runtime.name, "dim": runtime.dim, "embeddings": vectors, "usage": {"tokens": tokens}}
+
+
+async def nli_result(body: NLIRequest, service: Service) -> dict[str, Any]:
+    """POST /nli: a label and class probabilities per premise-hypothesis pair."""
+    pairs = [(p.premise, p.hypothesis) for p in body.pairs]
+    results, tokens = await service.nli(pairs, body.truncate)
+    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
+
+
+async def sentiment_result(body: SentimentRequest, service: Service) -> dict[str, Any]:
+    """POST /sentiment: fine-grained class, polarity and probabilities (+ attention if asked)."""
+    results, tokens = await service.sentiment(body.texts, body.truncate, body.explain)
+    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
+
+
+async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, service: Service) -> dict[str, Any]:
+    """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64)."""
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    runtime = service.require_ready()
+    if body.dimensions is not None and body.dimensions != runtime.dim:
+        raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
+                             f"got {body.dimensions}")
+    vectors, tokens = await service.embed(texts, normalize=True, truncate=False, field="input")
+    if body.encoding_format == "base64":
+        little = vectors.astype("<f4", copy=False)
+        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    else:
+        data = list(vectors)
+    return {"object": "list", "model": runtime.name,
+            "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+# path -> (request model, handler): what service.fastpath serves without FastAPI's routing.
+HANDLERS: dict[str, tuple[type[BaseModel], Callable[[Any, Service], Awaitable[dict[str, Any]]]]] = {
+    "/embed": (EmbedRequest, embed_result),
+    "/nli": (NLIRequest, nli_result),
+    "/sentiment": (SentimentRequest, sentiment_result),
+    "/v1/embeddings": (OpenAIEmbeddingsRequest, openai_embeddings_result),
+}
+
+
 @inference.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings")
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """Embed each text with the DiSAN encoder; `normalize` L2-normalises the vectors."""
-    vectors, tokens = await unless_disconnected(
-        request, service.embed(body.texts, body.normalize, body.truncate))
-    runtime = service.require_ready()
-    return json_response({"model": runtime.name, "dim": runtime.dim, "embeddings": vectors,
-                          "usage": {"tokens": tokens}})
+    return json_response(await unless_disconnected(request.receive, embed_result(body, service)))
 
 
 @inference.post("/nli", response_model=NLIResponse, summary="Natural language inference")
 async def nli(body: NLIRequest, request: Request, service: ServiceDep) -> Response:
     """Entailment / neutral / contradiction for each premise-hypothesis pair."""
-    pairs = [(p.premise, p.hypothesis) for p in body.pairs]
-    results, tokens = await unless_disconnected(request, service.nli(pairs, body.truncate))
-    return json_response({"model": service.require_ready().name, "results": results,
-                          "usage": {"tokens": tokens}})
+    return json_response(await unless_disconnected(request.receive, nli_result(body, service)))
 
 
 @inference.post("/sentiment", response_model=SentimentResponse, response_model_exclude_none=True,
                 summary="Sentiment (5 SST classes + coarse polarity)")
 async def sentiment(body: SentimentRequest, request: Request, service: ServiceDep) -> Response:
     """Fine-grained sentiment per text; `explain=true` adds attention maps and token weights."""
-    results, tokens = await unless_disconnected(
-        request, service.sentiment(body.texts, body.truncate, body.explain))
-    return json_response({"model": service.require_ready().name, "results": results,
-                          "usage": {"tokens": tokens}})
+    return json_response(await unless_disconnected(request.receive, sentiment_result(body, service)))
 
 
 @inference.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse,
@@ -133,22 +183,8 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request,
                             service: ServiceDep) -> Response:
     """OpenAI `POST /v1/embeddings`: vectors are L2-normalised like OpenAI's; texts over the
     token limit are rejected (OpenAI does the same), `base64` is little-endian float32."""
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    runtime = service.require_ready()
-    if body.dimensions is not None and body.dimensions != runtime.dim:
-        raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
-                             f"got {body.dimensions}")
-    vectors, tokens = await unless_disconnected(
-        request, service.embed(texts, normalize=True, truncate=False, field="input"))
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        data = list(vectors)
-    return json_response({"object": "list", "model": runtime.name,
-                          "data": [{"object": "embedding", "index": i, "embedding": e}
-                                   for i, e in enumerate(data)],
-                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return json_response(await unless_disconnected(request.receive,
+                                                   openai_embeddings_result(body, service)))
 
 
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")

@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     max_batch_cells: int = Field(4096, ge=1,
                                  description="padded-cells budget per ORT call: batch x max_len^2")
 
+    # --- HTTP ---
+    # Measured (bench/RESULTS.md): FastAPI's per-request machinery cost about as much CPU as the
+    # model for one-sentence requests; the fast path serves the same contract without it.
+    fast_path: bool = Field(True, description="serve the POST inference routes through "
+                            "service.fastpath (same API; false: through FastAPI's router)")
+
     # --- access ---
     api_key: SecretStr | None = Field(None, description="if set, require `Authorization: Bearer <key>`")
     cors_origins: Annotated[list[str], NoDecode] = Field(

@@ -88,3 +88,10 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
     build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128,
                  fp16=True, int8=True, log=lambda *_: None, name="tiny-disan")
     return out
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["fastpath", "fastapi"])
+def fast_path(request) -> bool:
+    """`Settings.fast_path`: the API tests run with the inference routes served by
+    service.fastpath and by FastAPI's router, which must behave the same."""
+    return request.param

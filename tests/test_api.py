@@ -26,8 +26,8 @@ def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_bundle):
-    app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=1.0))
+def client(tiny_bundle, fast_path):
+    app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=1.0, fast_path=fast_path))
     with TestClient(app) as c:
         wait_ready(c)
         yield c

@@ -43,9 +43,9 @@ def assert_error(r, status: int, etype: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_bundle):
-    with serve(tiny_bundle, max_texts_per_request=8, max_chars_per_text=200, max_tokens=6,
-               max_request_bytes=64 * 1024) as c:
+def client(tiny_bundle, fast_path):
+    with serve(tiny_bundle, fast_path=fast_path, max_texts_per_request=8, max_chars_per_text=200,
+               max_tokens=6, max_request_bytes=64 * 1024) as c:
         yield c
 
 
@@ -100,9 +100,9 @@ def test_huge_bodies_are_refused_before_parsing(client):
     assert client.get("/health").status_code == 200  # still up
 
 
-def test_10k_items_and_1mb_string_within_byte_limit(tiny_bundle):
+def test_10k_items_and_1mb_string_within_byte_limit(tiny_bundle, fast_path):
     """With a generous byte limit the count/character limits still reject them cheaply."""
-    with serve(tiny_bundle, max_request_bytes=8 << 20) as c:
+    with serve(tiny_bundle, fast_path=fast_path, max_request_bytes=8 << 20) as c:
         t0 = time.perf_counter()
         assert_error(c.post("/embed", json={"texts": ["word"] * 10_000}), 413, "request_too_large")
         assert_error(c.post("/embed", json={"texts": ["x " * (1 << 19)]}), 413, "request_too_large")
@@ -124,8 +124,8 @@ def test_unknown_route_and_method(client):
     assert_error(client.get("/embed"), 405, "method_not_allowed")
 
 
-def test_api_key(tiny_bundle):
-    with serve(tiny_bundle, api_key="s3cret") as c:
+def test_api_key(tiny_bundle, fast_path):
+    with serve(tiny_bundle, fast_path=fast_path, api_key="s3cret") as c:
         assert_error(c.post("/embed", json={"texts": ["a"]}), 401, "unauthorized")
         r = c.post("/embed", json={"texts": ["a"]}, headers={"Authorization": "Bearer wrong"})
         assert_error(r, 401, "unauthorized")
@@ -136,8 +136,8 @@ def test_api_key(tiny_bundle):
         assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200
 
 
-def test_queue_full_is_429_with_retry_after(tiny_bundle):
-    with serve(tiny_bundle, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
+def test_queue_full_is_429_with_retry_after(tiny_bundle, fast_path):
+    with serve(tiny_bundle, fast_path=fast_path, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
                max_wait_ms=0) as c:
         batcher = c.app.state.service.batchers["encoder"]
         gate, entered = threading.Event(), threading.Event()
@@ -168,7 +168,7 @@ def test_queue_full_is_429_with_retry_after(tiny_bundle):
         assert results == [200, 200]
 
 
-def test_not_ready_is_503(tiny_bundle, monkeypatch):
+def test_not_ready_is_503(tiny_bundle, monkeypatch, fast_path):
     release = threading.Event()
     real = Service._load_sync
 
@@ -177,7 +177,7 @@ def test_not_ready_is_503(tiny_bundle, monkeypatch):
         return real(self)
 
     monkeypatch.setattr(Service, "_load_sync", slow_load)
-    with serve(tiny_bundle, ready=False) as c:
+    with serve(tiny_bundle, ready=False, fast_path=fast_path) as c:
         assert c.get("/health").status_code == 200
         r = c.get("/ready")
         assert r.status_code == 503 and r.json()["status"] == "loading"
@@ -200,8 +200,8 @@ def test_broken_bundle_reports_failed(tmp_path):
                      503, "not_ready")
 
 
-def test_inference_failure_is_500_without_details(tiny_bundle, caplog):
-    with serve(tiny_bundle) as c:
+def test_inference_failure_is_500_without_details(tiny_bundle, caplog, fast_path):
+    with serve(tiny_bundle, fast_path=fast_path) as c:
         batcher = c.app.state.service.batchers["sentiment"]
         real = batcher.runner
 
@@ -216,19 +216,23 @@ def test_inference_failure_is_500_without_details(tiny_bundle, caplog):
         assert c.post("/sentiment", json={"texts": ["a"]}).status_code == 200
 
 
-def test_cors_origins(tiny_bundle):
-    with serve(tiny_bundle, cors_origins=["https://app.example"]) as c:
+def test_cors_origins(tiny_bundle, fast_path):
+    with serve(tiny_bundle, fast_path=fast_path, cors_origins=["https://app.example"]) as c:
         r = c.options("/embed", headers={"Origin": "https://app.example",
                                          "Access-Control-Request-Method": "POST"})
         assert r.headers["access-control-allow-origin"] == "https://app.example"
+        post = c.post("/embed", json={"texts": ["a"]}, headers={"Origin": "https://app.example"})
+        assert post.status_code == 200
+        assert post.headers["access-control-allow-origin"] == "https://app.example"
         other = c.get("/health", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
 
 
-def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle):
+def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle, fast_path):
     """A request whose client leaves while it waits in the queue is answered 499 and never run."""
     async def main():
-        app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=0, max_batch_size=1))
+        app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=0, max_batch_size=1,
+                                  fast_path=fast_path))
         service = app.state.service
         await service.start()
         await service.wait_ready()

@@ -23,10 +23,10 @@ schema = schemathesis.openapi.from_dict(create_app(Settings(bundle="unused")).op
 
 
 @pytest.fixture(scope="module")
-def client(tiny_bundle):
+def client(tiny_bundle, fast_path):
     # Small limits so generated data exercises the 413/422 rows too, not only the happy path.
     app = create_app(Settings(bundle=tiny_bundle, max_texts_per_request=16, max_chars_per_text=300,
-                              max_wait_ms=0.5))
+                              max_wait_ms=0.5, fast_path=fast_path))
     with TestClient(app, raise_server_exceptions=False) as c:
         deadline = time.monotonic() + 30
         while c.get("/ready").status_code != 200:

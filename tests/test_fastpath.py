@@ -1,0 +1,99 @@
+"""service.fastpath answers exactly what FastAPI's routes answer, for good and bad requests."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.fastpath import bearer_credentials, is_json
+from service.main import create_app
+from service.settings import Settings
+
+JSON = {"content-type": "application/json"}
+KEY = {"authorization": "Bearer s3cret"}
+# (path, body bytes, headers): valid requests of every route and every kind of bad body.
+REQUESTS = [
+    ("/embed", b'{"texts": ["a man is playing", "the movie was great"]}', JSON),
+    ("/embed", b'{"texts": ["a man"], "normalize": true, "truncate": true}', JSON),
+    ("/nli", b'{"pairs": [{"premise": "a man is playing", "hypothesis": "a man"}]}', JSON),
+    ("/sentiment", b'{"texts": ["the movie was great"], "explain": true}', JSON),
+    ("/v1/embeddings", b'{"input": "a man", "encoding_format": "base64", "model": "x"}', JSON),
+    ("/v1/embeddings", b'{"input": ["a", "the dog"], "dimensions": 3}', JSON),
+    ("/embed", b'{"texts": ["a man is playing"]}', {"content-type": "application/vnd.api+json"}),
+    ("/embed", b'{"texts": ["a"]}', {}),  # no Content-Type
+    ("/embed", b'{"texts": ["a"]}', {"content-type": "text/plain"}),
+    ("/embed", b"", JSON),
+    ("/embed", b'{"texts": [', JSON),
+    ("/embed", b"\xff\xfe", JSON),
+    ("/embed", b"[]", JSON),
+    ("/embed", b'{"texts": []}', JSON),
+    ("/embed", b'{"texts": ["ok", ""]}', JSON),
+    ("/embed", b'{"texts": "not a list"}', JSON),
+    ("/embed", b'{"texts": [3]}', JSON),
+    ("/embed", b'{"texts": ["a"], "normalize": 1}', JSON),
+    ("/embed", b'{"texts": ["a"], "extra": 1}', JSON),
+    ("/embed", b'{"texts": ["   \\t "]}', JSON),
+    ("/embed", json.dumps({"texts": ["a"] * 9}).encode(), JSON),
+    ("/embed", json.dumps({"texts": ["word " * 20]}).encode(), JSON),
+    ("/nli", b'{"pairs": [{"premise": "a"}]}', JSON),
+    ("/sentiment", b'{"texts": ["a"], "explain": "yes"}', JSON),
+    ("/v1/embeddings", b'{"input": [[1, 2]]}', JSON),
+]
+
+
+def answers(bundle, fast_path: bool, api_key: str | None = None, auth: dict | None = None) -> list:
+    """(status, JSON body, selected headers) of every request in REQUESTS."""
+    settings = Settings(bundle=bundle, fast_path=fast_path, api_key=api_key,
+                        max_texts_per_request=8, max_tokens=6, max_wait_ms=0)
+    with TestClient(create_app(settings)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        out = []
+        for path, body, headers in REQUESTS:
+            r = client.post(path, content=body, headers={**headers, **(auth or {})})
+            kept = {k: r.headers.get(k) for k in ("content-type", "www-authenticate", "retry-after")}
+            out.append((path, body, r.status_code, r.json(), kept))
+        out.append(client.get("/metrics").text.count('route="/embed"') > 0)
+        return out
+
+
+@pytest.mark.parametrize("api_key,auth", [(None, None), ("s3cret", KEY)], ids=["open", "key"])
+def test_same_answers_as_fastapi(tiny_bundle, api_key, auth):
+    fast = answers(tiny_bundle, True, api_key, auth)
+    slow = answers(tiny_bundle, False, api_key, auth)
+    assert fast[-1] and slow[-1]  # both are counted under the route template
+    for f, s in zip(fast[:-1], slow[:-1], strict=True):
+        assert f == s, f"{f[0]} {f[1][:60]!r}: fast path {f[2:]} vs FastAPI {s[2:]}"
+    assert {f[2] for f in fast[:-1]} == {200, 400, 413, 422}
+
+
+@pytest.mark.parametrize("auth", [None, {"authorization": "Bearer wrong"}], ids=["no-key", "wrong-key"])
+def test_key_is_checked_before_the_body_is_read(tiny_bundle, auth):
+    """Without the right key every request is 401 on the fast path. FastAPI decodes the JSON
+    before it runs the key check, so there undecodable bodies get their 400 first."""
+    fast = answers(tiny_bundle, True, "s3cret", auth)
+    slow = answers(tiny_bundle, False, "s3cret", auth)
+    assert {f[2] for f in fast[:-1]} == {401}
+    assert all(f[4]["www-authenticate"] == "Bearer" for f in fast[:-1])
+    for f, s in zip(fast[:-1], slow[:-1], strict=True):
+        assert f == s or (s[2] == 400 and s[3]["error"]["type"] == "malformed_json"), (f, s)
+
+
+def test_bearer_credentials_follow_fastapi():
+    assert bearer_credentials("Bearer abc") == "abc"
+    assert bearer_credentials("bearer  abc ") == "abc"
+    assert bearer_credentials("Basic abc") is None
+    assert bearer_credentials("Bearer") is None
+    assert bearer_credentials(None) is None
+
+
+def test_is_json():
+    assert is_json("application/json") and is_json("Application/JSON; charset=utf-8")
+    assert is_json("application/merge-patch+json")
+    assert not is_json("text/plain") and not is_json("") and not is_json(None)
+    assert not is_json("application/x-www-form-urlencoded")
