@@ -45,7 +45,8 @@ _TOKEN_RE = re.compile(
 def tokenize(text: str) -> list[str]:
     """Lowercased PTB-style tokens of raw or already PTB-tokenized `text`."""
     text = unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHY)
-    text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
+    if not text.isprintable():  # printable text has no control/format chars: skip the slow scan
+        text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
     text = _PTB_ESCAPE_RE.sub(lambda m: _PTB_ESCAPES[m.group(1).lower()], text)
     text = text.replace("\\/", "/").replace("\\*", "*").replace("`", "'")
     text = _CANNOT_RE.sub(r"\1 \2", text)

@@ -1,13 +1,15 @@
 """Dynamic micro-batching: many concurrent requests -> few, well-packed onnxruntime calls.
 
-One `MicroBatcher` per graph owns a FIFO of pending items and ONE worker task:
+One `MicroBatcher` per graph owns a FIFO of pending items and ONE worker task, which keeps at most
+`concurrency` ORT calls in flight (1 by default; e.g. 2 single-threaded calls on 2 cores):
 
 1. wait for the first item, then collect until `max_batch_size` items or `max_wait_ms` passed;
 2. drop items whose caller went away (cancelled future);
 3. sort by length and cut into sub-batches whose padded cells (batch x max_len^2, because DiSAN's
    token2token attention is quadratic in length) stay within `max_batch_cells`, so padding is small
    and no batch can exhaust memory;
-4. run each sub-batch in an executor thread (ORT releases the GIL; the event loop stays free);
+4. run each sub-batch in an executor thread (ORT releases the GIL; the event loop stays free),
+   starting the next one when a call slot frees up, and collecting again once all are started;
 5. deliver each result, or the batch's exception, to every waiting future. A failing batch never
    kills the worker.
 
@@ -76,7 +78,7 @@ class MicroBatcher(Generic[P, R]):
 
     def __init__(self, name: str, runner: Runner, *, length: Callable[[Any], int] = len,
                  max_batch_size: int = 64, max_wait_ms: float = 0.0, max_batch_cells: int = 4096,
-                 queue_limit: int = 4096, executor: Executor | None = None,
+                 queue_limit: int = 4096, concurrency: int = 1, executor: Executor | None = None,
                  stats: BatchStats | None = None):
         self.name = name
         self.runner = runner
@@ -85,6 +87,7 @@ class MicroBatcher(Generic[P, R]):
         self.max_wait = max_wait_ms / 1000.0
         self.max_batch_cells = max_batch_cells
         self.queue_limit = queue_limit
+        self.concurrency = concurrency
         self.executor = executor
         self.stats = stats or BatchStats()
         self._pending: deque[_Item] = deque()
@@ -185,24 +188,40 @@ class MicroBatcher(Generic[P, R]):
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect()
-            if not batch:
-                if self._closing and not self._pending:
-                    return
-                continue
-            live = sorted((it for it in batch if not it.future.done()), key=lambda it: it.length)
-            try:
+        slots = asyncio.Semaphore(self.concurrency)
+        in_flight: set[asyncio.Task] = set()
+        live: list[_Item] = []
+        try:
+            while True:
+                # A free ORT slot first, then collect: what queued while the slots were busy
+                # joins this batch (with concurrency 1: strictly one call after another).
+                await slots.acquire()
+                slots.release()
+                batch = await self._collect()
+                if not batch:
+                    if self._closing and not self._pending:
+                        break
+                    continue
+                live = sorted((it for it in batch if not it.future.done()), key=lambda it: it.length)
                 for part in split_by_cells([it.length for it in live], self.max_batch_cells,
                                            self.max_batch_size):
+                    await slots.acquire()
                     # Re-check: a caller may have gone away while an earlier sub-batch ran.
                     items = [it for it in (live[i] for i in part) if not it.future.done()]
-                    if items:
-                        await self._run_batch(loop, items)
-            except asyncio.CancelledError:
-                for it in live:  # hard stop: nobody may wait forever on a dropped batch
-                    it.future.cancel()
-                raise
+                    if not items:
+                        slots.release()
+                        continue
+                    task = asyncio.create_task(self._run_batch(loop, items))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                    task.add_done_callback(lambda _: slots.release())
+            await asyncio.gather(*in_flight)  # drain: every started batch delivers its results
+        except asyncio.CancelledError:
+            for task in in_flight:
+                task.cancel()
+            for it in live:  # hard stop: nobody may wait forever on a dropped batch
+                it.future.cancel()
+            raise
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
         """Run one sub-batch off the event loop and fan the outcome out to every future."""
@@ -213,6 +232,10 @@ class MicroBatcher(Generic[P, R]):
                                                  [it.payload for it in items])
             if len(results) != len(items):
                 raise RuntimeError(f"runner returned {len(results)} results for {len(items)} items")
+        except asyncio.CancelledError:  # hard stop: nobody may wait forever on a dropped batch
+            for it in items:
+                it.future.cancel()
+            raise
         except Exception as exc:  # noqa: BLE001 - every failure goes to the callers, worker lives on
             log.error("batcher %s: batch of %d failed: %r", self.name, len(items), exc)
             for it in items:

@@ -73,7 +73,8 @@ class Service:
             return
         self.runtime = runtime
         s = self.settings
-        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs), thread_name_prefix="ort")
+        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * s.batch_concurrency,
+                                            thread_name_prefix="ort")
         stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
         runners: dict[str, tuple[Any, Any]] = {
             "encoder": (runtime.embed, len),
@@ -85,7 +86,8 @@ class Service:
             fn, length = runners[name]
             self.batchers[name] = MicroBatcher(
                 name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
-                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit, executor=self._executor,
+                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
+                concurrency=s.batch_concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"

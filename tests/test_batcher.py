@@ -211,3 +211,66 @@ def test_stop_drains_then_refuses():
         return await pending
 
     assert run(main()) == ["aa", "bb", "cc", "dd", "ee"]
+
+
+class OverlapRunner(FakeRunner):
+    """FakeRunner that also records how many calls ran at the same time."""
+
+    def __init__(self, delay: float):
+        super().__init__(delay)
+        self.active = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, payloads: list) -> list:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            return super().__call__(payloads)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 3])
+def test_concurrency_bounds_calls_in_flight(concurrency):
+    from concurrent.futures import ThreadPoolExecutor
+
+    runner = OverlapRunner(delay=0.05)
+    executor = ThreadPoolExecutor(8)
+
+    async def main():
+        # A cell budget of one sentence per call: 6 sentences -> 6 calls, `concurrency` at a time.
+        b = make(runner, max_batch_size=64, max_batch_cells=1, concurrency=concurrency,
+                 executor=executor)
+        await b.start()
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(b.run([c]) for c in "abcdef"))
+        elapsed = time.perf_counter() - t0
+        await b.stop()
+        return outs, elapsed
+
+    outs, elapsed = run(main())
+    executor.shutdown()
+    assert outs == [[c * 2] for c in "abcdef"]
+    assert len(runner.batches) == 6 and runner.most == concurrency
+    assert elapsed >= 0.05 * 6 / concurrency * 0.9  # never more than `concurrency` at once
+
+
+def test_stop_drains_batches_in_flight_with_concurrency():
+    from concurrent.futures import ThreadPoolExecutor
+
+    runner = OverlapRunner(delay=0.03)
+    executor = ThreadPoolExecutor(4)
+
+    async def main():
+        b = make(runner, max_batch_size=64, max_batch_cells=1, concurrency=2, executor=executor)
+        await b.start()
+        pending = asyncio.ensure_future(b.run(list("abcde")))
+        await asyncio.sleep(0.01)
+        await b.stop()
+        return await pending
+
+    assert run(main()) == ["aa", "bb", "cc", "dd", "ee"]
+    executor.shutdown()
+    assert runner.most == 2
