@@ -3,13 +3,16 @@
     python -m bench.service --bundle models/default --data ../shared/data [--seconds 10] [--json OUT]
 
 For concurrency 1, 8 and 64 it measures POST /embed (one SNLI-length sentence per request) against
-a server with the default micro-batching, the same with two worker processes of one ORT thread
-each, and one with batching disabled (DISAN_MAX_BATCH_SIZE=1); plus the default server with
---texts-per-request sentences per request (how much of the gap is per-request HTTP cost). Each
-is reported as a ratio to the offline ORT throughput of the same bundle on the same sentences
-(length-sorted, cut the way the batcher cuts), measured in the same run. Load comes from `wrk` (Debian package
-wrk; bounded by --seconds) when installed, else from bench.load (Python, slower: it shares the
-CPU with the server). It also records the server's peak RSS after the largest allowed request.
+servers with: the default settings (one process, --threads ORT threads); one process keeping one
+single-threaded ORT call per core in flight (DISAN_BATCH_CONCURRENCY); one worker process per
+core with one ORT thread each, with and without the fast path; batching disabled
+(DISAN_MAX_BATCH_SIZE=1); and --texts-per-request sentences per request (how much of the gap is
+per-request HTTP cost). Each is reported as a ratio to two offline ORT references measured in the
+same run on the same sentences (length-sorted, cut the way the batcher cuts): one process with
+--threads threads (the offline table's setting), and one single-threaded process per core running
+at once (the most the machine does offline). Load comes from `wrk` (Debian package wrk; bounded
+by --seconds) when installed, else from bench.load (Python, slower: it shares the CPU with the
+server). It also records the server's peak RSS after the largest allowed request.
 Only 127.0.0.1 is ever contacted.
 """
 
@@ -151,8 +154,58 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_requ
     }
 
 
+def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,
+                    seconds: float) -> float:
+    """One single-threaded ORT process: sentences/s over `seconds`, started with its siblings."""
+    from bench.offline import length_batches
+    from disan.evaluate import load_runtime
+    from disan.text import tokenize
+
+    rt = load_runtime(bundle, threads=1)
+    batches = length_batches(sentences, batch, cells)
+    rt.embed([rt.vocab.ids(tokenize(s)) for s in batches[0]])  # warm-up
+    barrier.wait()
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for b in batches:
+            rt.embed([rt.vocab.ids(tokenize(s)) for s in b])
+            done += len(b)
+    return done / (time.perf_counter() - t0)
+
+
+def offline_parallel(bundle: Path, sentences: list[str], procs: int, batch: int, cells: int,
+                     seconds: float = 8.0) -> float:
+    """Sentences/s of `procs` single-threaded ORT processes running at once (summed): the most
+    the machine does offline when every core runs its own call."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+        barrier = manager.Barrier(procs)
+        futures = [pool.submit(_offline_worker, bundle, sentences, batch, cells, barrier, seconds)
+                   for _ in range(procs)]
+        return sum(f.result() for f in futures)
+
+
+def server_configs(args: argparse.Namespace) -> list[tuple[str, dict, list[int]]]:
+    """(label, DISAN_* settings, texts-per-request values) of every server measured."""
+    cores = os.cpu_count() or 1
+    many = [1, args.texts_per_request] if args.texts_per_request > 1 else [1]
+    return [
+        ("batching", {"intra_op_threads": args.threads}, many),
+        # one process, one single-threaded ORT call per core in flight
+        (f"batching, {cores} calls x 1 thread", {"intra_op_threads": 1, "batch_concurrency": cores}, [1]),
+        # one process per core: one's HTTP/JSON work overlaps the other's inference
+        (f"batching, {cores} workers x 1 thread", {"workers": cores, "intra_op_threads": 1}, many),
+        (f"batching, {cores} workers x 1 thread, fast path off",
+         {"workers": cores, "intra_op_threads": 1, "fast_path": False}, [1]),
+        ("no batching", {"intra_op_threads": args.threads, "max_batch_size": 1}, [1]),
+    ]
+
+
 def run_service_bench(args: argparse.Namespace) -> dict:
-    """All service measurements plus the offline ORT reference, in one run."""
+    """All service measurements plus the offline ORT references, in one run."""
     from bench.offline import load_sentences, throughput
     from disan.evaluate import load_runtime
     from disan.text import tokenize
@@ -163,6 +216,8 @@ def run_service_bench(args: argparse.Namespace) -> dict:
         lambda t: rt.embed([rt.vocab.ids(tokenize(s)) for s in t]), sentences, args.max_batch_size, 3,
         args.max_cells,
     )
+    cores = os.cpu_count() or 1
+    parallel = offline_parallel(args.bundle, sentences, cores, args.max_batch_size, args.max_cells)
     bodies: dict[int, Path] = {}
     for k in sorted({1, args.texts_per_request}):
         bodies[k] = Path(tempfile.mkstemp(suffix=f".{k}.jsonl")[1])
@@ -170,36 +225,34 @@ def run_service_bench(args: argparse.Namespace) -> dict:
                                      for i in range(0, len(sentences) - k + 1, k)))
     results: dict = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} cores",
+        "machine": f"{cores} cores",
         "offline_ort_sentences_per_s": round(offline, 1),
+        "offline_parallel_sentences_per_s": round(parallel, 1),
+        "parallel_processes": cores,
         "threads": args.threads,
         "offline_batching": {"max_batch_size": args.max_batch_size, "max_cells": args.max_cells},
         "runs": {},
     }
-    print(f"offline ORT fp32: {offline:.0f} sentences/s", flush=True)
-    configs = {
-        "batching": {"intra_op_threads": args.threads},
-        # two processes, one ORT thread each: one's HTTP/JSON work overlaps the other's inference
-        "batching, 2 workers x 1 thread": {"workers": 2, "intra_op_threads": 1},
-        "no batching": {"intra_op_threads": args.threads, "max_batch_size": 1},
-    }
-    for name, extra in configs.items():
+    print(f"offline ORT fp32: {offline:.0f} sentences/s ({args.threads} threads); "
+          f"{cores} processes x 1 thread: {parallel:.0f}", flush=True)
+    for name, extra, per_request in server_configs(args):
         with Server(args.bundle, **extra) as server:
-            points = [(c, 1) for c in args.concurrency]
-            if name == "batching" and args.texts_per_request > 1:
-                points += [(c, args.texts_per_request) for c in args.concurrency if c > 1]
-            for c, k in points:
-                stats = load(server.url, bodies[k], c, args.seconds, k)
-                stats["texts_per_request"] = k
-                stats["ratio_to_offline"] = round(stats["sentences_per_s"] / offline, 3)
-                label = name if k == 1 else f"{name}, {k} texts/request"
-                results["runs"][f"{label} c={c}"] = stats
-                print(
-                    f"{label:>32} c={c:>3}: {stats['sentences_per_s']:7.1f} sent/s "
-                    f"(x{stats['ratio_to_offline']:.2f} offline), p50 {stats['p50_ms']:.1f} ms, "
-                    f"p99 {stats['p99_ms']:.1f} ms, non-2xx {stats['non2xx']}",
-                    flush=True,
-                )
+            for k in per_request:
+                for c in args.concurrency:
+                    if k > 1 and c == 1:
+                        continue
+                    stats = load(server.url, bodies[k], c, args.seconds, k)
+                    stats["texts_per_request"] = k
+                    stats["ratio_to_offline"] = round(stats["sentences_per_s"] / offline, 3)
+                    stats["ratio_to_parallel"] = round(stats["sentences_per_s"] / parallel, 3)
+                    label = name if k == 1 else f"{name}, {k} texts/request"
+                    results["runs"][f"{label} c={c}"] = stats
+                    print(
+                        f"{label:>48} c={c:>3}: {stats['sentences_per_s']:7.1f} sent/s "
+                        f"(x{stats['ratio_to_offline']:.2f} offline), p50 {stats['p50_ms']:.1f} ms, "
+                        f"p99 {stats['p99_ms']:.1f} ms, non-2xx {stats['non2xx']}",
+                        flush=True,
+                    )
             if name == "batching":
                 # Largest allowed request: max texts, each max_tokens words long.
                 long_text = " ".join(["word"] * 128)
@@ -218,21 +271,27 @@ def run_service_bench(args: argparse.Namespace) -> dict:
 
 
 def markdown(results: dict) -> str:
-    """Table of the load runs, each with its ratio to the offline ORT throughput."""
+    """Table of the load runs, each with its ratio to both offline ORT references."""
+    procs = results["parallel_processes"]
     lines = [
-        f"Offline ORT fp32 (same bundle, same sentences, length-sorted, cut like the batcher: "
-        f"{results['offline_batching']['max_batch_size']} sentences / "
+        f"Offline ORT fp32 on the same bundle and sentences, length-sorted and cut like the batcher "
+        f"({results['offline_batching']['max_batch_size']} sentences / "
         f"{results['offline_batching']['max_cells']} padded cells at most): "
-        f"{results['offline_ort_sentences_per_s']:.0f} sentences/s.",
+        f"{results['offline_ort_sentences_per_s']:.0f} sentences/s in one process with "
+        f"{results['threads']} threads (\"x offline\", the offline table's setting); "
+        f"{results['offline_parallel_sentences_per_s']:.0f} sentences/s from {procs} single-threaded "
+        f"processes at once (\"x {procs} procs\").",
         "",
-        "| server | concurrency | sentences/s | x offline | p50 ms | p95 ms | p99 ms | non-2xx |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| server | concurrency | sentences/s | x offline | x {procs} procs | p50 ms | p95 ms | p99 ms "
+        "| non-2xx |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in results["runs"].items():
         server, conc = name.rsplit(" c=", 1)
         lines.append(
             f"| {server} | {conc} | {s['sentences_per_s']:.0f} | {s['ratio_to_offline']:.2f} | "
-            f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} | {s['non2xx']} |"
+            f"{s['ratio_to_parallel']:.2f} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} "
+            f"| {s['non2xx']} |"
         )
     rss = results.get("peak_rss_mb")
     if rss:

@@ -1,0 +1,120 @@
+"""Server CPU per request with inference stubbed out: what the HTTP layer itself costs.
+
+    python -m bench.overhead --bundle models/default [--seconds 6] [--json OUT]
+
+Starts `disan serve`'s app (one process) with the encoder replaced by a zero-vector stub, drives
+POST /embed (one SNLI-length sentence per request) with `wrk` at concurrency 64, and reads the
+server's CPU time from /proc: CPU microseconds per request, with the fast path on and off
+(alternating, best of --repeats). Linux + wrk only; only 127.0.0.1 is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.report import run_and_report
+from bench.service import WRK_SCRIPT, free_port
+
+
+def serve_stub(bundle: str, port: int, fast_path: bool) -> None:
+    """Run the service with a stub encoder (child process entry point)."""
+    import numpy as np
+    import uvicorn
+
+    from service.main import create_app
+    from service.runtime import Runtime
+    from service.settings import Settings
+
+    Runtime.embed = lambda self, ids: np.zeros((len(ids), 600), np.float32)  # no inference
+    app = create_app(Settings(bundle=bundle, fast_path=fast_path, log_level="warning"))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(bundle: Path, fast_path: bool, bodies: Path, seconds: float) -> dict:
+    """Requests/s and server CPU microseconds per request at concurrency 64."""
+    port = free_port()
+    code = f"from bench.overhead import serve_stub; serve_stub({str(bundle)!r}, {port}, {fast_path})"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        script = Path(tempfile.mkstemp(suffix=".lua")[1])
+        script.write_text(WRK_SCRIPT % bodies)
+        before = cpu_seconds(proc.pid)
+        out = subprocess.run(["wrk", "-t1", "-c64", f"-d{round(seconds)}s", "-s", str(script),
+                              f"http://127.0.0.1:{port}/embed"], capture_output=True, text=True, check=True)
+        used = cpu_seconds(proc.pid) - before
+        script.unlink()
+        stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
+        ok = stats["requests"] - stats["non2xx"]
+        return {"requests_per_s": round(ok / stats["seconds"]), "cpu_us_per_request": round(1e6 * used / ok),
+                "non2xx": stats["non2xx"]}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def run_overhead(args: argparse.Namespace) -> dict:
+    """Fast path on and off, same stub, same sentences."""
+    from bench.offline import load_sentences
+
+    sentences = load_sentences(args.data, 512)["11-25"]
+    bodies = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    bodies.write_text("".join(json.dumps({"texts": [s]}) + "\n" for s in sentences))
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores", "runs": {}}
+    for _ in range(args.repeats):
+        for fast in (True, False):
+            name = "fast path" if fast else "FastAPI routing (fast_path=false)"
+            run = measure(args.bundle, fast, bodies, args.seconds)
+            best = results["runs"].get(name)
+            if best is None or run["cpu_us_per_request"] < best["cpu_us_per_request"]:
+                results["runs"][name] = run
+            print(name, run, flush=True)
+    bodies.unlink()
+    return results
+
+
+def markdown(results: dict) -> str:
+    """One row per path: requests/s and server CPU per request (best of the repeats)."""
+    lines = ["| request path (encoder stubbed) | requests/s | server CPU µs / request | non-2xx |",
+             "|---|---|---|---|"]
+    for name, r in results["runs"].items():
+        lines.append(f"| {name} | {r['requests_per_s']} | {r['cpu_us_per_request']} | {r['non2xx']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=Path("models/default"))
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating runs; best kept")
+    parser.add_argument("--json", type=Path, default=Path("bench/overhead.json"))
+    return run_and_report(parser, run_overhead, markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
