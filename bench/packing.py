@@ -1,11 +1,14 @@
-"""Packed vs per-block attention: the same encoder exported both ways, timed in onnxruntime.
+"""Per-block vs packed vs query-chunked attention: one encoder exported each way, timed in ORT.
 
-    python -m bench.packing --checkpoint runs/nli/best.pt [--threads 2] [--json bench/packing.json]
+    python -m bench.packing --checkpoint runs/nli/best.pt [--threads 2] [--chunk-cells 256 512 ...]
 
 `DiSANEncoder.packed` computes both directional blocks in one [B,n,n,d] tensor (the forward
 mask's lower triangle and the backward mask's upper triangle); switching it off gives the
-per-block path (two tensors, each half masked). Both graphs come from the same checkpoint, are
-timed alternately in one process (best of --repeats), and their outputs are compared.
+per-block path (two tensors, each half masked). `DiSANEncoder.chunk_cells` = N computes the
+packed tensor in query-row chunks of about N (batch x rows x tokens) pairs, an ONNX Scan (what
+`disan export` ships, N = model_export.graphs.ATTENTION_CHUNK_CELLS). All graphs come from the
+same checkpoint, are timed alternately in one process (best of --repeats), and their outputs
+are compared with the per-block graph's.
 Shapes: the batch sizes the service's default cell budget (4096) gives at each length, plus
 batch 32 for reference.
 """
@@ -21,25 +24,27 @@ import numpy as np
 
 from bench.report import run_and_report
 
-SHAPES = [(64, 8), (16, 16), (6, 25), (32, 16), (32, 25), (1, 48), (1, 100)]
+SHAPES = [(64, 8), (16, 16), (6, 25), (4, 32), (32, 16), (1, 48), (2, 64), (1, 100), (1, 128)]
 
 
-def export_both(checkpoint: Path, out_dir: Path) -> dict[str, Path]:
-    """Export the checkpoint's encoder with packed on and off -> {"packed": path, "per-block": path}."""
+def export_variants(checkpoint: Path, out_dir: Path, chunk_cells: list[int]) -> dict[str, Path]:
+    """Export the checkpoint's encoder per-block, packed, and packed in chunks -> {name: path}."""
     from disan.checkpoint import load_checkpoint, model_from_checkpoint
     from model_export.graphs import EncoderGraph, export_graph
 
     model, _, _ = model_from_checkpoint(load_checkpoint(checkpoint))
     encoder = (model.encoder if hasattr(model, "encoder") else model).eval()
     paths = {}
-    for name, packed in (("packed", True), ("per-block", False)):
-        encoder.packed = packed
-        paths[name] = export_graph(EncoderGraph(encoder), out_dir / f"{name}.onnx", encoder.cfg.vocab_size)
+    for name, packed, cells in [("per-block", False, 0), ("packed", True, 0),
+                                *[(f"chunks {c}", True, c) for c in chunk_cells]]:
+        encoder.packed, encoder.chunk_cells = packed, cells
+        paths[name] = export_graph(EncoderGraph(encoder), out_dir / f"{name.replace(' ', '_')}.onnx",
+                                   encoder.cfg.vocab_size)
     return paths
 
 
 def run_packing(args: argparse.Namespace) -> dict:
-    """Time both graphs on every shape; returns the results dict (also written as JSON)."""
+    """Time every graph on every shape; returns the results dict (also written as JSON)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -48,10 +53,11 @@ def run_packing(args: argparse.Namespace) -> dict:
     results: dict = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "shapes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         sessions = {name: ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                    for name, p in export_both(args.checkpoint, Path(tmp)).items()}
+                    for name, p in export_variants(args.checkpoint, Path(tmp), args.chunk_cells).items()}
         for batch, n in SHAPES:
             feeds = {"ids": rng.integers(2, 1000, (batch, n)).astype(np.int64),
                      "mask": np.ones((batch, n), dtype=bool)}
+            feeds["mask"][0, n // 2 + 1:] = False  # one padded row
             outs = {name: s.run(None, feeds)[0] for name, s in sessions.items()}  # also warm-up
             best = dict.fromkeys(sessions, float("inf"))
             for _ in range(args.repeats):
@@ -59,23 +65,25 @@ def run_packing(args: argparse.Namespace) -> dict:
                     t = time.perf_counter()
                     s.run(None, feeds)
                     best[name] = min(best[name], time.perf_counter() - t)
-            row = {f"{name}_ms": round(1000 * t, 3) for name, t in best.items()}
-            row["speedup"] = round(best["per-block"] / best["packed"], 3)
-            row["max_abs_diff"] = float(np.abs(outs["packed"] - outs["per-block"]).max())
+            row = {"ms": {name: round(1000 * t, 3) for name, t in best.items()},
+                   "max_abs_diff": float(max(np.abs(o - outs["per-block"]).max() for o in outs.values()))}
             results["shapes"][f"{batch}x{n}"] = row
-            print(f"batch {batch:3d} x {n:3d} tokens: packed {row['packed_ms']:8.2f} ms, per-block "
-                  f"{row['per-block_ms']:8.2f} ms, speedup {row['speedup']:.2f}, "
-                  f"max |diff| {row['max_abs_diff']:.1e}", flush=True)
+            timings = ", ".join(f"{k} {v:.2f} ms" for k, v in row["ms"].items())
+            print(f"batch {batch:3d} x {n:3d} tokens: {timings}; max |diff| {row['max_abs_diff']:.1e}",
+                  flush=True)
     return results
 
 
 def markdown(results: dict) -> str:
-    """Shape x (packed, per-block) table with the speedup and the largest output difference."""
-    lines = ["| batch x tokens | packed ms | per-block ms | speedup | max abs diff |",
-             "|---|---|---|---|---|"]
+    """Shape x variant table (ms), speedups over the unchunked packed graph, output difference."""
+    names = list(next(iter(results["shapes"].values()))["ms"])
+    lines = ["| batch x tokens | " + " | ".join(f"{n} ms" for n in names) + " | max abs diff |",
+             "|---" * (len(names) + 2) + "|"]
     for shape, r in results["shapes"].items():
-        lines.append(f"| {shape} | {r['packed_ms']:.2f} | {r['per-block_ms']:.2f} | {r['speedup']:.2f} | "
-                     f"{r['max_abs_diff']:.1e} |")
+        packed = r["ms"]["packed"]
+        cells = [f"{r['ms'][n]:.2f}" + (f" ({packed / r['ms'][n]:.2f}x)" if n.startswith("chunks") else "")
+                 for n in names]
+        lines.append(f"| {shape} | " + " | ".join(cells) + f" | {r['max_abs_diff']:.1e} |")
     return "\n".join(lines)
 
 
@@ -84,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, required=True, help="NLI or sentiment checkpoint")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--chunk-cells", type=int, nargs="*", default=[256, 512, 1024, 4096],
+                        help="query-chunk budgets to export and time (pairs per scan step)")
     parser.add_argument("--json", type=Path, default=Path("bench/packing.json"))
     return run_and_report(parser, run_packing, markdown, argv)
 

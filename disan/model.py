@@ -174,7 +174,60 @@ class DiSA(nn.Module):
         return u, attn, fuse
 
 
-def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention: bool = False
+def _pair_rows(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float, rows: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """eq. 16 of both directions for the query positions `rows` [r] of the packed pair tensor.
+
+    qs, ks, hs [B,2n,d]: the forward block's query terms, key terms and h stacked over the
+    backward block's along the token axis; mask [B,n]. Returns (s [B,r,2,d], weights [B,r,n,d],
+    denom [B,r,2,d], rows' forward mask [B,r,n]).
+    """
+    B, n = mask.shape
+    d = qs.shape[2]
+    r = rows.shape[0]
+    idx = torch.arange(n, device=mask.device)
+    lower = idx[None, :] < rows[:, None]                                  # [r,n]: j < i (forward)
+    # Row i, column j reads the forward block's terms below the diagonal and the backward
+    # block's on and above it: gathers from the stacked [fw; bw] rows (plain row copies;
+    # onnxruntime's broadcasting Where is ~2x slower than Add on this shape).
+    q_src = torch.where(lower, rows[:, None], rows[:, None] + n).reshape(-1)  # [r*n]
+    k_src = torch.where(lower, idx[None, :], idx[None, :] + n).reshape(-1)    # [r*n]
+    z = qs.index_select(1, q_src).reshape(B, r, n, d) + ks.index_select(1, k_src).reshape(B, r, n, d)
+    weights = torch.exp(torch.sigmoid(z) * (-2.0 * c))                    # [B,r,n,d], unmasked
+    values = hs.index_select(1, k_src).reshape(B, r, n, d)                # h_j of each pair's block
+    pm_f = lower[None] & mask[:, None, :]                                 # [B,r,n]
+    pm_b = (idx[None, :] > rows[:, None])[None] & mask[:, None, :]
+    masks = torch.stack([pm_f, pm_b], dim=2).to(qs.dtype)                 # [B,r,2,n]
+    empty = (masks.sum(dim=3) == 0).to(qs.dtype)[..., None]               # [B,r,2,1]: no valid j
+    denom = masks @ weights + empty                                       # [B,r,2,d]
+    return (masks @ (weights * values)) / denom, weights, denom, pm_f
+
+
+def _pair_rows_in_chunks(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float,
+                         chunk_cells: int) -> Tensor:
+    """`_pair_rows` for all n rows, in steps of at most ~`chunk_cells` (batch x rows x n) pairs.
+
+    A `scan` over query-row chunks (an ONNX Scan: one loop for every n) keeps each step's
+    [B,r,n,d] intermediates cache-sized. Chunk sizes are balanced, so a short batch runs in one
+    step with no padding; the last chunk repeats row n-1 to fill up and those rows are dropped.
+    """
+    from torch._higher_order_ops.scan import scan  # a higher-order op: exports as a loop
+
+    B, n = mask.shape
+    steps = (B * n * n + chunk_cells - 1) // chunk_cells
+    per = (n + steps - 1) // steps                                        # rows per step
+    steps = (n + per - 1) // per
+    rows = torch.arange(steps * per, device=mask.device).clamp(max=n - 1).reshape(steps, per)
+
+    def step(carry: Tensor, chunk: Tensor) -> tuple[Tensor, Tensor]:
+        return carry.clone(), _pair_rows(qs, ks, hs, mask, c, chunk)[0]
+
+    _, parts = scan(step, qs.new_zeros(1), rows)                          # [steps,B,per,2,d]
+    return parts.transpose(0, 1).reshape(B, steps * per, 2, qs.shape[2])[:, :n]
+
+
+def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention: bool = False,
+                     chunk_cells: int = 0
                      ) -> tuple[tuple[Tensor, Tensor | None, Tensor], tuple[Tensor, Tensor | None, Tensor]]:
     """Both multi-dim directional blocks in ONE [B,n,n,d] tensor: `(fw(x), bw(x))`, same values.
 
@@ -182,7 +235,8 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
     the lower triangle holds the forward block's logits and the upper triangle the backward
     block's, and the expensive sigmoid/exp run over n*n pairs once instead of twice (the
     diagonal is masked in both). Each direction then sums its own triangle with a 0/1 row mask,
-    both in one batched mat-vec ([B,n,2,n] @ [B,n,n,d]).
+    both in one batched mat-vec ([B,n,2,n] @ [B,n,n,d]). `chunk_cells` > 0 computes the rows in
+    cache-sized chunks (`_pair_rows_in_chunks`; not with `need_attention`).
     """
     c = fw.cfg.c
     n = mask.shape[1]
@@ -190,35 +244,21 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
     h_b, hd_b = bw.project(x)
     q_f, k_f = fw.scaled_logit_terms(hd_f)
     q_b, k_b = bw.scaled_logit_terms(hd_b)
-    idx = torch.arange(n, device=mask.device)
-    lower = idx[None, :] < idx[:, None]                                   # [n,n]: j < i (forward)
-    # Row i, column j reads the forward block's terms below the diagonal and the backward
-    # block's on and above it: gathers from [fw; bw] stacked along the token axis (plain row
-    # copies; onnxruntime's broadcasting Where is ~2x slower than Add on this shape).
-    q_src = torch.where(lower, idx[:, None], idx[:, None] + n).reshape(-1)  # [n*n] rows of [q_f; q_b]
-    k_src = torch.where(lower, idx[None, :], idx[None, :] + n).reshape(-1)  # [n*n] rows of [k_f; k_b]
-    B, d = q_f.shape[0], q_f.shape[2]
-
-    def pick(fw_rows: Tensor, bw_rows: Tensor, src: Tensor) -> Tensor:   # -> [B,n,n,d]
-        return torch.cat([fw_rows, bw_rows], dim=1).index_select(1, src).reshape(B, n, n, d)
-
-    z = pick(q_f, q_b, q_src) + pick(k_f, k_b, k_src)                    # y of each pair's block
-    weights = torch.exp(torch.sigmoid(z) * (-2.0 * c))                    # [B,n,n,d], unmasked
-    values = pick(h_f, h_b, k_src)                                        # h_j of each pair's block
-    pm_f = lower[None] & mask[:, None, :]                                 # [B,n,n]
-    pm_b = lower.T[None] & mask[:, None, :]
-    rows = torch.stack([pm_f, pm_b], dim=2).to(h_f.dtype)                 # [B,n,2,n]
-    empty = (rows.sum(dim=3) == 0).to(h_f.dtype)[..., None]               # [B,n,2,1]: no valid j
-    denom = rows @ weights + empty                                        # [B,n,2,d]
-    s = (rows @ (weights * values)) / denom                               # eq. 16: [B,n,2,d]
+    qs, ks, hs = (torch.cat(pair, dim=1) for pair in ((q_f, q_b), (k_f, k_b), (h_f, h_b)))  # [B,2n,d]
+    a_f = a_b = None
+    if chunk_cells > 0 and not need_attention:
+        s = _pair_rows_in_chunks(qs, ks, hs, mask, c, chunk_cells)       # [B,n,2,d]
+    else:
+        idx = torch.arange(n, device=mask.device)
+        s, weights, denom, pm_f = _pair_rows(qs, ks, hs, mask, c, idx)
+        if need_attention:
+            low4 = (idx[None, :] < idx[:, None])[:, :, None]
+            probs = weights / torch.where(low4, denom[:, :, 0:1, :], denom[:, :, 1:2, :])  # [B,n,n,d]
+            mean = probs.mean(dim=-1)                                     # [B,n,n]
+            pm_b = (idx[None, :] > idx[:, None])[None] & mask[:, None, :]
+            a_f, a_b = mean * pm_f.to(mean.dtype), mean * pm_b.to(mean.dtype)
     u_f, g_f = fw.fuse(h_f, s[:, :, 0], mask)
     u_b, g_b = bw.fuse(h_b, s[:, :, 1], mask)
-    a_f = a_b = None
-    if need_attention:
-        low4 = lower[:, :, None]
-        probs = weights / torch.where(low4, denom[:, :, 0:1, :], denom[:, :, 1:2, :])  # [B,n,n,d]
-        mean = probs.mean(dim=-1)                                         # [B,n,n]
-        a_f, a_b = mean * pm_f.to(mean.dtype), mean * pm_b.to(mean.dtype)
     return (u_f, a_f, g_f), (u_b, a_b, g_b)
 
 
@@ -256,6 +296,9 @@ class DiSANEncoder(nn.Module):
         # Both directions in one n x n tensor (same values; see directional_pair). A plain
         # attribute, not config: tests switch it off to compare against the per-block path.
         self.packed = cfg.mask_kind == "directional" and cfg.attention_kind == "multi_dim"
+        # Query-row chunking of the packed attention (0: off). The exporter turns it on (see
+        # model_export.graphs.ATTENTION_CHUNK_CELLS); training and eager inference leave it off.
+        self.chunk_cells = 0
 
     @property
     def out_dim(self) -> int:
@@ -275,7 +318,7 @@ class DiSANEncoder(nn.Module):
         else:
             if self.packed:
                 (u_fw, a_fw, g_fw), (u_bw, a_bw, g_bw) = directional_pair(
-                    self.fw, self.bw, x, mask, need_attention=return_tokens)
+                    self.fw, self.bw, x, mask, need_attention=return_tokens, chunk_cells=self.chunk_cells)
             else:
                 u_fw, a_fw, g_fw = self.fw(x, mask, need_attention=return_tokens)
                 u_bw, a_bw, g_bw = self.bw(x, mask, need_attention=return_tokens)

@@ -25,6 +25,11 @@ EXPLAIN_MODES = ("separate", "merged", "none")
 # Example sizes for tracing: batch >= 2 and length >= 3 so torch.export never specialises an
 # axis to 0/1 (sizes 0 and 1 are special-cased by the symbolic shape engine).
 EXAMPLE_BATCH, EXAMPLE_LEN = 3, 5
+# The exported graphs compute the packed token2token attention in query-row chunks of about
+# this many (batch x rows x tokens) pairs, an ONNX Scan (disan.model._pair_rows_in_chunks).
+# Measured (bench/packing.py, bench/RESULTS.md): 1024 was the fastest of 256/512/1024, at
+# 1.06-1.77x the unchunked graph (1 ORT thread) on every shape tried, most on long sentences.
+ATTENTION_CHUNK_CELLS = 1024
 
 
 class EncoderGraph(nn.Module):
@@ -218,7 +223,43 @@ def quantize_int8(src: Path, dst: Path, quantize_embedding: bool = True) -> Path
             quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=ops)
     finally:
         root.setLevel(level)
+    quantized = onnx.load(str(dst))
+    sort_nodes(quantized.graph)
+    onnx.save(quantized, str(dst))
     return dst
+
+
+def _outer_inputs(graph) -> set[str]:
+    """Names a (sub)graph's nodes read from an enclosing scope (not produced or declared in it)."""
+    local = {v.name for v in [*graph.input, *graph.initializer]} | {o for n in graph.node for o in n.output}
+    needed = {i for n in graph.node for i in n.input if i}
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                needed |= _outer_inputs(sub)
+    return needed - local
+
+
+def sort_nodes(graph) -> None:
+    """Topologically re-sort `graph`'s nodes, counting what their subgraphs (Scan bodies) read
+    from this scope: ORT's quantizer sorts by explicit inputs only and can put the Scan of the
+    chunked attention before the Concat its body reads, which the onnx checker rejects."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    deps = []
+    for node in graph.node:
+        names = set(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= _outer_inputs(sub)
+        deps.append({producer[x] for x in names if x in producer})
+    order, placed = [], set()
+    while len(order) < len(graph.node):  # stable: earliest ready node first
+        ready = next(i for i in range(len(graph.node)) if i not in placed and deps[i] <= placed)
+        order.append(ready)
+        placed.add(ready)
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def explain_mode(sentiment_model: SentimentModel, wanted: str) -> str:
@@ -254,6 +295,17 @@ def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out
     from the hypothesis inputs, so the premise branch is not self-contained.
     """
     vocab_size = nli_model.cfg.vocab_size
+    for model in (nli_model, sentiment_model):  # the PyTorch reference stays unchunked
+        model.encoder.chunk_cells = ATTENTION_CHUNK_CELLS
+    try:
+        return _export_fp32_graphs(nli_model, sentiment_model, out, files, explain, vocab_size)
+    finally:
+        for model in (nli_model, sentiment_model):
+            model.encoder.chunk_cells = 0
+
+
+def _export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
+                        files: dict[str, str], explain: str, vocab_size: int) -> dict[str, Path]:
     paths = {
         "encoder": export_graph(EncoderGraph(nli_model.encoder), out / files["encoder"], vocab_size),
         "nli": export_graph(NLIGraph(nli_model), out / files["nli"], vocab_size),

@@ -83,6 +83,16 @@ def test_graphs_valid_with_contract_io(tiny_bundle):
         assert all(o.type == "tensor(float)" for o in s.get_outputs())
 
 
+def test_attention_is_chunked_in_the_graphs(tiny_bundle):
+    """The exported encoder and NLI graphs (and their variants) compute the token2token
+    attention in query-row chunks: a Scan; the parity test below covers 1 to 50 steps."""
+    import onnx
+
+    for name in ("encoder", "nli", "encoder.int8", "nli.fp16"):
+        ops = {node.op_type for node in onnx.load(str(tiny_bundle / f"{name}.onnx")).graph.node}
+        assert "Scan" in ops, name
+
+
 @pytest.mark.parametrize("batch,n", [(1, 1), (1, 2), (2, 1), (5, 3), (4, 17), (16, 40)])
 def test_parity_with_torch_dynamic_shapes(tiny_bundle, models, batch, n):
     """Independent of the export's own check: ORT vs the disan.model classes directly."""

@@ -163,6 +163,26 @@ def test_packed_directions_match_the_per_block_path(dtype: torch.dtype) -> None:
     assert torch.isfinite(packed_sent).all()
 
 
+@pytest.mark.parametrize("chunk_cells", [1, 20, 10**6])
+def test_query_chunked_attention_matches_the_packed_path(chunk_cells: int) -> None:
+    """Query-row chunks (a scan: one row per step, uneven steps with a padded last chunk, one
+    step) give exactly the unchunked packed values, with padding, a 1-token and an empty row."""
+    enc = encoder().eval()
+    ids = torch.randint(2, V, (4, 9))
+    ids[1, 5:] = 0
+    ids[2, 1:] = 0
+    ids[3, :] = 0
+    mask = ids != 0
+    with torch.no_grad():
+        plain = enc(ids, mask)
+        enc.chunk_cells = chunk_cells
+        chunked = enc(ids, mask)
+        one = enc(ids[:1, :1], mask[:1, :1])  # n = 1
+        enc.chunk_cells = 0
+        torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(one, enc(ids[:1, :1], mask[:1, :1]), rtol=1e-6, atol=1e-7)
+
+
 def test_nli_model_has_the_papers_parameter_count() -> None:
     model = NLIModel(DiSANConfig(vocab_size=10, embed_dim=300, d_h=300))
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("encoder.embed."))
