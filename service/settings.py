@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     # attention tensors leave the CPU caches and a bigger call is slower per sentence.
     max_batch_cells: int = Field(4096, ge=1,
                                  description="padded-cells budget per ORT call: batch x max_len^2")
-    # Measured (bench/RESULTS.md): on 2 cores, 2 single-threaded ORT calls at once beat one
-    # 2-threaded call (intra-op threads scale poorly on small batches) and 2 worker processes.
+    # Measured (bench/RESULTS.md): on 2 cores, 2 single-threaded ORT calls at once served 1.3x
+    # one 2-threaded call (intra-op threads scale poorly on small batches); 2 worker processes
+    # served more still, but load the bundle twice and can get connections unevenly.
     batch_concurrency: int = Field(1, ge=1, le=64,
                                    description="ORT calls in flight per graph (use with "
                                    "intra_op_threads=1: one call per core)")
