@@ -27,8 +27,9 @@ EXPLAIN_MODES = ("separate", "merged", "none")
 EXAMPLE_BATCH, EXAMPLE_LEN = 3, 5
 # The exported graphs compute the packed token2token attention in query-row chunks of about
 # this many (batch x rows x tokens) pairs, an ONNX Scan (disan.model._pair_rows_in_chunks).
-# Measured (bench/packing.py, bench/RESULTS.md): 1024 was the fastest of 256/512/1024, at
-# 1.06-1.77x the unchunked graph (1 ORT thread) on every shape tried, most on long sentences.
+# Measured (bench/packing.py, bench/RESULTS.md): with 1 ORT thread per call (the CPU compose
+# setting) 1024 was the fastest of 256/512/1024, at 1.06-1.77x the unchunked graph on every shape
+# tried; with 2 intra-op threads chunking was neutral to 10% slower (`--attention-chunk-cells 0`).
 ATTENTION_CHUNK_CELLS = 1024
 
 
@@ -287,16 +288,18 @@ def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel,
 
 
 def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
-                       files: dict[str, str], explain: str = "separate") -> dict[str, Path]:
+                       files: dict[str, str], explain: str = "separate",
+                       chunk_cells: int | None = None) -> dict[str, Path]:
     """Write the fp32 graphs into `out` (names from `files`): three exports plus one extraction.
 
     sentiment.onnx is cut out of the explain graph (same inputs, a subset of the outputs). The
     encoder is NOT cut out of the NLI graph: there the exporter reads the shared batch size
-    from the hypothesis inputs, so the premise branch is not self-contained.
+    from the hypothesis inputs, so the premise branch is not self-contained. The attention is
+    exported in query-row chunks of `chunk_cells` pairs (default ATTENTION_CHUNK_CELLS; 0: none).
     """
     vocab_size = nli_model.cfg.vocab_size
     for model in (nli_model, sentiment_model):  # the PyTorch reference stays unchunked
-        model.encoder.chunk_cells = ATTENTION_CHUNK_CELLS
+        model.encoder.chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
     try:
         return _export_fp32_graphs(nli_model, sentiment_model, out, files, explain, vocab_size)
     finally:

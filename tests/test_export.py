@@ -88,6 +88,9 @@ def test_attention_is_chunked_in_the_graphs(tiny_bundle):
     attention in query-row chunks: a Scan; the parity test below covers 1 to 50 steps."""
     import onnx
 
+    from model_export.graphs import ATTENTION_CHUNK_CELLS
+
+    assert load_manifest(tiny_bundle)["attention_chunk_cells"] == ATTENTION_CHUNK_CELLS > 0
     for name in ("encoder", "nli", "encoder.int8", "nli.fp16"):
         ops = {node.op_type for node in onnx.load(str(tiny_bundle / f"{name}.onnx")).graph.node}
         assert "Scan" in ops, name

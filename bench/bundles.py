@@ -1,0 +1,69 @@
+"""A/B of bundles: offline ORT throughput of two or more bundles, alternating, in one process.
+
+    python -m bench.bundles --bundles OLD NEW --threads 1 2 [--buckets 11-25 51-100] [--json OUT]
+
+For each ORT thread count and length bucket, every bundle's encoder runs the same real
+sentences (bench.offline's buckets, batches cut like the service's batcher) in alternating
+passes; the best pass of each counts. Ratios are to the first bundle. Used to decide whether
+the shipped graphs compute the attention in query-row chunks (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.report import run_and_report
+
+
+def run_ab(args: argparse.Namespace) -> dict:
+    """Best-of sentences/s of every bundle per (threads, bucket), measured alternately."""
+    from bench.offline import load_sentences, throughput
+    from disan.evaluate import load_runtime
+    from disan.text import tokenize
+
+    sentences = load_sentences(args.data, args.per_bucket)
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "bundles": [str(b) for b in args.bundles],
+                     "rows": []}
+    for threads in args.threads:
+        runtimes = [load_runtime(b, threads=threads) for b in args.bundles]
+        for bucket in args.buckets:
+            best = [0.0] * len(runtimes)
+            for _ in range(args.rounds):
+                for i, rt in enumerate(runtimes):
+                    def encode(texts, rt=rt):
+                        return rt.embed([rt.vocab.ids(tokenize(t)) for t in texts])
+                    best[i] = max(best[i], throughput(encode, sentences[bucket], 64, 2, 4096))
+            row = {"threads": threads, "bucket": bucket, "sentences_per_s": [round(b) for b in best],
+                   "ratio_to_first": [round(b / best[0], 3) for b in best]}
+            results["rows"].append(row)
+            print(row, flush=True)
+    return results
+
+
+def markdown(results: dict) -> str:
+    """One row per (threads, bucket): sentences/s of each bundle and the ratio to the first."""
+    names = [Path(b).name for b in results["bundles"]]
+    lines = ["| ORT threads | bucket | " + " | ".join(f"{n} sent/s" for n in names) + " | ratios |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    for r in results["rows"]:
+        lines.append(f"| {r['threads']} | {r['bucket']} | " + " | ".join(map(str, r["sentences_per_s"]))
+                     + " | " + " / ".join(f"{x:.2f}" for x in r["ratio_to_first"]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundles", type=Path, nargs="+", required=True)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--buckets", nargs="+", default=["11-25", "51-100"])
+    parser.add_argument("--per-bucket", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (2 passes each)")
+    parser.add_argument("--json", type=Path, default=Path("bench/bundles.json"))
+    return run_and_report(parser, run_ab, markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
