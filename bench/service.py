@@ -3,10 +3,10 @@
     python -m bench.service --bundle models/default --data ../shared/data [--seconds 10] [--json OUT]
 
 For concurrency 1, 8 and 64 it measures POST /embed (one SNLI-length sentence per request) against
-servers with: the default settings (one process, --threads ORT threads); one process keeping one
-single-threaded ORT call per core in flight (DISAN_BATCH_CONCURRENCY); one worker process per
+servers with: the default settings (one process keeping one single-threaded ORT call per core in
+flight); one process making one call at a time with --threads ORT threads; one worker process per
 core with one ORT thread each, with and without the fast path; batching disabled
-(DISAN_MAX_BATCH_SIZE=1); and --texts-per-request sentences per request (how much of the gap is
+(DISAN_MAX_BATCH_SIZE=1, one call with --threads threads); and --texts-per-request sentences per request (how much of the gap is
 per-request HTTP cost). Each is reported as a ratio to two offline ORT references measured in the
 same run on the same sentences (length-sorted, cut the way the batcher cuts): one process with
 --threads threads (the offline table's setting), and one single-threaded process per core running
@@ -193,14 +193,16 @@ def server_configs(args: argparse.Namespace) -> list[tuple[str, dict, list[int]]
     cores = os.cpu_count() or 1
     many = [1, args.texts_per_request] if args.texts_per_request > 1 else [1]
     return [
-        ("batching", {"intra_op_threads": args.threads}, many),
-        # one process, one single-threaded ORT call per core in flight
-        (f"batching, {cores} calls x 1 thread", {"intra_op_threads": 1, "batch_concurrency": cores}, [1]),
+        # defaults: on CPU one single-threaded ORT call per core in flight, one process
+        ("batching", {}, many),
+        (f"batching, 1 call x {args.threads} threads", {"intra_op_threads": args.threads,
+                                                         "batch_concurrency": 1}, [1]),
         # one process per core: one's HTTP/JSON work overlaps the other's inference
         (f"batching, {cores} workers x 1 thread", {"workers": cores, "intra_op_threads": 1}, many),
         (f"batching, {cores} workers x 1 thread, fast path off",
          {"workers": cores, "intra_op_threads": 1, "fast_path": False}, [1]),
-        ("no batching", {"intra_op_threads": args.threads, "max_batch_size": 1}, [1]),
+        ("no batching", {"intra_op_threads": args.threads, "batch_concurrency": 1, "max_batch_size": 1},
+         [1]),
     ]
 
 

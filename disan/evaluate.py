@@ -47,7 +47,9 @@ def load_runtime(bundle: Path, variant: str = "fp32", threads: int = 0):
     from service.runtime import Runtime
     from service.settings import Settings
 
-    return Runtime(bundle, Settings(providers="cpu", variant=variant, intra_op_threads=threads))
+    # One call at a time (offline loops are sequential), with `threads` ORT threads (0: ORT's choice).
+    return Runtime(bundle, Settings(providers="cpu", variant=variant, intra_op_threads=threads,
+                                    batch_concurrency=1))
 
 
 def _batches(rows: list, batch_size: int):

@@ -73,7 +73,7 @@ class Service:
             return
         self.runtime = runtime
         s = self.settings
-        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * s.batch_concurrency,
+        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
                                             thread_name_prefix="ort")
         stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
         runners: dict[str, tuple[Any, Any]] = {
@@ -87,7 +87,7 @@ class Service:
             self.batchers[name] = MicroBatcher(
                 name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
                 max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
-                concurrency=s.batch_concurrency, executor=self._executor,
+                concurrency=runtime.batch_concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"

@@ -10,6 +10,7 @@ embedding dim and the providers actually in use are read from the live sessions,
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,36 @@ def requested_providers(choice: str) -> list[str]:
     return [CUDA, CPU] if CUDA in available else [CPU]
 
 
-def session_options(settings: Settings) -> ort.SessionOptions:
+def cpu_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def call_layout(settings: Settings, providers: list[str]) -> tuple[int, int]:
+    """(ORT calls in flight per graph, intra-op threads per call) for these settings.
+
+    `batch_concurrency=0` (auto): on CUDA one call at a time; on CPU one single-threaded call per
+    core this worker owns (cores / workers), because onnxruntime's intra-op threads scale poorly
+    on the service's small batches (measured in bench/RESULTS.md: 1.3-1.6x the throughput of one
+    call using every core). Explicit settings are kept as given.
+    """
+    threads, calls = settings.intra_op_threads, settings.batch_concurrency
+    if calls > 0:
+        return calls, threads
+    if CUDA in providers:
+        return 1, threads
+    per_call = threads or 1
+    return max(1, cpu_cores() // (settings.workers * per_call)), per_call
+
+
+def session_options(settings: Settings, intra_op_threads: int | None = None) -> ort.SessionOptions:
     """Thread counts, spinning and graph optimisation level from settings."""
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = settings.intra_op_threads
+    opts.intra_op_num_threads = (settings.intra_op_threads if intra_op_threads is None
+                                 else intra_op_threads)
     opts.inter_op_num_threads = settings.inter_op_threads
     opts.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
     spin = "1" if settings.ort_spinning else "0"
@@ -74,8 +101,9 @@ class Graph:
     def __init__(self, name: str, path: Path, settings: Settings):
         self.name = name
         providers = requested_providers(settings.providers)
+        self.concurrency, threads = call_layout(settings, providers)
         try:
-            self.session = ort.InferenceSession(str(path), sess_options=session_options(settings),
+            self.session = ort.InferenceSession(str(path), sess_options=session_options(settings, threads),
                                                 providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             raise BundleError(f"{path}: onnxruntime cannot load it ({exc})") from exc
@@ -155,6 +183,11 @@ class Runtime:
     def providers(self) -> dict[str, str]:
         """Graph -> execution provider actually in use."""
         return {name: g.provider for name, g in self.graphs.items()}
+
+    @property
+    def batch_concurrency(self) -> int:
+        """ORT calls the batchers keep in flight per graph (see `call_layout`)."""
+        return self.graphs["encoder"].concurrency
 
     @property
     def has_explain(self) -> bool:

@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     # --- onnxruntime ---
     providers: Literal["auto", "cuda", "cpu"] = Field(
         "auto", description="auto: CUDA if it really loads, else CPU; cuda: fail if CUDA is unusable")
-    intra_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="ORT threads per call; 0: 1 with "
+                                  "batch_concurrency auto on CPU, else onnxruntime's choice")
     inter_op_threads: int = Field(0, ge=0, le=256, description="0 lets onnxruntime choose")
     ort_spinning: bool = Field(
         False, description="let onnxruntime's idle threads spin (lowest latency when the CPU is "
@@ -76,12 +77,12 @@ class Settings(BaseSettings):
     # attention tensors leave the CPU caches and a bigger call is slower per sentence.
     max_batch_cells: int = Field(4096, ge=1,
                                  description="padded-cells budget per ORT call: batch x max_len^2")
-    # Measured (bench/RESULTS.md): on 2 cores, 2 single-threaded ORT calls at once served 1.3x
-    # one 2-threaded call (intra-op threads scale poorly on small batches); 2 worker processes
-    # served more still, but load the bundle twice and can get connections unevenly.
-    batch_concurrency: int = Field(1, ge=1, le=64,
-                                   description="ORT calls in flight per graph (use with "
-                                   "intra_op_threads=1: one call per core)")
+    # Measured (bench/RESULTS.md): on 2 cores, 2 single-threaded ORT calls at once served 1.3-1.6x
+    # one call with 2 intra-op threads (intra-op threads scale poorly on small batches).
+    batch_concurrency: int = Field(
+        0, ge=0, le=64, description="ORT calls in flight per graph; 0 = auto: 1 on CUDA, on CPU one "
+        "call per core of this worker (cores / workers), each with 1 ORT thread unless "
+        "intra_op_threads is set")
 
     # --- HTTP ---
     # Measured (bench/RESULTS.md): FastAPI's per-request machinery cost about as much CPU as the

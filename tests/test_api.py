@@ -133,6 +133,17 @@ def test_info_reports_the_live_session_provider(client):
     assert info["model"] == "tiny-disan"  # the manifest's name, as given to `disan export --name`
 
 
+def test_default_call_layout_on_cpu(client):
+    """Defaults on CPU: one single-threaded ORT call per core in flight, reported by /info."""
+    from service.runtime import cpu_cores
+
+    runtime = client.app.state.service.runtime
+    assert client.get("/info").json()["batching"]["batch_concurrency"] == cpu_cores()
+    assert client.app.state.service.batchers["encoder"].concurrency == cpu_cores()
+    for graph in runtime.graphs.values():
+        assert graph.session.get_session_options().intra_op_num_threads == 1
+
+
 def test_metrics_exposed(client):
     client.post("/embed", json={"texts": ["a man"]})
     client.post("/embed", json={"texts": []})

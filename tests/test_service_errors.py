@@ -137,8 +137,9 @@ def test_api_key(tiny_bundle, fast_path):
 
 
 def test_queue_full_is_429_with_retry_after(tiny_bundle, fast_path):
+    # One ORT call at a time, so a blocked call leaves the next request's items in the queue.
     with serve(tiny_bundle, fast_path=fast_path, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
-               max_wait_ms=0) as c:
+               max_wait_ms=0, batch_concurrency=1) as c:
         batcher = c.app.state.service.batchers["encoder"]
         gate, entered = threading.Event(), threading.Event()
         real = batcher.runner
@@ -232,7 +233,7 @@ def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle, fast_path):
     """A request whose client leaves while it waits in the queue is answered 499 and never run."""
     async def main():
         app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=0, max_batch_size=1,
-                                  fast_path=fast_path))
+                                  batch_concurrency=1, fast_path=fast_path))
         service = app.state.service
         await service.start()
         await service.wait_ready()
