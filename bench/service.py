@@ -6,13 +6,14 @@ For concurrency 1, 8 and 64 it measures POST /embed (one SNLI-length sentence pe
 servers with: the default settings (one process keeping one single-threaded ORT call per core in
 flight); one process making one call at a time with --threads ORT threads; one worker process per
 core with one ORT thread each, with and without the fast path; batching disabled
-(DISAN_MAX_BATCH_SIZE=1, one call with --threads threads); and --texts-per-request sentences per request (how much of the gap is
-per-request HTTP cost). Each is reported as a ratio to two offline ORT references measured in the
-same run on the same sentences (length-sorted, cut the way the batcher cuts): one process with
---threads threads (the offline table's setting), and one single-threaded process per core running
-at once (the most the machine does offline). Load comes from `wrk` (Debian package wrk; bounded
-by --seconds) when installed, else from bench.load (Python, slower: it shares the CPU with the
-server). It also records the server's peak RSS after the largest allowed request.
+(DISAN_MAX_BATCH_SIZE=1, one call with --threads threads); and --texts-per-request sentences per
+request (how much of the gap is per-request HTTP cost). Each is reported as a ratio to two
+offline ORT references measured in the same run on the same sentences (length-sorted, cut the
+way the batcher cuts): one process with --threads threads (the offline table's setting), and
+one single-threaded process per core running at once (the most the machine does offline). Load
+comes from `wrk` (Debian package wrk; bounded by --seconds) when installed, else from bench.load
+(Python, slower: it shares the CPU with the server). It also records the server's peak RSS after
+the largest allowed request.
 Only 127.0.0.1 is ever contacted.
 """
 
