@@ -111,13 +111,8 @@ def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_em
                explain: str = "separate", log=print, chunk_cells: int | None = None
                ) -> dict[str, dict[str, Any]]:
     """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
-    from model_export.graphs import (
-        build_wrappers,
-        check_onnx,
-        convert_fp16,
-        export_fp32_graphs,
-        quantize_int8,
-    )
+    from model_export.graphs import build_wrappers, export_fp32_graphs
+    from model_export.onnx_files import check_onnx, convert_fp16, quantize_int8
 
     t0 = time.perf_counter()
     paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES, explain, chunk_cells)
