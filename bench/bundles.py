@@ -19,21 +19,18 @@ from bench.report import run_and_report
 
 def run_ab(args: argparse.Namespace) -> dict:
     """Best-of sentences/s of every bundle per (threads, bucket), measured alternately."""
-    from bench.offline import load_sentences, throughput
+    from bench.offline import load_sentences, ort_encoder, throughput
     from disan.evaluate import load_runtime
-    from disan.text import tokenize
 
     sentences = load_sentences(args.data, args.per_bucket)
     results: dict = {"date": time.strftime("%Y-%m-%d"), "bundles": [str(b) for b in args.bundles],
                      "rows": []}
     for threads in args.threads:
-        runtimes = [load_runtime(b, threads=threads) for b in args.bundles]
+        encoders = [ort_encoder(load_runtime(b, threads=threads)) for b in args.bundles]
         for bucket in args.buckets:
-            best = [0.0] * len(runtimes)
+            best = [0.0] * len(encoders)
             for _ in range(args.rounds):
-                for i, rt in enumerate(runtimes):
-                    def encode(texts, rt=rt):
-                        return rt.embed([rt.vocab.ids(tokenize(t)) for t in texts])
+                for i, encode in enumerate(encoders):
                     best[i] = max(best[i], throughput(encode, sentences[bucket], 64, 2, 4096))
             row = {"threads": threads, "bucket": bucket, "sentences_per_s": [round(b) for b in best],
                    "ratio_to_first": [round(b / best[0], 3) for b in best]}

@@ -133,6 +133,11 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
     }
 
 
+def ort_encoder(rt) -> Callable[[list[str]], np.ndarray]:
+    """encode(texts) -> embeddings through a service Runtime, tokenized and cut as the service does."""
+    return lambda texts: rt.embed([rt.vocab.ids(tokenize(t))[: rt.max_tokens] or [1] for t in texts])
+
+
 def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]]:
     """name -> encode(texts) for every engine available in this run."""
     from disan.evaluate import load_runtime
@@ -145,9 +150,7 @@ def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]
         except ValueError as exc:
             print(f"skip ORT {variant}: {exc}")
             continue
-        out[f"ORT {variant}"] = lambda texts, rt=rt: rt.embed(
-            [rt.vocab.ids(tokenize(t))[: rt.max_tokens] or [1] for t in texts]
-        )
+        out[f"ORT {variant}"] = ort_encoder(rt)
     if args.checkpoint:
         import torch
 

@@ -3,9 +3,9 @@
     python -m bench.overhead --bundle models/default [--seconds 6] [--json OUT]
 
 Starts `disan serve`'s app (one process) with the encoder replaced by a zero-vector stub, drives
-POST /embed (one SNLI-length sentence per request) with `wrk` at concurrency 64, and reads the
-server's CPU time from /proc: CPU microseconds per request, with the fast path on and off
-(alternating, best of --repeats). Linux + wrk only; only 127.0.0.1 is contacted.
+POST /embed (one SNLI-length sentence per request) at concurrency 64 (`bench.service.load`: wrk,
+else bench.load), and reads the server's CPU time from /proc: CPU microseconds per request, with
+the fast path on and off (alternating, best of --repeats). Linux only; only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.report import run_and_report
-from bench.service import WRK_SCRIPT, free_port
+from bench.service import Server, load
 
 
-def serve_stub(bundle: str, port: int, fast_path: bool) -> None:
-    """Run the service with a stub encoder (child process entry point)."""
+def serve_stub() -> None:
+    """Run the service with a stub encoder (child process entry point; DISAN_* settings)."""
     import numpy as np
     import uvicorn
 
@@ -33,8 +32,9 @@ def serve_stub(bundle: str, port: int, fast_path: bool) -> None:
     from service.settings import Settings
 
     Runtime.embed = lambda self, ids: np.zeros((len(ids), 600), np.float32)  # no inference
-    app = create_app(Settings(bundle=bundle, fast_path=fast_path, log_level="warning"))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    settings = Settings()
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                access_log=False)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -45,36 +45,14 @@ def cpu_seconds(pid: int) -> float:
 
 def measure(bundle: Path, fast_path: bool, bodies: Path, seconds: float) -> dict:
     """Requests/s and server CPU microseconds per request at concurrency 64."""
-    port = free_port()
-    code = f"from bench.overhead import serve_stub; serve_stub({str(bundle)!r}, {port}, {fast_path})"
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        import urllib.request
-
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        script = Path(tempfile.mkstemp(suffix=".lua")[1])
-        script.write_text(WRK_SCRIPT % bodies)
-        before = cpu_seconds(proc.pid)
-        out = subprocess.run(["wrk", "-t1", "-c64", f"-d{round(seconds)}s", "-s", str(script),
-                              f"http://127.0.0.1:{port}/embed"], capture_output=True, text=True, check=True)
-        used = cpu_seconds(proc.pid) - before
-        script.unlink()
-        stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
-        ok = stats["requests"] - stats["non2xx"]
-        return {"requests_per_s": round(ok / stats["seconds"]), "cpu_us_per_request": round(1e6 * used / ok),
-                "non2xx": stats["non2xx"]}
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    command = [sys.executable, "-c", "from bench.overhead import serve_stub; serve_stub()"]
+    with Server(bundle, command=command, fast_path=fast_path) as server:
+        before = cpu_seconds(server.proc.pid)
+        stats = load(server.url, bodies, 64, seconds)
+        used = cpu_seconds(server.proc.pid) - before
+    ok = stats["requests"] - stats["non2xx"]
+    return {"requests_per_s": round(stats["sentences_per_s"]), "cpu_us_per_request": round(1e6 * used / ok),
+            "non2xx": stats["non2xx"]}
 
 
 def run_overhead(args: argparse.Namespace) -> dict:

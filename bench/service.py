@@ -60,9 +60,10 @@ def free_port() -> int:
 
 
 class Server:
-    """`disan serve` in a subprocess on 127.0.0.1 with extra DISAN_* settings."""
+    """`disan serve` (or `command`, which must read the same DISAN_* variables) in a subprocess on
+    127.0.0.1 with extra DISAN_* settings; ready when /ready says 200."""
 
-    def __init__(self, bundle: Path, **settings: object):
+    def __init__(self, bundle: Path, command: list[str] | None = None, **settings: object):
         self.port = free_port()
         env = {**os.environ, **{f"DISAN_{k.upper()}": str(v) for k, v in settings.items()}}
         env.update(
@@ -71,7 +72,7 @@ class Server:
             DISAN_PORT=str(self.port),
             DISAN_LOG_LEVEL="warning",
         )
-        self.proc = subprocess.Popen([sys.executable, "-m", "disan.cli", "serve"], env=env)
+        self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -158,18 +159,17 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_requ
 def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,
                     seconds: float) -> float:
     """One single-threaded ORT process: sentences/s over `seconds`, started with its siblings."""
-    from bench.offline import length_batches
+    from bench.offline import length_batches, ort_encoder
     from disan.evaluate import load_runtime
-    from disan.text import tokenize
 
-    rt = load_runtime(bundle, threads=1)
+    encode = ort_encoder(load_runtime(bundle, threads=1))
     batches = length_batches(sentences, batch, cells)
-    rt.embed([rt.vocab.ids(tokenize(s)) for s in batches[0]])  # warm-up
+    encode(batches[0])  # warm-up
     barrier.wait()
     done, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for b in batches:
-            rt.embed([rt.vocab.ids(tokenize(s)) for s in b])
+            encode(b)
             done += len(b)
     return done / (time.perf_counter() - t0)
 
@@ -209,16 +209,12 @@ def server_configs(args: argparse.Namespace) -> list[tuple[str, dict, list[int]]
 
 def run_service_bench(args: argparse.Namespace) -> dict:
     """All service measurements plus the offline ORT references, in one run."""
-    from bench.offline import load_sentences, throughput
+    from bench.offline import load_sentences, ort_encoder, throughput
     from disan.evaluate import load_runtime
-    from disan.text import tokenize
 
     sentences = load_sentences(args.data, args.sentences)["11-25"]  # SNLI-length sentences
-    rt = load_runtime(args.bundle, threads=args.threads)
-    offline = throughput(
-        lambda t: rt.embed([rt.vocab.ids(tokenize(s)) for s in t]), sentences, args.max_batch_size, 3,
-        args.max_cells,
-    )
+    offline = throughput(ort_encoder(load_runtime(args.bundle, threads=args.threads)), sentences,
+                         args.max_batch_size, 3, args.max_cells)
     cores = os.cpu_count() or 1
     parallel = offline_parallel(args.bundle, sentences, cores, args.max_batch_size, args.max_cells)
     bodies: dict[int, Path] = {}
