@@ -180,7 +180,7 @@ def _pair_rows(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float, rows:
 
     qs, ks, hs [B,2n,d]: the forward block's query terms, key terms and h stacked over the
     backward block's along the token axis; mask [B,n]. Returns (s [B,r,2,d], weights [B,r,n,d],
-    denom [B,r,2,d], rows' forward mask [B,r,n]).
+    denom [B,r,2,d], the rows' 0/1 forward and backward masks [B,r,2,n]).
     """
     B, n = mask.shape
     d = qs.shape[2]
@@ -200,7 +200,7 @@ def _pair_rows(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float, rows:
     masks = torch.stack([pm_f, pm_b], dim=2).to(qs.dtype)                 # [B,r,2,n]
     empty = (masks.sum(dim=3) == 0).to(qs.dtype)[..., None]               # [B,r,2,1]: no valid j
     denom = masks @ weights + empty                                       # [B,r,2,d]
-    return (masks @ (weights * values)) / denom, weights, denom, pm_f
+    return (masks @ (weights * values)) / denom, weights, denom, masks
 
 
 def _pair_rows_in_chunks(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float,
@@ -250,13 +250,12 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
         s = _pair_rows_in_chunks(qs, ks, hs, mask, c, chunk_cells)       # [B,n,2,d]
     else:
         idx = torch.arange(n, device=mask.device)
-        s, weights, denom, pm_f = _pair_rows(qs, ks, hs, mask, c, idx)
+        s, weights, denom, masks = _pair_rows(qs, ks, hs, mask, c, idx)
         if need_attention:
             low4 = (idx[None, :] < idx[:, None])[:, :, None]
             probs = weights / torch.where(low4, denom[:, :, 0:1, :], denom[:, :, 1:2, :])  # [B,n,n,d]
             mean = probs.mean(dim=-1)                                     # [B,n,n]
-            pm_b = (idx[None, :] > idx[:, None])[None] & mask[:, None, :]
-            a_f, a_b = mean * pm_f.to(mean.dtype), mean * pm_b.to(mean.dtype)
+            a_f, a_b = mean * masks[:, :, 0], mean * masks[:, :, 1]
     u_f, g_f = fw.fuse(h_f, s[:, :, 0], mask)
     u_b, g_b = bw.fuse(h_b, s[:, :, 1], mask)
     return (u_f, a_f, g_f), (u_b, a_b, g_b)

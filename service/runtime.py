@@ -81,11 +81,11 @@ def call_layout(settings: Settings, providers: list[str]) -> tuple[int, int]:
     return max(1, cpu_cores() // (settings.workers * per_call)), per_call
 
 
-def session_options(settings: Settings, intra_op_threads: int | None = None) -> ort.SessionOptions:
-    """Thread counts, spinning and graph optimisation level from settings."""
+def session_options(settings: Settings, intra_op_threads: int) -> ort.SessionOptions:
+    """Intra-op threads per call (from `call_layout`); spinning, inter-op threads and graph
+    optimisation level from settings."""
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = (settings.intra_op_threads if intra_op_threads is None
-                                 else intra_op_threads)
+    opts.intra_op_num_threads = intra_op_threads
     opts.inter_op_num_threads = settings.inter_op_threads
     opts.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
     spin = "1" if settings.ort_spinning else "0"
