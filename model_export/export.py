@@ -161,7 +161,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
                  dev_limit: int = 2000, force: bool = False, explain: str = "separate",
                  log=print, name: str = "disan", chunk_cells: int | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
-    from model_export.graphs import build_wrappers, explain_mode
+    from model_export.graphs import ATTENTION_CHUNK_CELLS, build_wrappers, explain_mode
     from model_export.verify import check_parity, variant_agreement
 
     out = Path(out)
@@ -169,17 +169,15 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
         raise ValueError(f"{out}: exists and is not empty (use --force to replace an existing bundle)")
     if max_len < 1:
         raise ValueError(f"--max-len must be >= 1, got {max_len}")
+    chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
+    if chunk_cells < 0:
+        raise ValueError(f"--attention-chunk-cells must be >= 0, got {chunk_cells}")
     payloads, loaded = load_sources(nli_path, sentiment_path)
     (nli_model, vocab, nli_labels), (sent_model, _, sent_labels) = loaded["nli"], loaded["sentiment"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         explain = explain_mode(sent_model, explain)
-        from model_export.graphs import ATTENTION_CHUNK_CELLS
-
-        chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
-        if chunk_cells < 0:
-            raise ValueError(f"--attention-chunk-cells must be >= 0, got {chunk_cells}")
         graphs = export_all(nli_model, sent_model, tmp, fp16, int8, int8_embedding, explain, log,
                             chunk_cells)
         for graph, entry in graphs.items():

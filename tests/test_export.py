@@ -229,6 +229,9 @@ def test_export_refuses_bad_arguments(tiny_checkpoints, tmp_path):
     (busy / "notes.txt").write_text("not a bundle")
     with pytest.raises(ValueError, match="not empty"):
         build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, busy, force=True)
+    with pytest.raises(ValueError, match="attention-chunk-cells must be >= 0"):
+        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b", chunk_cells=-1)
+    assert not (tmp_path / "b").exists()
 
 
 def test_variant_accuracy_delta_on_labelled_dev_data(tiny_bundle, tmp_path):
