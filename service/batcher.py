@@ -151,6 +151,8 @@ class MicroBatcher(Generic[P, R]):
         """
         futures = self.submit(payloads)
         try:
+            if len(futures) == 1:  # the common case: no gather future and its callbacks
+                return [await futures[0]]
             return list(await asyncio.gather(*futures))
         except BaseException:
             for fut in futures:

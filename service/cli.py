@@ -93,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=settings.workers,
         log_level=settings.log_level,
+        access_log=settings.access_log,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # The service maps malformed requests itself; uvicorn's access log is enough here.
+        # X-Forwarded-* are not needed (client addresses only appear in the access log), and
+        # uvicorn's proxy-headers middleware would run on every request.
         proxy_headers=False,
     )
     return 0

@@ -1,30 +1,36 @@
 """Fast path for the inference routes: FastAPI's handlers and contract, without its per-request cost.
 
-With one sentence per request, FastAPI's routing, dependency solving and body parsing cost more
-CPU than the model: measured with inference stubbed out, a POST /embed took 0.9 ms of server
-CPU through FastAPI and 0.5 ms through this path (bench/RESULTS.md, "per-request overhead").
+With one sentence per request, FastAPI's routing, dependency solving, body parsing and middleware
+stack cost more CPU than the model: measured with inference stubbed out, a POST /embed took
+about 0.85 ms of server CPU through FastAPI, 0.5 ms through this path as an inner middleware and
+0.3 ms as the app's first stop (bench/RESULTS.md, "per-request overhead").
 
-`InferenceFastPath` is a pure ASGI middleware installed innermost, so CORS, the body-size limit
-and the metrics still wrap it. It answers only POST on the paths of `routes.HANDLERS`, with the
-same request models and parsing (stdlib json, then strict pydantic), the same handlers, the same
-API-key check and the same error table as the FastAPI routes; everything else, the OpenAPI schema
-included, is FastAPI's. tests/test_fastpath.py checks both give identical answers; one
-deliberate difference: the API key is checked before the body is read (FastAPI decodes the JSON
-first, so a keyless malformed body gets 400 there and 401 here). `Settings.fast_path=false`
-turns the fast path off, and the API tests run against both.
+`DisanApp.__call__` (service.main) hands a request to `InferenceFastPath` before FastAPI's
+middleware stack runs when `claims` says so: POST on a path of `routes.HANDLERS`, and no CORS
+`Origin` to answer (browsers' requests take FastAPI's path, which has the CORS middleware). Every
+other request, OpenAPI included, is FastAPI's. What the stack would have done is done here with
+the same code: the body limit (`service.body.read_body`), the request metrics
+(`Metrics.on_request`), the request models and parsing (stdlib json, then strict pydantic), the
+handlers, the API-key check and the error table. tests/test_fastpath.py checks both paths give
+identical answers; one deliberate difference: the API key is checked before the body is read
+(FastAPI decodes the JSON first, so a keyless malformed body gets 400 there and 401 here).
+`Settings.fast_path=false` turns the fast path off (e.g. to trace requests with FastAPI's
+telemetry), and the API tests run against both.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import orjson
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from service.body import read_body, send_json
 from service.errors import (
     ERROR_TABLE,
     NOT_JSON_MESSAGE,
@@ -36,8 +42,9 @@ from service.errors import (
     public_message,
     validation_message,
 )
+from service.metrics import Metrics
 from service.pipeline import Service
-from service.routes import HANDLERS, api_key_ok, encode_json, inference, unless_disconnected
+from service.routes import HANDLERS, api_key_ok, encode_json, unless_disconnected
 
 log = logging.getLogger("disan.service")
 
@@ -86,62 +93,50 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
         raise (MalformedJSON if etype == "malformed_json" else InvalidRequest)(message) from None
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body (the body-limit middleware has already bounded it), None if the
-    client went away."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _send_json(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
 class InferenceFastPath:
-    """ASGI middleware serving POST on `routes.HANDLERS` paths; the rest goes to `app`."""
+    """Serves POST on `routes.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, service: Service):
-        self.app = app
+    def __init__(self, service: Service, metrics: Metrics, body_limit: int, cors: bool):
         self.service = service
-        # The matching APIRoute goes into scope["route"], as FastAPI does, for the metrics label.
-        api_routes = {getattr(r, "path", None): r for r in inference.routes}
-        self.endpoints = {path: (model, handler, api_routes.get(path))
-                          for path, (model, handler) in HANDLERS.items()}
+        self.metrics = metrics
+        self.body_limit = body_limit
+        self.cors = cors
+        self.endpoints = dict(HANDLERS)
+
+    def claims(self, scope: Scope) -> bool:
+        """Whether this request is the fast path's to answer."""
+        return (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.endpoints
+                and not (self.cors and _header(scope, b"origin") is not None))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = (self.endpoints.get(scope["path"])
-                    if scope["type"] == "http" and scope["method"] == "POST" else None)
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        model, handler, route = endpoint
-        if route is not None:
-            scope["route"] = route
+        path = scope["path"]
+        t0 = time.perf_counter()
+        status = 500  # what the metrics say if the client leaves before an answer is sent
         try:
-            # The key is checked before the body is parsed: unauthenticated bodies are never read.
+            answer = await self._answer(path, scope, receive)
+            if answer is not None:
+                status, body, headers = answer
+                await send_json(send, status, body, headers)
+        finally:
+            self.metrics.on_request(path, "POST", status, time.perf_counter() - t0)
+
+    async def _answer(self, path: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict] | None:
+        """(status, JSON body, headers), or None when the client went away mid-upload."""
+        model, handler = self.endpoints[path]
+        try:
+            # The key is checked before the body is read: unauthenticated bodies are never read.
             if not api_key_ok(self.service, bearer_credentials(_header(scope, b"authorization"))):
                 raise Unauthorized()
-            body = await _read_body(receive)
+            body = await read_body(scope, receive, self.body_limit)
             if body is None:
-                return
+                return None
             request = parse_body(model, body, _header(scope, b"content-type"))
             payload = await unless_disconnected(receive, handler(request, self.service))
         except ServiceError as exc:
-            message = public_message(exc, scope["path"])
-            await _send_json(send, exc.status, orjson.dumps(error_body(exc.type, message)), exc.headers)
-            return
+            message = public_message(exc, path)
+            return exc.status, orjson.dumps(error_body(exc.type, message)), exc.headers
         except Exception:  # same answer as the app's catch-all handler
-            log.exception("unhandled error on %s", scope["path"])
-            await _send_json(send, ERROR_TABLE["internal_error"][0],
-                             orjson.dumps(error_body("internal_error", "internal server error")))
-            return
-        await _send_json(send, 200, encode_json(payload))
+            log.exception("unhandled error on %s", path)
+            return (ERROR_TABLE["internal_error"][0],
+                    orjson.dumps(error_body("internal_error", "internal server error")), {})
+        return 200, encode_json(payload), {}

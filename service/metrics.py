@@ -42,6 +42,7 @@ class Metrics:
                                      buckets=_CELL_BUCKETS, registry=r)
         self.inference = Histogram("disan_inference_seconds", "onnxruntime time per batch", ["graph"],
                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self._request_children: dict[tuple[str, str, int], tuple] = {}
         self.sentences = Counter("disan_sentences_total", "sentences processed", ["graph"], registry=r)
 
     def on_batch(self, graph: str, size: int, cells: int, seconds: float) -> None:
@@ -50,6 +51,16 @@ class Metrics:
         self.batch_cells.labels(graph).observe(cells)
         self.inference.labels(graph).observe(seconds)
         self.sentences.labels(graph).inc(size)
+
+    def on_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One HTTP response sent (`route` is the path template, never the raw URL)."""
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:  # labels() costs a lock and a dict build; the set of keys is small
+            children = (self.requests.labels(route, method, str(status)), self.latency.labels(route, method))
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def on_depth(self, graph: str, depth: int) -> None:
         """Batcher hook: queue depth changed."""
@@ -86,8 +97,5 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            label = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(label, method, str(status["code"])).inc()
-            self.metrics.latency.labels(label, method).observe(time.perf_counter() - t0)
+            label = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.on_request(label, scope.get("method", ""), status["code"], time.perf_counter() - t0)

@@ -144,7 +144,7 @@ class Service:
 
     async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
-        if sum(len(t) for t in texts) > _INLINE_CHARS:
+        if sum(map(len, texts)) > _INLINE_CHARS:
             return await asyncio.to_thread(self.prepare, texts, truncate, field)
         return self.prepare(texts, truncate, field)
 

@@ -89,25 +89,33 @@ def encode_json(payload: dict[str, Any]) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-async def _watch_disconnect(receive: Receive) -> None:
-    """Return when the client goes away (the body is already read, so only disconnect can come)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Run `work`; if the client disconnects first (ASGI `receive` says so), cancel it so its
-    sentences are skipped."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_watch_disconnect(receive))
+    """Await `work` in this task; if the client disconnects first (ASGI `receive` says so), a
+    watcher cancels it, so its queued sentences are skipped, and ClientClosed is raised.
+
+    This runs on every request, so it costs one small task and no `asyncio.wait`.
+    """
+    this = asyncio.current_task()
+    assert this is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass  # the body is already read, so only a disconnect can come
+        gone = True
+        this.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+        raise ClientClosed("client closed the request") from None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise ClientClosed("client closed the request")
-    return task.result()
 
 
 # ---- inference: one handler per route, shared by FastAPI and service.fastpath ----

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each loads the bundle)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(
+        False, description="uvicorn's access log, one line per request (off by default: it costs "
+        "~0.1 ms of CPU per request, bench/RESULTS.md; /metrics counts requests by route and status)")
 
     # --- onnxruntime ---
     providers: Literal["auto", "cuda", "cpu"] = Field(

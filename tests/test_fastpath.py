@@ -97,3 +97,35 @@ def test_is_json():
     assert is_json("application/merge-patch+json")
     assert not is_json("text/plain") and not is_json("") and not is_json(None)
     assert not is_json("application/x-www-form-urlencoded")
+
+
+def scope(method: str = "POST", path: str = "/embed", headers: list | None = None) -> dict:
+    return {"type": "http", "method": method, "path": path, "headers": headers or []}
+
+
+@pytest.mark.parametrize("cors", [False, True], ids=["no-cors", "cors"])
+def test_claims_only_inference_posts_and_leaves_cors_to_fastapi(tiny_bundle, cors):
+    """The fast path runs ahead of FastAPI's middleware, so it must not take what needs it:
+    other routes and methods, and (with CORS on) requests carrying an Origin."""
+    origins = ["https://app.example"] if cors else []
+    app = create_app(Settings(bundle=tiny_bundle, cors_origins=origins))
+    claims = app.fast_path.claims
+    assert all(claims(scope(path=p)) for p in ("/embed", "/nli", "/sentiment", "/v1/embeddings"))
+    assert not claims(scope(method="GET")) and not claims(scope(method="OPTIONS"))
+    assert not claims(scope(path="/embed/")) and not claims(scope(path="/metrics"))
+    assert not claims({"type": "lifespan"}) and not claims(scope() | {"type": "websocket"})
+    assert claims(scope(headers=[(b"origin", b"https://app.example")])) is not cors
+    assert create_app(Settings(bundle=tiny_bundle, fast_path=False)).fast_path is None
+
+
+def test_oversized_body_is_refused_before_it_is_read(tiny_bundle):
+    """413 from the fast path's own limit: by Content-Length, and by counting a chunked upload."""
+    app = create_app(Settings(bundle=tiny_bundle, max_request_bytes=1024))
+    with TestClient(app) as client:
+        r = client.post("/embed", content=b"{" + b" " * 2000 + b"}", headers=JSON)
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+        assert r.headers["connection"] == "close"
+        chunks = iter([b'{"texts": ["' + b"a " * 400, b"b " * 400 + b'"]}'])
+        r = client.post("/embed", content=chunks, headers=JSON)
+        assert r.status_code == 413 and "over 1024 bytes" in r.json()["error"]["message"]
+        assert 'route="/embed",status="413"' in client.get("/metrics").text
