@@ -5,7 +5,8 @@
 Starts `disan serve`'s app (one process) with the encoder replaced by a zero-vector stub, drives
 POST /embed (one SNLI-length sentence per request) at concurrency 64 (`bench.service.load`: wrk,
 else bench.load), and reads the server's CPU time from /proc: CPU microseconds per request, with
-the fast path on and off (alternating, best of --repeats). Linux only; only 127.0.0.1 is contacted.
+the fast path on and off and with uvicorn's access log on (alternating, best of --repeats). Linux
+only; only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.report import run_and_report
-from bench.service import Server, load
+from bench.server import Server, load
 
 
 def serve_stub() -> None:
@@ -33,8 +34,12 @@ def serve_stub() -> None:
 
     Runtime.embed = lambda self, ids: np.zeros((len(ids), 600), np.float32)  # no inference
     settings = Settings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                access_log=False)
+    if settings.access_log:  # the log lines are formatted and written, to /dev/null
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    # uvicorn's options as `disan serve` sets them (service/cli.py).
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level="info" if settings.access_log else "warning",
+                access_log=settings.access_log, proxy_headers=False)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,10 +48,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(bundle: Path, fast_path: bool, bodies: Path, seconds: float) -> dict:
+# row -> DISAN_* settings of the stub server
+CONFIGS = {
+    "fast path": {},
+    "fast path, access log on": {"access_log": True},
+    "FastAPI routing (fast_path=false)": {"fast_path": False},
+}
+
+
+def measure(bundle: Path, settings: dict, bodies: Path, seconds: float) -> dict:
     """Requests/s and server CPU microseconds per request at concurrency 64."""
     command = [sys.executable, "-c", "from bench.overhead import serve_stub; serve_stub()"]
-    with Server(bundle, command=command, fast_path=fast_path) as server:
+    with Server(bundle, command=command, **settings) as server:
         before = cpu_seconds(server.proc.pid)
         stats = load(server.url, bodies, 64, seconds)
         used = cpu_seconds(server.proc.pid) - before
@@ -64,9 +77,8 @@ def run_overhead(args: argparse.Namespace) -> dict:
     bodies.write_text("".join(json.dumps({"texts": [s]}) + "\n" for s in sentences))
     results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores", "runs": {}}
     for _ in range(args.repeats):
-        for fast in (True, False):
-            name = "fast path" if fast else "FastAPI routing (fast_path=false)"
-            run = measure(args.bundle, fast, bodies, args.seconds)
+        for name, settings in CONFIGS.items():
+            run = measure(args.bundle, settings, bodies, args.seconds)
             best = results["runs"].get(name)
             if best is None or run["cpu_us_per_request"] < best["cpu_us_per_request"]:
                 results["runs"][name] = run

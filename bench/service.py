@@ -12,8 +12,9 @@ offline ORT references measured in the same run on the same sentences (length-so
 way the batcher cuts): one process with --threads threads (the offline table's setting), and
 one single-threaded process per core running at once (the most the machine does offline). Load
 comes from `wrk` (Debian package wrk; bounded by --seconds) when installed, else from bench.load
-(Python, slower: it shares the CPU with the server). It also records the server's peak RSS after
-the largest allowed request.
+(Python, slower: it shares the CPU with the server). For the default server it also splits the
+server's CPU per request between its event-loop thread and its onnxruntime threads (/proc), and
+records its peak RSS after the largest allowed request.
 Only 127.0.0.1 is ever contacted.
 """
 
@@ -22,138 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.report import run_and_report
-
-WRK_SCRIPT = """
-local bodies = {}
-for line in io.lines("%s") do bodies[#bodies + 1] = line end
-local i = 0
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-request = function()
-  i = i %% #bodies + 1
-  return wrk.format(nil, nil, nil, bodies[i])
-end
-done = function(summary, latency, requests)
-  io.write(string.format('WRKJSON {"requests": %%d, "seconds": %%f, "errors": %%d, "non2xx": %%d, '
-    .. '"p50_ms": %%f, "p95_ms": %%f, "p99_ms": %%f}\\n', summary.requests, summary.duration / 1e6,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    summary.errors.status, latency:percentile(50) / 1e3, latency:percentile(95) / 1e3,
-    latency:percentile(99) / 1e3))
-end
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`disan serve` (or `command`, which must read the same DISAN_* variables) in a subprocess on
-    127.0.0.1 with extra DISAN_* settings; ready when /ready says 200."""
-
-    def __init__(self, bundle: Path, command: list[str] | None = None, **settings: object):
-        self.port = free_port()
-        env = {**os.environ, **{f"DISAN_{k.upper()}": str(v) for k, v in settings.items()}}
-        env.update(
-            DISAN_BUNDLE=str(bundle),
-            DISAN_HOST="127.0.0.1",
-            DISAN_PORT=str(self.port),
-            DISAN_LOG_LEVEL="warning",
-        )
-        self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("server did not become ready in 120 s")
-
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def post(self, path: str, body: dict) -> int:
-        req = urllib.request.Request(
-            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_request: int = 1) -> dict:
-    """Throughput and latency of POST /embed at `concurrency` for `seconds` (`per_request`
-    sentences in each body)."""
-    if shutil.which("wrk"):
-        script = Path(tempfile.mkstemp(suffix=".lua")[1])
-        script.write_text(WRK_SCRIPT % bodies_file)
-        out = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                f"-c{concurrency}",
-                f"-d{max(1, round(seconds))}s",
-                "--timeout",
-                "30s",
-                "-s",
-                str(script),
-                url + "/embed",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        script.unlink()
-        stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
-        stats["sentences_per_s"] = per_request * (stats["requests"] - stats["non2xx"]) / stats["seconds"]
-        stats["tool"] = "wrk"
-        return stats
-    import asyncio
-
-    from bench.load import run_load
-
-    texts = [t for b in bodies_file.read_text().splitlines() for t in json.loads(b)["texts"]]
-    res = asyncio.run(run_load(url, "/embed", concurrency, 10**6, seconds, per_request, texts))
-    return {
-        "sentences_per_s": res.sentences_per_s,
-        "p50_ms": res.p50_ms,
-        "p95_ms": res.p95_ms,
-        "p99_ms": res.p99_ms,
-        "requests": res.sent,
-        "non2xx": res.sent - res.ok,
-        "tool": "bench.load",
-    }
+from bench.server import Server, load, thread_cpu
 
 
 def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,
@@ -187,6 +62,15 @@ def offline_parallel(bundle: Path, sentences: list[str], procs: int, batch: int,
         futures = [pool.submit(_offline_worker, bundle, sentences, batch, cells, barrier, seconds)
                    for _ in range(procs)]
         return sum(f.result() for f in futures)
+
+
+def cpu_split(pid: int, before: dict[int, float], after: dict[int, float], stats: dict) -> dict:
+    """Server CPU µs per answered request: the event-loop thread (HTTP, JSON, tokenizing,
+    batching; its thread id is the pid) and all other threads (the onnxruntime calls)."""
+    ok = max(1, stats["requests"] - stats["non2xx"])
+    used = {tid: t - before.get(tid, 0.0) for tid, t in after.items()}
+    loop = used.pop(pid, 0.0)
+    return {"event_loop": round(1e6 * loop / ok), "other_threads": round(1e6 * sum(used.values()) / ok)}
 
 
 def server_configs(args: argparse.Namespace) -> list[tuple[str, dict, list[int]]]:
@@ -240,7 +124,11 @@ def run_service_bench(args: argparse.Namespace) -> dict:
                 for c in args.concurrency:
                     if k > 1 and c == 1:
                         continue
+                    before = thread_cpu(server.proc.pid)
                     stats = load(server.url, bodies[k], c, args.seconds, k)
+                    if name == "batching" and k == 1:
+                        stats["cpu_us_per_request"] = cpu_split(server.proc.pid, before,
+                                                                thread_cpu(server.proc.pid), stats)
                     stats["texts_per_request"] = k
                     stats["ratio_to_offline"] = round(stats["sentences_per_s"] / offline, 3)
                     stats["ratio_to_parallel"] = round(stats["sentences_per_s"] / parallel, 3)
@@ -292,6 +180,14 @@ def markdown(results: dict) -> str:
             f"{s['ratio_to_parallel']:.2f} | {s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['p99_ms']:.1f} "
             f"| {s['non2xx']} |"
         )
+    splits = {name: r["cpu_us_per_request"] for name, r in results["runs"].items()
+              if "cpu_us_per_request" in r}
+    per_proc = 1e6 * procs / results["offline_parallel_sentences_per_s"]
+    if splits:
+        lines += ["", "Server CPU per one-sentence request, default server (event loop + onnxruntime "
+                  f"threads; offline, one single-threaded process spends {per_proc:.0f} µs per sentence): "
+                  + "; ".join(f"c={n.rsplit(' c=', 1)[1]}: {v['event_loop']} + {v['other_threads']} µs"
+                              for n, v in splits.items()) + "."]
     rss = results.get("peak_rss_mb")
     if rss:
         lines += [

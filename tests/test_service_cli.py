@@ -178,3 +178,18 @@ def test_call_layout_auto_and_explicit(monkeypatch):
     assert runtime.call_layout(Settings(), cuda) == (1, 0)
     assert runtime.call_layout(Settings(batch_concurrency=3), cpu) == (3, 0)
     assert runtime.call_layout(Settings(batch_concurrency=1, intra_op_threads=2), cpu) == (1, 2)
+
+
+def test_access_log_is_off_unless_asked(monkeypatch, tiny_bundle):
+    """uvicorn's access log costs ~0.1 ms per request (bench/RESULTS.md): off by default."""
+    import uvicorn
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: calls.append(kwargs))
+    # run() exports its flags to DISAN_* for worker processes; setenv restores them afterwards.
+    monkeypatch.setenv("DISAN_ACCESS_LOG", "false")
+    monkeypatch.setenv("DISAN_BUNDLE", str(tiny_bundle))
+    assert cli.run(parse()) == 0
+    assert cli.run(parse("--access-log", "true")) == 0
+    assert [c["access_log"] for c in calls] == [False, True]
+    assert all(c["proxy_headers"] is False and c["factory"] for c in calls)

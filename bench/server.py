@@ -1,0 +1,155 @@
+"""A `disan serve` process on loopback and a load generator for it (shared by the service benches).
+
+`Server` starts the service (or a command reading the same DISAN_* variables) on 127.0.0.1 and
+waits for /ready; `load` drives POST /embed with `wrk` when installed, else with bench.load;
+`thread_cpu` reads per-thread CPU time from /proc (Linux) to split a server's CPU between its
+event loop and its onnxruntime threads. Only 127.0.0.1 is ever contacted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+WRK_SCRIPT = """
+local bodies = {}
+for line in io.lines("%s") do bodies[#bodies + 1] = line end
+local i = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  i = i %% #bodies + 1
+  return wrk.format(nil, nil, nil, bodies[i])
+end
+done = function(summary, latency, requests)
+  io.write(string.format('WRKJSON {"requests": %%d, "seconds": %%f, "errors": %%d, "non2xx": %%d, '
+    .. '"p50_ms": %%f, "p95_ms": %%f, "p99_ms": %%f}\\n', summary.requests, summary.duration / 1e6,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status, latency:percentile(50) / 1e3, latency:percentile(95) / 1e3,
+    latency:percentile(99) / 1e3))
+end
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`disan serve` (or `command`, which must read the same DISAN_* variables) in a subprocess on
+    127.0.0.1 with extra DISAN_* settings; ready when /ready says 200."""
+
+    def __init__(self, bundle: Path, command: list[str] | None = None, **settings: object):
+        self.port = free_port()
+        env = {**os.environ, **{f"DISAN_{k.upper()}": str(v) for k, v in settings.items()}}
+        env.update(
+            DISAN_BUNDLE=str(bundle),
+            DISAN_HOST="127.0.0.1",
+            DISAN_PORT=str(self.port),
+            DISAN_LOG_LEVEL="warning",
+        )
+        self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("server did not become ready in 120 s")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def post(self, path: str, body: dict) -> int:
+        req = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_request: int = 1) -> dict:
+    """Throughput and latency of POST /embed at `concurrency` for `seconds` (`per_request`
+    sentences in each body)."""
+    if shutil.which("wrk"):
+        script = Path(tempfile.mkstemp(suffix=".lua")[1])
+        script.write_text(WRK_SCRIPT % bodies_file)
+        out = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(script),
+                url + "/embed",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        script.unlink()
+        stats = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("WRKJSON"))[8:])
+        stats["sentences_per_s"] = per_request * (stats["requests"] - stats["non2xx"]) / stats["seconds"]
+        stats["tool"] = "wrk"
+        return stats
+    import asyncio
+
+    from bench.load import run_load
+
+    texts = [t for b in bodies_file.read_text().splitlines() for t in json.loads(b)["texts"]]
+    res = asyncio.run(run_load(url, "/embed", concurrency, 10**6, seconds, per_request, texts))
+    return {
+        "sentences_per_s": res.sentences_per_s,
+        "p50_ms": res.p50_ms,
+        "p95_ms": res.p95_ms,
+        "p99_ms": res.p99_ms,
+        "requests": res.sent,
+        "non2xx": res.sent - res.ok,
+        "tool": "bench.load",
+    }
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of process `pid`, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
