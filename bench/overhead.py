@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.report import run_and_report
-from bench.server import Server, load
+from bench.server import Server, load, process_cpu
 
 
 def serve_stub() -> None:
@@ -42,12 +42,6 @@ def serve_stub() -> None:
                 access_log=settings.access_log, proxy_headers=False)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid`."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 # row -> DISAN_* settings of the stub server
 CONFIGS = {
     "fast path": {},
@@ -60,9 +54,9 @@ def measure(bundle: Path, settings: dict, bodies: Path, seconds: float) -> dict:
     """Requests/s and server CPU microseconds per request at concurrency 64."""
     command = [sys.executable, "-c", "from bench.overhead import serve_stub; serve_stub()"]
     with Server(bundle, command=command, **settings) as server:
-        before = cpu_seconds(server.proc.pid)
+        before = process_cpu(server.proc.pid)
         stats = load(server.url, bodies, 64, seconds)
-        used = cpu_seconds(server.proc.pid) - before
+        used = process_cpu(server.proc.pid) - before
     ok = stats["requests"] - stats["non2xx"]
     return {"requests_per_s": round(stats["sentences_per_s"]), "cpu_us_per_request": round(1e6 * used / ok),
             "non2xx": stats["non2xx"]}

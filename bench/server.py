@@ -142,14 +142,23 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_requ
     }
 
 
+def _stat_cpu(stat_file: Path) -> float:
+    """utime + stime in seconds from a /proc .../stat file."""
+    fields = stat_file.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid`, all its threads together."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of every thread of process `pid`, by thread id."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = _stat_cpu(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
     return out

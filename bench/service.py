@@ -124,9 +124,10 @@ def run_service_bench(args: argparse.Namespace) -> dict:
                 for c in args.concurrency:
                     if k > 1 and c == 1:
                         continue
-                    before = thread_cpu(server.proc.pid)
+                    split = name == "batching" and k == 1  # one process: its threads are the server
+                    before = thread_cpu(server.proc.pid) if split else {}
                     stats = load(server.url, bodies[k], c, args.seconds, k)
-                    if name == "batching" and k == 1:
+                    if split:
                         stats["cpu_us_per_request"] = cpu_split(server.proc.pid, before,
                                                                 thread_cpu(server.proc.pid), stats)
                     stats["texts_per_request"] = k

@@ -42,8 +42,9 @@ class Metrics:
                                      buckets=_CELL_BUCKETS, registry=r)
         self.inference = Histogram("disan_inference_seconds", "onnxruntime time per batch", ["graph"],
                                    buckets=_LATENCY_BUCKETS, registry=r)
-        self._request_children: dict[tuple[str, str, int], tuple] = {}
         self.sentences = Counter("disan_sentences_total", "sentences processed", ["graph"], registry=r)
+        # (route, method, status) -> the labelled request counter and latency histogram
+        self._request_children: dict[tuple[str, str, int], tuple] = {}
 
     def on_batch(self, graph: str, size: int, cells: int, seconds: float) -> None:
         """Batcher hook: one onnxruntime call finished (or failed)."""
