@@ -88,6 +88,7 @@ def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 
 
 def load_sources(nli_path: Path, sentiment_path: Path):
     """Load both checkpoints; refuse wrong tasks or different vocabularies with a clear message."""
+    # torch/onnx load only once there is work: `disan export --help` and flag errors answer at once
     from disan.checkpoint import load_checkpoint, model_from_checkpoint
 
     payloads = {"nli": load_checkpoint(nli_path), "sentiment": load_checkpoint(sentiment_path)}
@@ -111,6 +112,7 @@ def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_em
                explain: str = "separate", log=print, chunk_cells: int | None = None
                ) -> dict[str, dict[str, Any]]:
     """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
+    # torch and onnx: imported when exporting (see load_sources)
     from model_export.graphs import build_wrappers, export_fp32_graphs
     from model_export.onnx_files import check_onnx, convert_fp16, quantize_int8
 
@@ -146,11 +148,12 @@ def check_and_name(path: Path, check) -> str:
 
 def versions() -> dict[str, str]:
     """Library versions used for the export (recorded in the manifest)."""
+    # torch and onnx: imported when exporting (see load_sources)
     import onnx
     import onnxruntime
     import torch
 
-    from model_export.graphs import OPSET
+    from model_export.graphs import OPSET  # torch, as above
 
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
             "python": platform.python_version(), "opset": OPSET}
@@ -161,6 +164,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
                  dev_limit: int = 2000, force: bool = False, explain: str = "separate",
                  log=print, name: str = "disan", chunk_cells: int | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
+    # torch and onnx: imported when exporting (see load_sources)
     from model_export.graphs import ATTENTION_CHUNK_CELLS, build_wrappers, explain_mode
     from model_export.verify import check_parity, variant_agreement
 

@@ -141,7 +141,7 @@ def _rename_outputs(graph, output_names: Sequence[str]) -> None:
     Done here rather than via `output_names=` because the exporter names internal values after
     their aten op, and e.g. the embedding lookup's value is already called "embedding".
     """
-    import onnx_ir as ir
+    import onnx_ir as ir  # comes with onnxscript; only the renaming pass needs it
 
     wanted = set(output_names)
     outputs = list(graph.outputs)

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from disan.runtime import RuntimeOptions
+
 # service/ sits next to models/ in the repository (and in an editable install).
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_REL = Path("models") / "default"
@@ -128,7 +130,10 @@ class Settings(BaseSettings):
                              f"({self.max_texts_per_request})")
         return self
 
-    @property
-    def ort_threads(self) -> tuple[int, int]:
-        """(intra, inter) op thread counts for onnxruntime."""
-        return self.intra_op_threads, self.inter_op_threads
+    def runtime_options(self) -> RuntimeOptions:
+        """What the runtime needs of these settings (the runtime never reads settings itself)."""
+        return RuntimeOptions(
+            providers=self.providers, variant=self.variant, intra_op_threads=self.intra_op_threads,
+            inter_op_threads=self.inter_op_threads, graph_optimization_level=self.graph_optimization_level,
+            ort_spinning=self.ort_spinning, batch_concurrency=self.batch_concurrency, workers=self.workers,
+            max_tokens=self.max_tokens, model_name=self.model_name)

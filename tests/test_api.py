@@ -124,7 +124,7 @@ def test_openai_dimensions_must_match(client):
 
 def test_info_reports_the_live_session_provider(client):
     info = client.get("/info").json()
-    runtime = client.app.state.service.runtime
+    runtime = client.app.state.engine.runtime
     live = {name: g.session.get_providers()[0] for name, g in runtime.graphs.items()}
     assert info["providers"] == live
     assert info["provider"] == live["encoder"]
@@ -135,11 +135,11 @@ def test_info_reports_the_live_session_provider(client):
 
 def test_default_call_layout_on_cpu(client):
     """Defaults on CPU: one single-threaded ORT call per core in flight, reported by /info."""
-    from service.runtime import cpu_cores
+    from disan.runtime import cpu_cores
 
-    runtime = client.app.state.service.runtime
+    runtime = client.app.state.engine.runtime
     assert client.get("/info").json()["batching"]["batch_concurrency"] == cpu_cores()
-    assert client.app.state.service.batchers["encoder"].concurrency == cpu_cores()
+    assert client.app.state.engine.batchers["encoder"].concurrency == cpu_cores()
     for graph in runtime.graphs.values():
         assert graph.session.get_session_options().intra_op_num_threads == 1
 

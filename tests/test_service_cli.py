@@ -163,23 +163,6 @@ def test_empty_api_key_env_means_no_key(monkeypatch):
     assert Settings().api_key.get_secret_value() == "k"
 
 
-def test_call_layout_auto_and_explicit(monkeypatch):
-    """batch_concurrency=0: one single-threaded call per core of this worker on CPU, one call on
-    CUDA; explicit values are kept."""
-    from service import runtime
-    from service.settings import Settings
-
-    monkeypatch.setattr(runtime, "cpu_cores", lambda: 8)
-    cpu, cuda = [runtime.CPU], [runtime.CUDA, runtime.CPU]
-    assert runtime.call_layout(Settings(), cpu) == (8, 1)
-    assert runtime.call_layout(Settings(workers=2), cpu) == (4, 1)
-    assert runtime.call_layout(Settings(intra_op_threads=2), cpu) == (4, 2)
-    assert runtime.call_layout(Settings(workers=16), cpu) == (1, 1)
-    assert runtime.call_layout(Settings(), cuda) == (1, 0)
-    assert runtime.call_layout(Settings(batch_concurrency=3), cpu) == (3, 0)
-    assert runtime.call_layout(Settings(batch_concurrency=1, intra_op_threads=2), cpu) == (1, 2)
-
-
 def test_access_log_is_off_unless_asked(monkeypatch, tiny_bundle):
     """uvicorn's access log costs ~0.1 ms per request (bench/RESULTS.md): off by default."""
     import uvicorn
