@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
     parser.add_argument("--attention-chunk-cells", type=int, default=None, metavar="N",
                         help="compute the token2token attention in query-row chunks of ~N pairs "
-                        "(an ONNX Scan; default 1024, the best measured with 1 ORT thread per call); "
+                        "(an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
+                        "bench/packing.py); "
                         "0: one unchunked tensor (as fast or faster with several intra-op threads)")
 
 

@@ -27,9 +27,8 @@ EXPLAIN_MODES = ("separate", "merged", "none")
 EXAMPLE_BATCH, EXAMPLE_LEN = 3, 5
 # The exported graphs compute the packed token2token attention in query-row chunks of about
 # this many (batch x rows x tokens) pairs, an ONNX Scan (disan.model._pair_rows_in_chunks).
-# Measured (bench/packing.py, bench/RESULTS.md): with 1 ORT thread per call (the CPU compose
-# setting) 1024 was the fastest of 256/512/1024, at 1.06-1.77x the unchunked graph on every shape
-# tried; with 2 intra-op threads chunking was neutral to 10% slower (`--attention-chunk-cells 0`).
+# 1024 was the fastest chunk with 1 ORT thread per call (the CPU compose setting); with more
+# intra-op threads chunking does not help (bench/packing.py; numbers in bench/RESULTS.md).
 ATTENTION_CHUNK_CELLS = 1024
 
 

@@ -1,9 +1,8 @@
 """Fast path for the inference routes: FastAPI's handlers and contract, without its per-request cost.
 
 With one sentence per request, FastAPI's routing, dependency solving, body parsing and middleware
-stack cost a lot next to the model: measured with inference stubbed out, a POST /embed took
-0.77 ms of server CPU through FastAPI, 0.49 ms through this path as an inner middleware and
-0.38 ms as the app's first stop (bench/RESULTS.md, "per-request overhead").
+stack cost about as much CPU as the model itself (bench/overhead.py; the figures are in
+bench/RESULTS.md, "per-request overhead").
 
 `DisanApp.__call__` (service.main) hands a request to `InferenceFastPath` before FastAPI's
 middleware stack runs when `claims` says so: POST on a path of `handlers.HANDLERS`, and no CORS

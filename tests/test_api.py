@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import numpy as np
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,19 +17,11 @@ from service.settings import Settings
 WORDS = ["a", "man", "is", "playing", "guitar", "the", "movie", "was", "great", "bad", "not", "zebra"]
 
 
-def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
-    """Poll /ready until the background load and warm-up finished."""
-    deadline = time.monotonic() + timeout
-    while (r := client.get("/ready")).status_code != 200:
-        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def client(tiny_bundle, fast_path):
     app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=1.0, fast_path=fast_path))
     with TestClient(app) as c:
-        wait_ready(c)
+        wait_ready(c.get)
         yield c
 
 

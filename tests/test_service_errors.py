@@ -9,6 +9,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 
 from disan.manifest import write_manifest
@@ -18,18 +19,11 @@ from service.main import create_app
 from service.settings import Settings
 
 
-def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (r := client.get("/ready")).status_code != 200:
-        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
-        time.sleep(0.02)
-
-
 @contextmanager
 def serve(bundle, ready: bool = True, **overrides):
     with TestClient(create_app(Settings(bundle=bundle, **overrides))) as c:
         if ready:
-            wait_ready(c)
+            wait_ready(c.get)
         yield c
 
 
@@ -185,7 +179,7 @@ def test_not_ready_is_503(tiny_bundle, monkeypatch, fast_path):
         assert_error(c.post("/embed", json={"texts": ["a"]}), 503, "not_ready")
         assert_error(c.post("/v1/embeddings", json={"input": "a"}), 503, "not_ready")
         release.set()
-        wait_ready(c)
+        wait_ready(c.get)
         assert c.post("/embed", json={"texts": ["a"]}).status_code == 200
 
 
