@@ -1,21 +1,25 @@
 """Dynamic micro-batching: many concurrent requests -> few, well-packed onnxruntime calls.
 
-One `MicroBatcher` per graph owns a FIFO of pending items and ONE worker task, which keeps at most
-`concurrency` ORT calls in flight (1 by default; e.g. 2 single-threaded calls on 2 cores):
+One `MicroBatcher` per graph owns the pending requests and ONE worker task, which keeps at most
+`concurrency` ORT calls in flight (1 by default; e.g. 2 single-threaded calls on 2 cores). Each
+time a call slot is free the worker builds ONE call:
 
-1. wait for the first item, then collect until `max_batch_size` items or `max_wait_ms` passed;
-2. drop items whose caller went away (cancelled future);
-3. sort by length and cut into sub-batches whose padded cells (batch x max_len^2, because DiSAN's
-   token2token attention is quadratic in length) stay within `max_batch_cells`, so padding is small
-   and no batch can exhaust memory;
-4. run each sub-batch in an executor thread (ORT releases the GIL; the event loop stays free),
-   starting the next one when a call slot frees up, and collecting again once all are started;
-5. deliver each result, or the batch's exception, to every waiting future. A failing batch never
-   kills the worker.
+1. wait for the first item (and, with `max_wait_ms` > 0, until `max_batch_size` items wait or the
+   deadline passes);
+2. take items round-robin across the pending requests, one item per request per pass, each
+   request's items shortest first, while the call stays within `max_batch_size` items and
+   `max_batch_cells` padded cells (batch x max_len^2: DiSAN's token2token attention is quadratic
+   in length). Requests that got an item move behind those that did not, so one client's
+   256-sentence request is interleaved with everyone else's one-sentence requests instead of
+   holding the batcher for its whole duration (fairness), and a short sentence waits for about one
+   call, not for a big request's whole queue;
+3. run the call in an executor thread (ORT releases the GIL; the event loop stays free);
+4. deliver each result, or the call's exception, to every waiting future. A failing call never
+   kills the worker; items whose caller went away (cancelled future) are skipped.
 
-The pending FIFO is bounded: a request that does not fit is refused at once (`Overloaded`, 429)
-instead of queueing unboundedly. The FIFO is a deque + Event rather than `asyncio.Queue` so that a
-timed wait can never lose an item, and a request's items are enqueued all-or-nothing.
+The pending items are bounded: a request that does not fit is refused at once (`Overloaded`, 429)
+and a request's items are enqueued all-or-nothing. `abort` fails every pending and running item at
+once (the drain deadline: callers answer 503 instead of being cut off).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from disan.batching import split_by_cells
 from service.errors import NotReady, Overloaded
+from service.timing import RequestTiming
 
 log = logging.getLogger("disan.service.batcher")
 
@@ -53,11 +57,26 @@ class _Item:
     payload: Any
     length: int
     future: asyncio.Future
+    started: float = 0.0
+    finished: float = 0.0
+
+
+@dataclass(eq=False)
+class _Request:
+    """One `submit` call's items that no call has taken yet, shortest first."""
+
+    items: deque[_Item]
     enqueued: float = field(default_factory=time.perf_counter)
+
+    def head(self) -> _Item | None:
+        """The next live item (items whose caller went away are dropped on the way)."""
+        while self.items and self.items[0].future.done():
+            self.items.popleft()
+        return self.items[0] if self.items else None
 
 
 class MicroBatcher(Generic[P, R]):
-    """Collects items from concurrent callers and runs them in padded-cell-bounded batches."""
+    """Collects items from concurrent callers and runs them in fair, padded-cell-bounded calls."""
 
     def __init__(self, name: str, runner: Runner, *, length: Callable[[Any], int] = len,
                  max_batch_size: int = 64, max_wait_ms: float = 0.0, max_batch_cells: int = 4096,
@@ -73,7 +92,9 @@ class MicroBatcher(Generic[P, R]):
         self.concurrency = concurrency
         self.executor = executor
         self.stats = stats or BatchStats()
-        self._pending: deque[_Item] = deque()
+        self._queue: deque[_Request] = deque()  # round-robin order
+        self._depth = 0  # items in self._queue (cancelled ones until they are dropped)
+        self._running: set[tuple[_Item, ...]] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -82,7 +103,7 @@ class MicroBatcher(Generic[P, R]):
     @property
     def depth(self) -> int:
         """Items waiting to be batched."""
-        return len(self._pending)
+        return self._depth
 
     @property
     def running(self) -> bool:
@@ -97,7 +118,8 @@ class MicroBatcher(Generic[P, R]):
         self._task = asyncio.create_task(self._worker(), name=f"batcher-{self.name}")
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Refuse new items, finish everything already queued (drain), then end the worker."""
+        """Refuse new items, finish everything already queued (drain), then end the worker; past
+        `timeout` seconds what is left is cancelled."""
         self._closing = True
         self._wakeup.set()
         if self._task is None:
@@ -107,67 +129,147 @@ class MicroBatcher(Generic[P, R]):
         except TimeoutError:
             log.warning("batcher %s: drain timed out; cancelling %d items", self.name, self.depth)
             self._task.cancel()
-            while self._pending:
-                self._pending.popleft().future.cancel()
+            self._fail_pending(None)
         self._task = None
+
+    def abort(self, exc: BaseException) -> int:
+        """Fail every pending and running item with `exc` at once (the callers answer with it);
+        refuse new items. Returns how many callers were told."""
+        self._closing = True
+        self._wakeup.set()
+        told = self._fail_pending(exc)
+        for items in self._running:
+            for it in items:
+                if not it.future.done():
+                    it.future.set_exception(exc)
+                    told += 1
+        return told
 
     def submit(self, payloads: Sequence[P]) -> list[asyncio.Future]:
         """Enqueue all `payloads` (all-or-nothing) and return one future per payload."""
+        return [it.future for it in self._enqueue(payloads)[1]]
+
+    async def run(self, payloads: Sequence[P], timing: RequestTiming | None = None) -> list[R]:
+        """Submit `payloads` and wait for their results, in the same order; add where the time
+        went to `timing`.
+
+        If the caller is cancelled (client went away), its items are withdrawn so the worker
+        never runs them.
+        """
+        request, items = self._enqueue(payloads)
+        try:
+            if len(items) == 1:  # the common case: no gather future and its callbacks
+                results = [await items[0].future]
+            else:
+                results = list(await asyncio.gather(*(it.future for it in items)))
+        except BaseException:
+            self._withdraw(request)
+            for it in items:
+                if not it.future.done():
+                    it.future.cancel()
+                elif not it.future.cancelled():
+                    it.future.exception()  # mark retrieved: one failure is reported, not N warnings
+            raise
+        if timing is not None:
+            first = min(it.started for it in items)
+            timing.queue_s += first - request.enqueued
+            timing.inference_s += max(it.finished for it in items) - first
+            timing.inferred = True
+        return results
+
+    def _enqueue(self, payloads: Sequence[P]) -> tuple[_Request, list[_Item]]:
         if self._closing or not self.running:
             raise NotReady("server is shutting down" if self._closing else "batcher not running")
-        if len(self._pending) + len(payloads) > self.queue_limit:
-            retry = max(1, round(self._last_batch_s * (1 + self.depth / self.max_batch_size)))
-            raise Overloaded(f"server busy: {self.depth} sentences queued for {self.name} "
+        if self._depth + len(payloads) > self.queue_limit:
+            retry = max(1, round(self._last_batch_s * (1 + self._depth / self.max_batch_size)))
+            raise Overloaded(f"server busy: {self._depth} sentences queued for {self.name} "
                              f"(limit {self.queue_limit})", retry_after=retry)
         loop = asyncio.get_running_loop()
         items = [_Item(p, max(1, self.length(p)), loop.create_future()) for p in payloads]
-        self._pending.extend(items)
+        request = _Request(deque(sorted(items, key=lambda it: it.length)))
+        self._queue.append(request)
+        self._depth += len(items)
         self._wakeup.set()
         self._report_depth()
-        return [it.future for it in items]
+        return request, items
 
-    async def run(self, payloads: Sequence[P]) -> list[R]:
-        """Submit `payloads` and wait for their results, in the same order.
+    def _withdraw(self, request: _Request) -> None:
+        """Take a request whose caller left out of the queue (its items no longer count)."""
+        if request.items:
+            try:
+                self._queue.remove(request)
+            except ValueError:
+                return
+            self._depth -= len(request.items)
+            request.items.clear()
+            self._report_depth()
 
-        If the caller is cancelled (client went away), its futures are cancelled too so the
-        worker skips them.
-        """
-        futures = self.submit(payloads)
-        try:
-            if len(futures) == 1:  # the common case: no gather future and its callbacks
-                return [await futures[0]]
-            return list(await asyncio.gather(*futures))
-        except BaseException:
-            for fut in futures:
-                if not fut.done():
-                    fut.cancel()
-                elif not fut.cancelled():
-                    fut.exception()  # mark retrieved: one failure is reported, not N warnings
-            raise
+    def _fail_pending(self, exc: BaseException | None) -> int:
+        """Fail (exc) or cancel (None) every queued item; empty the queue."""
+        told = 0
+        for request in self._queue:
+            for it in request.items:
+                if it.future.done():
+                    continue
+                if exc is None:
+                    it.future.cancel()
+                else:
+                    it.future.set_exception(exc)
+                told += 1
+        self._queue.clear()
+        self._depth = 0
+        self._report_depth()
+        return told
 
-    async def _collect(self) -> list[_Item]:
-        """Wait for the first item, then gather more until full or the deadline passes."""
-        while not self._pending:
+    def _take(self) -> list[_Item]:
+        """One call's items: round-robin over the requests within the size and cells budget."""
+        batch: list[_Item] = []
+        longest = 0
+        served: dict[_Request, None] = {}  # insertion-ordered set: order of first service
+        candidates = list(self._queue)
+        while candidates and len(batch) < self.max_batch_size:
+            taken_from = []
+            for request in candidates:
+                item = request.head()
+                if item is None or len(batch) >= self.max_batch_size:
+                    continue
+                new_longest = max(longest, item.length)
+                # An item that does not fit now never will in this call (it only grows).
+                if batch and (len(batch) + 1) * new_longest * new_longest > self.max_batch_cells:
+                    continue
+                request.items.popleft()
+                batch.append(item)
+                longest = new_longest
+                served[request] = None
+                taken_from.append(request)
+            candidates = taken_from
+        # Requests served in this call go behind those that were not; finished ones leave.
+        self._queue = deque([r for r in self._queue if r not in served and r.head() is not None]
+                            + [r for r in served if r.head() is not None])
+        self._depth = sum(len(r.items) for r in self._queue)
+        batch.sort(key=lambda it: it.length)
+        return batch
+
+    async def _next_call(self) -> list[_Item]:
+        """Wait for the first item (and the fill window, if any), then take one call's items."""
+        while not self._queue:
             if self._closing:
                 return []
             self._wakeup.clear()
             await self._wakeup.wait()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait
-        batch: list[_Item] = []
-        while True:
-            while self._pending and len(batch) < self.max_batch_size:
-                batch.append(self._pending.popleft())
-            remaining = deadline - loop.time()
-            if len(batch) >= self.max_batch_size or remaining <= 0 or self._closing:
-                break
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
-                while self._pending and len(batch) < self.max_batch_size:
-                    batch.append(self._pending.popleft())
-                break
+        if self.max_wait > 0 and not self._closing:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.max_wait
+            while self._depth < self.max_batch_size and not self._closing:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+        batch = self._take()
         self._report_depth()
         return batch
 
@@ -175,43 +277,35 @@ class MicroBatcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self.concurrency)
         in_flight: set[asyncio.Task] = set()
-        live: list[_Item] = []
         try:
             while True:
-                # A free ORT slot first, then collect: what queued while the slots were busy
-                # joins this batch (with concurrency 1: strictly one call after another).
+                # A free ORT slot first, then build the call: what queued while the slots were
+                # busy joins it (with concurrency 1: strictly one call after another).
                 await slots.acquire()
-                slots.release()
-                batch = await self._collect()
+                batch = await self._next_call()
                 if not batch:
-                    if self._closing and not self._pending:
+                    slots.release()
+                    if self._closing and not self._queue:
                         break
                     continue
-                live = sorted((it for it in batch if not it.future.done()), key=lambda it: it.length)
-                for part in split_by_cells([it.length for it in live], self.max_batch_cells,
-                                           self.max_batch_size):
-                    await slots.acquire()
-                    # Re-check: a caller may have gone away while an earlier sub-batch ran.
-                    items = [it for it in (live[i] for i in part) if not it.future.done()]
-                    if not items:
-                        slots.release()
-                        continue
-                    task = asyncio.create_task(self._run_batch(loop, items))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                    task.add_done_callback(lambda _: slots.release())
-            await asyncio.gather(*in_flight)  # drain: every started batch delivers its results
+                task = asyncio.create_task(self._run_batch(loop, batch))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                task.add_done_callback(lambda _: slots.release())
+            await asyncio.gather(*in_flight)  # drain: every started call delivers its results
         except asyncio.CancelledError:
             for task in in_flight:
                 task.cancel()
-            for it in live:  # hard stop: nobody may wait forever on a dropped batch
-                it.future.cancel()
             raise
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
-        """Run one sub-batch off the event loop and fan the outcome out to every future."""
-        cells = len(items) * max(it.length for it in items) ** 2
+        """Run one call off the event loop and fan the outcome out to every future."""
+        cells = len(items) * items[-1].length ** 2
+        running = tuple(items)
+        self._running.add(running)
         t0 = time.perf_counter()
+        for it in items:
+            it.started = t0
         try:
             results = await loop.run_in_executor(self.executor, self.runner,
                                                  [it.payload for it in items])
@@ -228,14 +322,17 @@ class MicroBatcher(Generic[P, R]):
                     it.future.set_exception(exc)
             return
         finally:
-            elapsed = time.perf_counter() - t0
-            self._last_batch_s = 0.8 * self._last_batch_s + 0.2 * elapsed
+            self._running.discard(running)
+            t1 = time.perf_counter()
+            for it in items:
+                it.finished = t1
+            self._last_batch_s = 0.8 * self._last_batch_s + 0.2 * (t1 - t0)
             if self.stats.on_batch:
-                self.stats.on_batch(self.name, len(items), cells, elapsed)
+                self.stats.on_batch(self.name, len(items), cells, t1 - t0)
         for it, result in zip(items, results, strict=True):
             if not it.future.done():
                 it.future.set_result(result)
 
     def _report_depth(self) -> None:
         if self.stats.on_depth:
-            self.stats.on_depth(self.name, len(self._pending))
+            self.stats.on_depth(self.name, self._depth)

@@ -275,3 +275,122 @@ def test_stop_drains_batches_in_flight_with_concurrency():
     assert run(main()) == ["aa", "bb", "cc", "dd", "ee"]
     executor.shutdown()
     assert runner.most == 2
+
+
+def test_a_small_request_is_interleaved_with_a_big_one():
+    """Fairness: a one-item request that arrives while a 40-item request waits runs in the next
+    call, not after the big request's whole queue (FIFO made it wait for all 40 calls)."""
+    runner = FakeRunner(delay=0.01)
+
+    async def main():
+        # One item per call (cells budget) so every call is one sentence.
+        b = make(runner, max_batch_size=64, max_wait_ms=0, max_batch_cells=1)
+        await b.start()
+        big = asyncio.ensure_future(b.run([f"big{i:02d}" for i in range(40)]))
+        await asyncio.sleep(0.03)  # the big request's first calls are running
+        small = await b.run(["s"])
+        calls_before_small = next(i for i, batch in enumerate(runner.batches) if batch == ["s"])
+        out = await big
+        await b.stop()
+        return small, calls_before_small, out
+
+    small, calls_before_small, out = run(main())
+    assert small == ["ss"] and out == [f"big{i:02d}" * 2 for i in range(40)]
+    assert calls_before_small <= 6, calls_before_small  # FIFO: 40
+
+
+def test_round_robin_across_requests_with_a_shared_call():
+    """Each call takes one item per request per pass; a request served in a call goes behind the
+    ones that were not, so three requests share the calls evenly."""
+    runner = FakeRunner()
+    runner.gate = threading.Event()
+
+    async def main():
+        b = make(runner, max_batch_size=2, max_wait_ms=0, max_batch_cells=10**9)
+        await b.start()
+        first = asyncio.ensure_future(b.run(["x0"]))  # occupies the worker (gate closed)
+        await asyncio.sleep(0.05)
+        reqs = [asyncio.ensure_future(b.run([f"{r}{i}" for i in range(3)])) for r in "abc"]
+        await asyncio.sleep(0.01)
+        runner.gate.set()
+        await first
+        out = await asyncio.gather(*reqs)
+        await b.stop()
+        return out
+
+    out = run(main())
+    assert out == [[f"{r}{i}" * 2 for i in range(3)] for r in "abc"]
+    assert runner.batches[1:] == [["a0", "b0"], ["c0", "a1"], ["b1", "c1"], ["a2", "b2"], ["c2"]]
+
+
+def test_withdrawn_requests_stop_counting_at_once():
+    runner = FakeRunner()
+    runner.gate = threading.Event()
+
+    async def main():
+        b = make(runner, max_batch_size=1, max_wait_ms=0, max_batch_cells=10**9, queue_limit=4)
+        await b.start()
+        first = asyncio.ensure_future(b.run(["first"]))
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(b.run(["g1", "g2", "g3", "g4"]))  # fills the queue
+        await asyncio.sleep(0.01)
+        assert b.depth == 4
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        depth_after = b.depth
+        kept = asyncio.ensure_future(b.run(["k1", "k2", "k3", "k4"]))  # fits again at once
+        runner.gate.set()
+        res = await asyncio.gather(first, kept)
+        await b.stop()
+        return depth_after, res
+
+    depth_after, res = run(main())
+    assert depth_after == 0 and res == [["firstfirst"], ["k1k1", "k2k2", "k3k3", "k4k4"]]
+    assert not any(p.startswith("g") for batch in runner.batches for p in batch)
+
+
+def test_abort_answers_queued_and_running_items_at_once():
+    runner = FakeRunner()
+    runner.gate = threading.Event()
+
+    async def main():
+        b = make(runner, max_batch_size=1, max_wait_ms=0, max_batch_cells=10**9)
+        await b.start()
+        running = asyncio.ensure_future(b.run(["r"]))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(b.run(["q1", "q2"]))
+        await asyncio.sleep(0.01)
+        t0 = time.perf_counter()
+        told = b.abort(NotReady("shutting down"))
+        outcomes = await asyncio.gather(running, queued, return_exceptions=True)
+        waited = time.perf_counter() - t0
+        runner.gate.set()  # the call still running finishes later; nobody waits for it
+        await b.stop(timeout=5)
+        with pytest.raises(NotReady):
+            b.submit(["late"])
+        return told, outcomes, waited
+
+    told, outcomes, waited = run(main())
+    assert told == 3 and all(isinstance(o, NotReady) for o in outcomes) and waited < 1.0
+
+
+def test_run_reports_queue_and_inference_time():
+    from service.timing import RequestTiming
+
+    runner = FakeRunner(delay=0.03)
+
+    async def main():
+        b = make(runner, max_batch_size=1, max_wait_ms=0, max_batch_cells=10**9)
+        await b.start()
+        ahead = asyncio.ensure_future(b.run(["first"]))
+        await asyncio.sleep(0)
+        timing = RequestTiming()
+        await b.run(["a", "b"], timing)
+        await ahead
+        await b.stop()
+        return timing
+
+    timing = run(main())
+    assert timing.inferred
+    assert 0.02 <= timing.queue_s < 1.0  # waited for "first"'s call
+    assert 0.05 <= timing.inference_s < 1.0  # two calls of 30 ms
