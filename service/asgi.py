@@ -1,27 +1,47 @@
 """ASGI I/O shared by both front ends (FastAPI's stack and the fast path).
 
-Request bodies under a byte limit: one reader for the body-limit middleware and the fast path.
-
-A declared Content-Length over the limit is refused without reading; otherwise the body is read
-chunk by chunk (chunked uploads have no Content-Length) and refused as soon as it exceeds the
-limit, so no client can make the server buffer more than `limit` bytes.
+Every POST body passes the same checks before any parsing (`BodyPolicy`): a byte limit, a read
+timeout and a bound on the JSON items it can make the parser allocate. A declared Content-Length
+over the limit is refused without reading; otherwise the body is read chunk by chunk (chunked
+uploads have no Content-Length) and refused as soon as it exceeds the limit, so no client can make
+the server buffer more than `limit` bytes. Inference requests also pass admission control
+(service.admission) before their body is read; `GateMiddleware` does all of it for FastAPI's
+path, service.fastpath calls the same pieces in the same order.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import re
+from collections.abc import Awaitable, Collection
 from typing import TypeVar
 
+import numpy as np
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ClientClosed, RequestTooLarge, error_body
+from service.admission import Admission
+from service.errors import (
+    ClientClosed,
+    MalformedJSON,
+    RequestTimeout,
+    RequestTooLarge,
+    ServiceError,
+    error_body,
+)
+from service.metrics import Metrics
+from service.timing import CURRENT, RequestTiming
 
 T = TypeVar("T")
 
 # The connection is closed after a 413: the rest of an oversized upload is never read.
 CLOSE = {"Connection": "close"}
+# A JSON string literal (escapes included); unrolled so long strings match in one C loop.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# No request of the API nests deeper than 3 levels; deeper bodies are refused before parsing
+# (the stdlib parser recurses: at about 1,000 levels it raises RecursionError).
+MAX_JSON_DEPTH = 32
 
 
 def declared_length(scope: Scope) -> int:
@@ -35,13 +55,52 @@ def declared_length(scope: Scope) -> int:
     return 0
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The whole body, None if the client went away; RequestTooLarge past `limit` bytes."""
+def json_skeleton(body: bytes) -> bytes:
+    """`body` with every string literal emptied: what is left is the JSON structure."""
+    return _JSON_STRING.sub(b'""', body) if b'"' in body else body
+
+
+def json_items(skeleton: bytes) -> int:
+    """Upper bound on the values a JSON parser allocates: commas, brackets and braces, plus one."""
+    return skeleton.count(b",") + skeleton.count(b"[") + skeleton.count(b"{") + 1
+
+
+def json_depth(data: bytes) -> int:
+    """Deepest nesting of brackets and braces in `data` (a skeleton: exact; raw bytes: brackets
+    inside strings count too)."""
+    brackets = np.frombuffer(data.translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    if not brackets.size:
+        return 0
+    # "[" is 91 and "{" is 123 (bit 1 set); "]" is 93 and "}" is 125 (bit 1 clear): +1 / -1.
+    steps = (brackets & 2).astype(np.int32) - 1
+    return int(np.cumsum(steps).max())
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int,
+                    timeout_s: float | None = None) -> bytes | None:
+    """The whole body, None if the client went away; RequestTooLarge past `limit` bytes,
+    RequestTimeout if it is not complete within `timeout_s` (armed only when the body does not
+    arrive in the first message, so a small request pays for no timer)."""
     too_big = RequestTooLarge(f"request body over {limit} bytes", CLOSE)
     if declared_length(scope) > limit:
         raise too_big
-    chunks: list[bytes] = []
-    size = 0
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        return None
+    first = message.get("body", b"")
+    if len(first) > limit:
+        raise too_big
+    if not message.get("more_body", False):
+        return first
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_rest(receive, [first], len(first), limit, too_big)
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {timeout_s:g} s") from None
+
+
+async def _read_rest(receive: Receive, chunks: list[bytes], size: int, limit: int,
+                     too_big: RequestTooLarge) -> bytes | None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -52,35 +111,85 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
             raise too_big
         chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return b"".join(chunks)
 
 
-async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+class BodyPolicy:
+    """What every request body passes before it is parsed."""
+
+    def __init__(self, limit: int, timeout_s: float, max_json_items: int):
+        self.limit = limit
+        self.timeout_s = timeout_s
+        self.max_json_items = max_json_items
+
+    async def read(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The body (None: the client left), or RequestTooLarge / RequestTimeout."""
+        body = await read_body(scope, receive, self.limit, self.timeout_s)
+        if body:
+            self.check_json_shape(body)
+        return body
+
+    def check_json_shape(self, body: bytes) -> None:
+        """413 for too many JSON items, 400 for too deep a nesting, before any parsing. Counting
+        in the raw bytes over-counts (commas and brackets inside texts) and costs next to
+        nothing, so the strings are stripped only when that count is over a limit."""
+        opening = body.count(b"[") + body.count(b"{")
+        if opening + body.count(b",") < self.max_json_items and (
+                opening <= MAX_JSON_DEPTH or json_depth(body) <= MAX_JSON_DEPTH):
+            # Strings of "]" could hide nesting from the raw count; the parser's RecursionError
+            # is the backstop for those (still a 400 on both paths).
+            return
+        skeleton = json_skeleton(body)
+        if json_depth(skeleton) > MAX_JSON_DEPTH:
+            raise MalformedJSON(f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        items = json_items(skeleton)
+        if items > self.max_json_items:
+            raise RequestTooLarge(f"request body has {items} JSON items (commas, brackets and "
+                                  f"braces outside strings), at most {self.max_json_items}")
+
+
+async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None,
+                    raw_headers: list[tuple[bytes, bytes]] | None = None) -> None:
     """A complete JSON response in two ASGI messages."""
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    if raw_headers:
+        raw += raw_headers
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyLimitMiddleware:
-    """Refuse request bodies over `limit` bytes with 413 before any JSON parsing; the accepted
-    body is replayed to the app."""
+async def send_error(send: Send, exc: ServiceError) -> None:
+    """An error of the table, answered directly (no app below was called)."""
+    await send_json(send, exc.status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
 
-    def __init__(self, app: ASGIApp, limit: int):
+
+class GateMiddleware:
+    """FastAPI's path: body policy for every POST and, for inference paths, admission control
+    (before the body is read), the request's timing (histograms and x-*-time headers)."""
+
+    def __init__(self, app: ASGIApp, policy: BodyPolicy, admission: Admission,
+                 inference_paths: Collection[str], metrics: Metrics):
         self.app = app
-        self.limit = limit
+        self.policy = policy
+        self.admission = admission
+        self.inference_paths = frozenset(inference_paths)
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
+        inference = scope["path"] in self.inference_paths
         try:
-            body = await read_body(scope, receive, self.limit)
-        except RequestTooLarge as exc:
-            await send_json(send, exc.status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
-            return
-        if body is None:
+            if inference:
+                self.admission.check()
+            body = await self.policy.read(scope, receive)
+            if body is None:
+                return
+            started = self.admission.enter() if inference else 0.0
+        except ServiceError as exc:
+            await send_error(send, exc)
             return
         replayed = False
 
@@ -91,7 +200,23 @@ class BodyLimitMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        if not inference:
+            await self.app(scope, replay, send)
+            return
+        timing = RequestTiming()
+        token = CURRENT.set(timing)
+
+        async def send_with_timing(message: Message) -> None:
+            if message["type"] == "http.response.start" and timing.inferred:
+                message = {**message, "headers": [*message.get("headers", ()), *timing.headers()]}
+            await send(message)
+
+        try:
+            await self.app(scope, replay, send_with_timing)
+        finally:
+            CURRENT.reset(token)
+            self.admission.leave(started)
+            self.metrics.on_inference(scope["path"], timing)
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:

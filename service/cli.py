@@ -8,8 +8,11 @@ The flags are generated from the settings model so the CLI and the env variables
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import sys
+import tempfile
 from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
@@ -18,8 +21,19 @@ from disan.manifest import BundleError, load_manifest
 from service.settings import Settings
 
 EXPORT_HINT = "disan export --nli CKPT --sentiment CKPT --out models/default"
-# Seconds uvicorn waits for in-flight requests after SIGTERM before closing connections.
-GRACEFUL_SHUTDOWN_S = 30
+# After SIGTERM the app answers what is still waiting at `drain_timeout_s` (503, JSON); uvicorn's
+# own deadline comes this much later, so it never cuts a request off with its plain-text 500 first.
+UVICORN_AFTER_DRAIN_S = 1
+# What the process may take after that: the batchers finish the onnxruntime calls already running
+# (service.engine.STOP_GRACE_S) and the interpreter exits.
+EXIT_AFTER_DRAIN_S = 4
+HTTP_PROTOCOL = "service.protocol:DisanHttpToolsProtocol"
+
+
+def shutdown_deadline_s(settings: Settings) -> float:
+    """Seconds from SIGTERM until `disan serve` has exited, at most: what docker's
+    stop_grace_period and Kubernetes' terminationGracePeriodSeconds (after preStop) must allow."""
+    return settings.drain_timeout_s + UVICORN_AFTER_DRAIN_S + EXIT_AFTER_DRAIN_S
 
 
 def flag_name(field: str) -> str:
@@ -86,19 +100,37 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `disan serve --help` and the checks above stay fast
 
+    from service.metrics import MULTIPROC_ENV  # late for the same reason (prometheus, starlette)
+
     given = {k for k in vars(args) if k in Settings.model_fields}
     export_to_env(settings, given)
-    uvicorn.run(
-        "service.main:create_app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # X-Forwarded-* are not needed (client addresses only appear in the access log), and
-        # uvicorn's proxy-headers middleware would run on every request.
-        proxy_headers=False,
-    )
+    # Several workers share their metrics and readiness through a fresh directory (a tmpfs in the
+    # containers, whose root is read-only); prometheus_client reads the variable at import, so it
+    # is set before the workers start. One worker keeps its private registry.
+    shared = tempfile.mkdtemp(prefix="disan-workers-") if settings.workers > 1 else None
+    if shared is not None:
+        os.environ[MULTIPROC_ENV] = shared
+    else:
+        os.environ.pop(MULTIPROC_ENV, None)
+    try:
+        uvicorn.run(
+            "service.main:create_app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            # httptools with limits on the request head and the drain signal (service/protocol.py);
+            # the h11 limit is set too, to the same value, for anyone who switches implementation.
+            http=HTTP_PROTOCOL,
+            h11_max_incomplete_event_size=settings.max_header_bytes,
+            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s) + UVICORN_AFTER_DRAIN_S,
+            # X-Forwarded-* are not needed (client addresses only appear in the access log), and
+            # uvicorn's proxy-headers middleware would run on every request.
+            proxy_headers=False,
+        )
+    finally:
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
     return 0

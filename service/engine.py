@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,20 @@ from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
-from service.metrics import Metrics
+from service.metrics import Metrics, multiprocess_dir
 from service.settings import Settings
+from service.timing import CURRENT
+from service.workers import WorkerReadiness
 
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
 _INLINE_CHARS = 20_000
+# What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
+# never served to clients that may not even hold the API key.
+FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
+# After the drain deadline, how long the batchers may take to finish the onnxruntime calls already
+# running (their callers were answered 503 at the deadline).
+STOP_GRACE_S = 2.0
 
 
 @dataclass
@@ -53,6 +62,9 @@ class Engine:
         self.batchers: dict[str, MicroBatcher] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
+        self.draining = False
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self.workers = WorkerReadiness(multiprocess_dir(), settings.workers)
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -69,8 +81,8 @@ class Engine:
         try:
             runtime = await loop.run_in_executor(None, self._load_sync)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
-            self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
-            log.error("cannot load the bundle: %s", self.detail)
+            self.state, self.detail = "failed", FAILED_DETAIL
+            log.error("cannot load the bundle: %s: %s", type(exc).__name__, exc)
             return
         self.runtime = runtime
         s = self.settings
@@ -92,6 +104,8 @@ class Engine:
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"
+        if not self.draining:
+            self.workers.mark_ready()
         log.info("ready: %s (dim %d) on %s", runtime.name, runtime.dim, runtime.providers)
 
     def _load_sync(self) -> Runtime:
@@ -99,16 +113,50 @@ class Engine:
         runtime.warmup()
         return runtime
 
+    def begin_drain(self) -> None:
+        """Shutdown began (SIGTERM): /ready says 503 at once; work in progress goes on until the
+        drain deadline, then every request still waiting is answered 503 (`abort`). Idempotent."""
+        if self.draining:
+            return
+        self.draining = True
+        self.workers.mark_gone()
+        loop = asyncio.get_running_loop()
+        self._drain_timer = loop.call_later(self.settings.drain_timeout_s, self.abort,
+                                            "drain deadline passed")
+        log.info("draining: requests still waiting in %g s are answered 503", self.settings.drain_timeout_s)
+
+    def abort(self, why: str) -> None:
+        """Answer every queued or running request 503 now (they would be cut off otherwise)."""
+        told = sum(b.abort(NotReady(f"server is shutting down ({why})")) for b in self.batchers.values())
+        if told:
+            log.warning("%s: %d sentences answered 503", why, told)
+
     async def stop(self) -> None:
-        """Stop accepting work, drain every batcher, release the executor."""
+        """Stop accepting work, drain every batcher (within what is left of the drain deadline),
+        release the executor."""
+        self.workers.mark_gone()
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()
         if self.state == "ready":
             self.state = "draining"
-        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        timeout = STOP_GRACE_S if self.draining else self.settings.drain_timeout_s
+        await asyncio.gather(*(b.stop(timeout) for b in self.batchers.values()))
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            # Calls still running after the batchers' timeout belong to answered requests.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
         log.info("stopped: batchers drained")
+
+    def readiness(self) -> tuple[str, str | None]:
+        """(state, detail) for /ready: "ready" only when this worker and every other one is."""
+        if self.state != "ready":
+            return self.state, self.detail
+        if self.draining:
+            return "draining", None
+        every, why = self.workers.all_ready()
+        return ("ready", None) if every else ("loading", why)
 
     def require_ready(self) -> Runtime:
         """The runtime, or NotReady (503) while loading/draining/failed."""
@@ -117,9 +165,15 @@ class Engine:
         return self.runtime
 
     # ---- input checks ----
-    def prepare(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
-        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
+    def prepare(self, texts: list[str], truncate: bool, field: str = "texts", member: str = "",
+                max_tokens: int | None = None) -> list[Tokenized]:
+        """Enforce limits cheaply first (count, characters), then tokenize and check tokens.
+
+        Locations in errors read ``{field}[i]{member}`` (``texts[0]``, ``pairs[2].premise``), the
+        API's one notation; `max_tokens` lowers the bundle's limit (explain requests)."""
         runtime = self.require_ready()
+        t0 = time.perf_counter()
+        limit = min(runtime.max_tokens, max_tokens or runtime.max_tokens)
         s = self.settings
         if not texts:
             raise InvalidRequest(f"{field}: the list is empty")
@@ -128,30 +182,49 @@ class Engine:
                                   "per request")
         for i, text in enumerate(texts):
             if len(text) > s.max_chars_per_text:
-                raise RequestTooLarge(f"{field}[{i}]: {len(text)} characters, at most "
+                raise RequestTooLarge(f"{field}[{i}]{member}: {len(text)} characters, at most "
                                       f"{s.max_chars_per_text}")
         out = []
         for i, text in enumerate(texts):
             tokens = tokenize(text)
             if not tokens:
-                raise InvalidRequest(f"{field}[{i}]: contains no tokens (only spaces or control characters)")
-            if len(tokens) > runtime.max_tokens:
+                raise InvalidRequest(f"{field}[{i}]{member}: contains no tokens (only spaces or control "
+                                     "characters)")
+            if len(tokens) > limit:
                 if not truncate:
-                    raise InvalidRequest(f"{field}[{i}]: {len(tokens)} tokens, at most {runtime.max_tokens} "
+                    raise InvalidRequest(f"{field}[{i}]{member}: {len(tokens)} tokens, at most {limit} "
                                          "(send truncate=true to cut it)")
-                tokens = tokens[: runtime.max_tokens]
+                tokens = tokens[:limit]
             out.append(Tokenized(tokens, runtime.vocab.ids(tokens)))
+        timing = CURRENT.get()
+        if timing is not None:
+            timing.tokenize_s += time.perf_counter() - t0
+            timing.tokens += sum(len(t.ids) for t in out)
         return out
 
-    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
+    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts", member: str = "",
+                            max_tokens: int | None = None) -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
         if sum(map(len, texts)) > _INLINE_CHARS:
-            return await asyncio.to_thread(self.prepare, texts, truncate, field)
-        return self.prepare(texts, truncate, field)
+            return await asyncio.to_thread(self.prepare, texts, truncate, field, member, max_tokens)
+        return self.prepare(texts, truncate, field, member, max_tokens)
+
+    def check_explain(self, texts: list[str], field: str = "texts") -> None:
+        """Explain answers grow with texts x tokens^2 (attention maps): bounded before any work."""
+        if len(texts) > self.settings.max_explain_texts:
+            raise RequestTooLarge(f"{field}: {len(texts)} items with explain=true, at most "
+                                  f"{self.settings.max_explain_texts}")
+
+    def check_explain_tokens(self, items: list[Tokenized]) -> None:
+        """The tokens of an explain request, after tokenizing and before inference."""
+        tokens = sum(len(t.ids) for t in items)
+        if tokens > self.settings.max_explain_tokens:
+            raise RequestTooLarge(f"explain: {tokens} tokens in the request, at most "
+                                  f"{self.settings.max_explain_tokens} with explain=true")
 
     async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
         try:
-            return await self.batchers[graph].run(payloads)
+            return await self.batchers[graph].run(payloads, CURRENT.get())
         except ServiceError:
             raise
         except Exception as exc:  # ORT failures etc.: logged in full, reported generically
@@ -175,8 +248,8 @@ class Engine:
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
-        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs.premise")
-        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs.hypothesis")
+        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs", ".premise")
+        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs", ".hypothesis")
         probs = await self._run("nli", [(p.ids, h.ids) for p, h in zip(premises, hypotheses, strict=True)])
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
@@ -187,10 +260,13 @@ class Engine:
         runtime = self.require_ready()
         if explain and not runtime.has_explain:
             raise InvalidRequest("explain: this bundle has no sentiment_explain graph")
+        if explain:
+            self.check_explain(texts)
         items = await self.prepare_async(texts, truncate)
         labels = runtime.labels["sentiment"]
         results = []
         if explain:
+            self.check_explain_tokens(items)
             outs = await self._run("sentiment_explain", [t.ids for t in items])
             for item, out in zip(items, outs, strict=True):
                 pred = self._sentiment_prediction(out["probs"], labels)

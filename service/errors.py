@@ -19,13 +19,17 @@ log = logging.getLogger("disan.service")
 
 # type -> (HTTP status, when it happens). The single source of truth; documented in OpenAPI too.
 ERROR_TABLE: dict[str, tuple[int, str]] = {
-    "malformed_json": (400, "the body is not valid JSON"),
+    "malformed_json": (400, "the body is not valid JSON, or nests deeper than the JSON depth limit"),
     "unauthorized": (401, "missing or wrong API key (Authorization: Bearer <key>)"),
     "not_found": (404, "no such route"),
     "method_not_allowed": (405, "the route does not accept this method"),
-    "request_too_large": (413, "too many texts, a text over max_chars_per_text, or a body too big"),
+    "request_timeout": (408, "the request's body did not arrive within the read timeout"),
+    "request_too_large": (413, "too many texts, a text over max_chars_per_text, too many JSON "
+                               "values, too many explain texts or tokens, or a body too big"),
     "invalid_request": (422, "empty list or text, wrong field type, or a text over max_tokens"),
-    "overloaded": (429, "the batching queue is full; retry after Retry-After seconds"),
+    "overloaded": (429, "too many requests in progress or the batching queue is full; retry after "
+                        "Retry-After seconds"),
+    "headers_too_large": (431, "the request line and headers exceed max_header_bytes"),
     "client_closed_request": (499, "the client went away before the answer was ready"),
     "internal_error": (500, "inference failed; details are in the server log"),
     "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
@@ -62,6 +66,13 @@ class Unauthorized(ServiceError):
 
 class RequestTooLarge(ServiceError):
     type = "request_too_large"
+
+
+class RequestTimeout(ServiceError):
+    type = "request_timeout"
+
+    def __init__(self, message: str):
+        super().__init__(message, {"Connection": "close"})
 
 
 class InvalidRequest(ServiceError):
@@ -102,6 +113,26 @@ def error_response(etype: str, message: str, headers: dict[str, str] | None = No
     return JSONResponse(error_body(etype, message), status_code=ERROR_TABLE[etype][0], headers=headers)
 
 
+# Type tags pydantic puts in an error's location for a union member ("input.constrained-str.0"):
+# not fields, so they are left out of the location a client reads.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def format_loc(loc: Sequence[Any]) -> str:
+    """A field location in the API's one notation: ``texts[0]``, ``pairs[3].premise``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "body" and not out:
+            continue  # FastAPI's prefix for the request body
+        elif not str(part).isidentifier() or part in _TYPE_TAGS:
+            continue  # a union member's type tag, not a field
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
 def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
     """(type, one-line message) for a body that failed parsing or validation (pydantic errors)."""
     if any(e.get("type") == "json_invalid" for e in errors):
@@ -110,7 +141,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
         # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
         return "malformed_json", NOT_JSON_MESSAGE
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    loc = format_loc(first.get("loc", ()))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return "invalid_request", f"{loc}: {first.get('msg', 'invalid')}{more}"
 

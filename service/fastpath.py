@@ -8,8 +8,9 @@ bench/RESULTS.md, "per-request overhead").
 middleware stack runs when `claims` says so: POST on a path of `handlers.HANDLERS`, and no CORS
 `Origin` to answer (browsers' requests take FastAPI's path, which has the CORS middleware). Every
 other request, OpenAPI included, is FastAPI's. What the stack would have done is done here with
-the same code: the body limit (`service.asgi.read_body`), the request metrics
-(`Metrics.on_request`), the request models and parsing (stdlib json, then strict pydantic), the
+the same code: admission control before the body is read, the body policy
+(`service.asgi.BodyPolicy`), the request metrics (`Metrics.on_request`, `Metrics.on_inference`),
+the timing headers, the request models and parsing (stdlib json, then strict pydantic), the
 handlers, the API-key check and the error table. tests/test_fastpath.py checks both paths give
 identical answers; one deliberate difference: the API key is checked before the body is read
 (FastAPI decodes the JSON first, so a keyless malformed body gets 400 there and 401 here).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextvars import Token
 from typing import Any
 
 import orjson
@@ -29,7 +31,8 @@ from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from service.asgi import read_body, send_json, unless_disconnected
+from service.admission import Admission
+from service.asgi import BodyPolicy, send_json, unless_disconnected
 from service.engine import Engine
 from service.errors import (
     ERROR_TABLE,
@@ -44,11 +47,12 @@ from service.errors import (
 )
 from service.handlers import HANDLERS, api_key_ok, encode_json
 from service.metrics import Metrics
+from service.timing import CURRENT, RequestTiming
 
 log = logging.getLogger("disan.service")
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header_value(scope: Scope, name: bytes) -> str | None:
     """First value of header `name` (lowercase), like Starlette's `Headers.get`."""
     for key, value in scope["headers"]:
         if key == name:
@@ -83,6 +87,8 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
         data = json.loads(body)
     except json.JSONDecodeError:
         raise MalformedJSON("request body is not valid JSON") from None
+    except RecursionError:  # FastAPI's path answers this 400 too
+        raise MalformedJSON("request body nests too deeply") from None
     except ValueError:  # undecodable bytes: FastAPI's own 400 message
         raise MalformedJSON("There was an error parsing the body") from None
     try:
@@ -95,41 +101,59 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
 class InferenceFastPath:
     """Serves POST on `handlers.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
 
-    def __init__(self, engine: Engine, metrics: Metrics, body_limit: int, cors: bool):
+    def __init__(self, engine: Engine, metrics: Metrics, policy: BodyPolicy, admission: Admission,
+                 cors: bool):
         self.engine = engine
         self.metrics = metrics
-        self.body_limit = body_limit
+        self.policy = policy
+        self.admission = admission
         self.cors = cors
         self.endpoints = dict(HANDLERS)
 
     def claims(self, scope: Scope) -> bool:
         """Whether this request is the fast path's to answer."""
         return (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.endpoints
-                and not (self.cors and _header(scope, b"origin") is not None))
+                and not (self.cors and header_value(scope, b"origin") is not None))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         t0 = time.perf_counter()
         status = 500  # what the metrics say if the client leaves before an answer is sent
+        timing = RequestTiming()
+        token: Token | None = None
+        started: float | None = None
         try:
-            answer = await self._answer(path, scope, receive)
-            if answer is not None:
-                status, body, headers = answer
-                await send_json(send, status, body, headers)
+            try:
+                # Admission and the key come before the body is read: refused or unauthenticated
+                # bodies are never read, let alone parsed.
+                self.admission.check()
+                if not api_key_ok(self.engine, bearer_credentials(header_value(scope, b"authorization"))):
+                    raise Unauthorized()
+                body = await self.policy.read(scope, receive)
+                if body is None:
+                    return
+                started = self.admission.enter()
+            except ServiceError as exc:
+                status = exc.status
+                await send_json(send, status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
+                return
+            token = CURRENT.set(timing)
+            status, body, headers = await self._answer(path, scope, receive, body)
+            await send_json(send, status, body, headers, timing.headers())
         finally:
+            if token is not None:
+                CURRENT.reset(token)
+            if started is not None:
+                self.admission.leave(started)
             self.metrics.on_request(path, "POST", status, time.perf_counter() - t0)
+            self.metrics.on_inference(path, timing)
 
-    async def _answer(self, path: str, scope: Scope, receive: Receive) -> tuple[int, bytes, dict] | None:
-        """(status, JSON body, headers), or None when the client went away mid-upload."""
+    async def _answer(self, path: str, scope: Scope, receive: Receive,
+                      body: bytes) -> tuple[int, bytes, dict]:
+        """(status, JSON body, headers) of an admitted request."""
         model, handler = self.endpoints[path]
         try:
-            # The key is checked before the body is read: unauthenticated bodies are never read.
-            if not api_key_ok(self.engine, bearer_credentials(_header(scope, b"authorization"))):
-                raise Unauthorized()
-            body = await read_body(scope, receive, self.body_limit)
-            if body is None:
-                return None
-            request = parse_body(model, body, _header(scope, b"content-type"))
+            request = parse_body(model, body, header_value(scope, b"content-type"))
             payload = await unless_disconnected(receive, handler(request, self.engine))
         except ServiceError as exc:
             message = public_message(exc, path)

@@ -1,26 +1,37 @@
 """App factory: `create_app(settings)` wires settings, runtime, batchers, routes, errors and metrics.
 
 Lifespan: start loading + warm-up in the background (so /health answers at once and /ready is
-503 until warm), and on shutdown stop accepting work and drain the batchers. uvicorn handles
-SIGTERM by closing the listener and waiting for in-flight requests before running the shutdown.
+503 until warm), hand the HTTP protocol its limits and the drain signal (service.protocol), and on
+shutdown stop accepting work and drain the batchers. uvicorn handles SIGTERM by closing the
+listener and waiting for in-flight requests (until the drain deadline, service.engine) before
+running the shutdown.
+
+Open without the API key: /health, /ready and /metrics (probes and scrapers carry no key). With a
+key set, everything else needs it, the API documentation (/docs, /redoc, /openapi.json) included.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
-from service.asgi import BodyLimitMiddleware
+from service.admission import Admission
+from service.asgi import BodyPolicy, GateMiddleware, send_json
 from service.engine import Engine
-from service.errors import install_error_handlers
-from service.fastpath import InferenceFastPath
-from service.metrics import Metrics, MetricsMiddleware
+from service.errors import Unauthorized, error_body, install_error_handlers
+from service.fastpath import InferenceFastPath, bearer_credentials, header_value
+from service.handlers import HANDLERS, api_key_ok
+from service.metrics import Metrics, MetricsMiddleware, RouteLabels
+from service.protocol import HOOKS_KEY, HttpHooks
 from service.routes import AUTH, inference, router
 from service.settings import Settings
 
@@ -31,15 +42,48 @@ micro-batching. Errors always have the body `{"error": {"type", "message"}}`."""
 
 
 class DisanApp(FastAPI):
-    """FastAPI with the inference fast path in front of its middleware stack."""
+    """FastAPI with the inference fast path in front of its middleware stack, the API docs behind
+    the API key when one is set, and an OpenAPI schema that states the served model's dim."""
 
     fast_path: InferenceFastPath | None = None
+    engine: Engine | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.fast_path is not None and self.fast_path.claims(scope):
             await self.fast_path(scope, receive, send)
             return
+        if scope["type"] == "http" and scope["path"] in self.docs_paths and not self._key_ok(scope):
+            exc = Unauthorized()
+            await send_json(send, exc.status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
+            return
         await super().__call__(scope, receive, send)
+
+    @property
+    def docs_paths(self) -> frozenset[str]:
+        paths = (self.openapi_url, self.docs_url, self.redoc_url, self.swagger_ui_oauth2_redirect_url)
+        return frozenset(p for p in paths if p)
+
+    def _key_ok(self, scope: Scope) -> bool:
+        assert self.engine is not None
+        return api_key_ok(self.engine, bearer_credentials(header_value(scope, b"authorization")))
+
+    def openapi(self) -> dict[str, Any]:
+        schema = super().openapi()
+        runtime = self.engine.runtime if self.engine is not None else None
+        if runtime is None:  # the dim is known once the bundle is loaded: do not cache before
+            self.openapi_schema = None
+            return schema
+        patched = copy.deepcopy(schema)
+        for model in patched.get("components", {}).get("schemas", {}).values():
+            dims = model.get("properties", {}).get("dimensions")
+            if dims is not None:
+                dims.clear()
+                dims.update({"anyOf": [{"type": "integer", "enum": [runtime.dim]}, {"type": "null"}],
+                             "title": "Dimensions",
+                             "description": f"accepted for OpenAI compatibility: only {runtime.dim}, "
+                                            "this model's dim (vectors are never shortened)"})
+        self.openapi_schema = patched
+        return patched
 
 
 def create_app(settings: Settings | None = None) -> DisanApp:
@@ -47,33 +91,41 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     settings = settings or Settings()
     metrics = Metrics()
     engine = Engine(settings, metrics)
+    admission = Admission(settings.max_concurrent_requests, on_change=metrics.on_admission)
+    policy = BodyPolicy(settings.max_request_bytes, settings.body_timeout_s, settings.max_json_items)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         await engine.start()
         try:
-            yield
+            yield {HOOKS_KEY: HttpHooks(max_header_bytes=settings.max_header_bytes,
+                                        header_timeout_s=settings.header_timeout_s,
+                                        begin_drain=engine.begin_drain)}
         finally:
             await engine.stop()
 
     app = DisanApp(title="disan-serve", version=disan.__version__, description=DESCRIPTION,
-                  lifespan=lifespan)
+                   lifespan=lifespan)
+    app.engine = engine
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.admission = admission
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(inference, **(AUTH if settings.api_key is not None else {}))
     # Added innermost first: CORS applies to everything, metrics count everything. The fast path
-    # does the body limit and the metrics itself, and leaves requests with a CORS Origin to CORS.
+    # does the gate (admission, body policy) and the metrics itself, and leaves requests with a
+    # CORS Origin to CORS.
     if settings.fast_path:
-        app.fast_path = InferenceFastPath(engine, metrics, settings.max_request_bytes,
+        app.fast_path = InferenceFastPath(engine, metrics, policy, admission,
                                           cors=bool(settings.cors_origins))
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
+    app.add_middleware(GateMiddleware, policy=policy, admission=admission,
+                       inference_paths=tuple(HANDLERS), metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, route_of=RouteLabels(app.router.routes))
     return app
 
 

@@ -141,9 +141,11 @@ async def health(engine: EngineDep) -> Any:
 @router.get("/ready", response_model=Status, response_model_exclude_none=True,
             responses={503: {"model": Status}}, summary="Readiness")
 async def ready(engine: EngineDep) -> Any:
-    """200 once the bundle is loaded and warmed up; 503 while loading, draining or failed."""
-    if engine.state != "ready":
-        return JSONResponse({"status": engine.state, "detail": engine.detail}, status_code=503,
+    """200 once the bundle is loaded and warmed up (in every worker process); 503 while loading,
+    draining or failed."""
+    state, detail = engine.readiness()
+    if state != "ready":
+        return JSONResponse({"status": state, "detail": detail}, status_code=503,
                             headers={"Retry-After": "1"})
     return {"status": "ready"}
 

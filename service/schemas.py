@@ -142,7 +142,7 @@ class ErrorDetail(BaseModel):
 class ErrorResponse(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"error": {"type": "invalid_request",
-                   "message": "texts.0: String should have at least 1 character"}}]})
+                   "message": "texts[0]: String should have at least 1 character"}}]})
     error: ErrorDetail
 
 

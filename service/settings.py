@@ -103,6 +103,31 @@ class Settings(BaseSettings):
     # --- identity reported by the API ---
     model_name: str | None = Field(None, description="name reported by the API (default: manifest's)")
 
+    # --- reliability: admission, hostile clients, shutdown (issue 14; bench/chaos.py) ---
+    # Requests are admitted before their body is read or parsed, so a refusal costs microseconds;
+    # the batcher interleaves the admitted ones, so this bounds how long each one waits.
+    max_concurrent_requests: int = Field(
+        32, ge=1, le=100_000, description="inference requests in progress per worker; more -> 429 "
+        "with Retry-After, answered before the body is read")
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=16 * 1024 * 1024,
+                                  description="request line + headers above this -> 431, connection closed")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a connection that has not sent "
+                                    "a complete request head this long after it started is closed")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600,
+                                  description="a request body not received in full by then -> 408")
+    # JSON parsing allocates per item and pydantic reports one error per bad item, so a 4 MiB body
+    # of `[1,1,...]` would cost gigabytes; items are counted before parsing (strings excluded).
+    max_json_items: int = Field(16_384, ge=64, description="commas, brackets and braces outside "
+                                "strings per request body; more -> 413 before parsing")
+    max_explain_texts: int = Field(16, ge=1, le=100_000,
+                                   description="texts per request with explain=true; more -> 413")
+    max_explain_tokens: int = Field(1024, ge=1, le=10_000_000, description="tokens (after truncation) "
+                                    "per request with explain=true; more -> 413, checked before inference")
+    drain_timeout_s: float = Field(
+        30.0, ge=1, le=3600, description="after SIGTERM, requests still unanswered this long are "
+        "answered 503 (JSON) and the worker exits; compose's stop_grace_period and Kubernetes' "
+        "terminationGracePeriodSeconds allow for it (service.cli.shutdown_deadline_s)")
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
@@ -128,6 +153,14 @@ class Settings(BaseSettings):
         if self.queue_limit < self.max_texts_per_request:
             raise ValueError(f"queue_limit ({self.queue_limit}) must be >= max_texts_per_request "
                              f"({self.max_texts_per_request})")
+        return self
+
+    @model_validator(mode="after")
+    def _json_items_fit_a_request(self) -> Settings:
+        # A request at max_texts_per_request pairs has about 3 items per pair.
+        if self.max_json_items < 4 * self.max_texts_per_request + 16:
+            raise ValueError(f"max_json_items ({self.max_json_items}) must be >= 4 x "
+                             f"max_texts_per_request + 16 ({4 * self.max_texts_per_request + 16})")
         return self
 
     def runtime_options(self) -> RuntimeOptions:

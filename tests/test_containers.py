@@ -251,7 +251,7 @@ def test_compose_service_settings(name: str, monkeypatch: pytest.MonkeyPatch) ->
     assert bundle and bundle[0]["read_only"] is True, "DISAN_BUNDLE is a read-only volume"
     assert service["restart"] in ("always", "unless-stopped", "on-failure")
     grace = float(service["stop_grace_period"].rstrip("s"))
-    assert grace > serve_cli.GRACEFUL_SHUTDOWN_S, "docker stop must outlast the graceful drain"
+    assert grace > serve_cli.shutdown_deadline_s(settings), "docker stop must outlast the drain"
     assert (ROOT / service["build"]["dockerfile"]).is_file()
 
 

@@ -43,8 +43,8 @@ SUFFIX = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
 
 
 def drain_deadline_s() -> float:
-    """Seconds `disan serve` drains in-flight requests after SIGTERM (the service's deadline)."""
-    return float(serve_cli.GRACEFUL_SHUTDOWN_S)
+    """Seconds `disan serve` may take from SIGTERM to exit (drain deadline + finishing up)."""
+    return serve_cli.shutdown_deadline_s(Settings())
 
 
 # ----------------------------------------------------------------------------------- loading
