@@ -6,13 +6,14 @@ time a call slot is free the worker builds ONE call:
 
 1. wait for the first item (and, with `max_wait_ms` > 0, until `max_batch_size` items wait or the
    deadline passes);
-2. take items round-robin across the pending requests, one item per request per pass, each
-   request's items shortest first, while the call stays within `max_batch_size` items and
-   `max_batch_cells` padded cells (batch x max_len^2: DiSAN's token2token attention is quadratic
-   in length). Requests that got an item move behind those that did not, so one client's
-   256-sentence request is interleaved with everyone else's one-sentence requests instead of
-   holding the batcher for its whole duration (fairness), and a short sentence waits for about one
-   call, not for a big request's whole queue;
+2. fill the call from the pending requests in order of fewest sentences left (ties: the oldest
+   first), and every `OLDEST_EVERY`-th call oldest first; each request gives its shortest
+   sentences while the call stays within `max_batch_size` items and `max_batch_cells` padded cells
+   (batch x max_len^2: DiSAN's token2token attention is quadratic in length). Fewest-left-first
+   lets a one-sentence request pass a 256-sentence one (it waits about one call, not the big
+   request's whole queue) and keeps requests of equal size in arrival order, the oldest finishing
+   first (a round-robin would finish them all late); the oldest-first calls guarantee a big
+   request a share of the calls however many small ones keep arriving;
 3. run the call in an executor thread (ORT releases the GIL; the event loop stays free);
 4. deliver each result, or the call's exception, to every waiting future. A failing call never
    kills the worker; items whose caller went away (cancelled future) are skipped.
@@ -37,6 +38,10 @@ from service.errors import NotReady, Overloaded
 from service.timing import RequestTiming
 
 log = logging.getLogger("disan.service.batcher")
+
+# Every this-many-th call serves the oldest request first: a big request's share of the calls
+# while small ones keep arriving, and how often a small one may wait for a second call.
+OLDEST_EVERY = 4
 
 P = TypeVar("P")  # payload of one item (e.g. token ids of one sentence)
 R = TypeVar("R")  # result of one item (e.g. one embedding row)
@@ -92,18 +97,24 @@ class MicroBatcher(Generic[P, R]):
         self.concurrency = concurrency
         self.executor = executor
         self.stats = stats or BatchStats()
-        self._queue: deque[_Request] = deque()  # round-robin order
+        self._queue: deque[_Request] = deque()  # arrival order
+        self._calls = 0
         self._depth = 0  # items in self._queue (cancelled ones until they are dropped)
         self._running: set[tuple[_Item, ...]] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
         self._last_batch_s = 0.01  # running estimate for Retry-After
+        self._item_s = 0.001  # running estimate of one call's seconds per item
 
     @property
     def depth(self) -> int:
         """Items waiting to be batched."""
         return self._depth
+
+    def queued_seconds(self) -> float:
+        """Estimated seconds until the items waiting now have run (admission control)."""
+        return self._depth * self._item_s / self.concurrency
 
     @property
     def running(self) -> bool:
@@ -222,30 +233,26 @@ class MicroBatcher(Generic[P, R]):
         return told
 
     def _take(self) -> list[_Item]:
-        """One call's items: round-robin over the requests within the size and cells budget."""
+        """One call's items (see the module docstring, step 2)."""
+        self._calls += 1
+        if self._calls % OLDEST_EVERY == 0:
+            order = list(self._queue)
+        else:
+            order = sorted(self._queue, key=lambda r: len(r.items))  # stable: ties stay oldest first
         batch: list[_Item] = []
         longest = 0
-        served: dict[_Request, None] = {}  # insertion-ordered set: order of first service
-        candidates = list(self._queue)
-        while candidates and len(batch) < self.max_batch_size:
-            taken_from = []
-            for request in candidates:
+        for request in order:
+            while len(batch) < self.max_batch_size:
                 item = request.head()
-                if item is None or len(batch) >= self.max_batch_size:
-                    continue
+                if item is None:
+                    break
                 new_longest = max(longest, item.length)
-                # An item that does not fit now never will in this call (it only grows).
                 if batch and (len(batch) + 1) * new_longest * new_longest > self.max_batch_cells:
-                    continue
+                    break  # its next sentence does not fit; a later request's shorter one may
                 request.items.popleft()
                 batch.append(item)
                 longest = new_longest
-                served[request] = None
-                taken_from.append(request)
-            candidates = taken_from
-        # Requests served in this call go behind those that were not; finished ones leave.
-        self._queue = deque([r for r in self._queue if r not in served and r.head() is not None]
-                            + [r for r in served if r.head() is not None])
+        self._queue = deque(r for r in self._queue if r.head() is not None)
         self._depth = sum(len(r.items) for r in self._queue)
         batch.sort(key=lambda it: it.length)
         return batch
@@ -327,6 +334,7 @@ class MicroBatcher(Generic[P, R]):
             for it in items:
                 it.finished = t1
             self._last_batch_s = 0.8 * self._last_batch_s + 0.2 * (t1 - t0)
+            self._item_s = 0.8 * self._item_s + 0.2 * (t1 - t0) / len(items)
             if self.stats.on_batch:
                 self.stats.on_batch(self.name, len(items), cells, t1 - t0)
         for it, result in zip(items, results, strict=True):

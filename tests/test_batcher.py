@@ -299,9 +299,9 @@ def test_a_small_request_is_interleaved_with_a_big_one():
     assert calls_before_small <= 6, calls_before_small  # FIFO: 40
 
 
-def test_round_robin_across_requests_with_a_shared_call():
-    """Each call takes one item per request per pass; a request served in a call goes behind the
-    ones that were not, so three requests share the calls evenly."""
+def test_equal_requests_keep_their_arrival_order():
+    """Requests of equal size are served in arrival order, each call filled from as few requests
+    as possible (a round-robin would make every one of them finish late)."""
     runner = FakeRunner()
     runner.gate = threading.Event()
 
@@ -320,7 +320,35 @@ def test_round_robin_across_requests_with_a_shared_call():
 
     out = run(main())
     assert out == [[f"{r}{i}" * 2 for i in range(3)] for r in "abc"]
-    assert runner.batches[1:] == [["a0", "b0"], ["c0", "a1"], ["b1", "c1"], ["a2", "b2"], ["c2"]]
+    assert runner.batches[1:] == [["a0", "a1"], ["a2", "b0"], ["b1", "b2"], ["c0", "c1"], ["c2"]]
+
+
+def test_a_big_request_is_not_starved_by_small_ones():
+    """Every OLDEST_EVERY-th call serves the oldest request first, so a steady stream of
+    one-sentence requests cannot hold a big request back (fewest-left-first alone would)."""
+    from service.batcher import OLDEST_EVERY
+
+    runner = FakeRunner(delay=0.005)
+
+    async def main():
+        b = make(runner, max_batch_size=64, max_wait_ms=0, max_batch_cells=1)
+        await b.start()
+        big = asyncio.ensure_future(b.run([f"big{i}" for i in range(10)]))
+        stop = time.perf_counter() + 5
+
+        async def small_stream() -> None:
+            while not big.done() and time.perf_counter() < stop:
+                await asyncio.gather(*(b.run(["s"]) for _ in range(3)))
+
+        await asyncio.gather(small_stream(), small_stream())
+        out = await big
+        await b.stop()
+        return out
+
+    assert run(main()) == [f"big{i}" * 2 for i in range(10)]
+    calls = runner.batches
+    last_big = max(i for i, batch in enumerate(calls) if batch[0].startswith("big"))
+    assert last_big < 10 * OLDEST_EVERY + 4, last_big  # the small ones go on for longer
 
 
 def test_withdrawn_requests_stop_counting_at_once():
