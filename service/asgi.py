@@ -24,6 +24,7 @@ from service.admission import Admission
 from service.errors import (
     ClientClosed,
     MalformedJSON,
+    Overloaded,
     RequestTimeout,
     RequestTooLarge,
     ServiceError,
@@ -44,15 +45,15 @@ _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 MAX_JSON_DEPTH = 32
 
 
-def declared_length(scope: Scope) -> int:
-    """The request's Content-Length header, 0 when absent or not a number."""
+def content_length(scope: Scope) -> int | None:
+    """The request's Content-Length header, None when absent or not a number."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
                 return int(value)
             except ValueError:
-                return 0
-    return 0
+                return None
+    return None
 
 
 def json_skeleton(body: bytes) -> bytes:
@@ -82,7 +83,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int,
     RequestTimeout if it is not complete within `timeout_s` (armed only when the body does not
     arrive in the first message, so a small request pays for no timer)."""
     too_big = RequestTooLarge(f"request body over {limit} bytes", CLOSE)
-    if declared_length(scope) > limit:
+    if (content_length(scope) or 0) > limit:
         raise too_big
     message = await receive()
     if message["type"] == "http.disconnect":
@@ -183,11 +184,16 @@ class GateMiddleware:
         inference = scope["path"] in self.inference_paths
         try:
             if inference:
-                self.admission.check()
+                try:
+                    self.admission.check(content_length(scope))
+                except Overloaded as refusal:
+                    await self.admission.pause(refusal)
+                    raise
             body = await self.policy.read(scope, receive)
             if body is None:
                 return
-            started = self.admission.enter() if inference else 0.0
+            if inference:
+                self.admission.enter()
         except ServiceError as exc:
             await send_error(send, exc)
             return
@@ -215,7 +221,7 @@ class GateMiddleware:
             await self.app(scope, replay, send_with_timing)
         finally:
             CURRENT.reset(token)
-            self.admission.leave(started)
+            self.admission.leave()
             self.metrics.on_inference(scope["path"], timing)
 
 

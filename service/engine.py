@@ -149,6 +149,10 @@ class Engine:
         self.metrics.close()
         log.info("stopped: batchers drained")
 
+    def queued_seconds(self) -> float:
+        """Estimated seconds of model work waiting in the batchers (admission control)."""
+        return sum(b.queued_seconds() for b in self.batchers.values())
+
     def readiness(self) -> tuple[str, str | None]:
         """(state, detail) for /ready: "ready" only when this worker and every other one is."""
         if self.state != "ready":

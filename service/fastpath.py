@@ -32,13 +32,14 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from service.admission import Admission
-from service.asgi import BodyPolicy, send_json, unless_disconnected
+from service.asgi import BodyPolicy, content_length, send_json, unless_disconnected
 from service.engine import Engine
 from service.errors import (
     ERROR_TABLE,
     NOT_JSON_MESSAGE,
     InvalidRequest,
     MalformedJSON,
+    Overloaded,
     ServiceError,
     Unauthorized,
     error_body,
@@ -121,18 +122,23 @@ class InferenceFastPath:
         status = 500  # what the metrics say if the client leaves before an answer is sent
         timing = RequestTiming()
         token: Token | None = None
-        started: float | None = None
+        admitted = False
         try:
             try:
                 # Admission and the key come before the body is read: refused or unauthenticated
                 # bodies are never read, let alone parsed.
-                self.admission.check()
+                try:
+                    self.admission.check(content_length(scope))
+                except Overloaded as refusal:
+                    await self.admission.pause(refusal)
+                    raise
                 if not api_key_ok(self.engine, bearer_credentials(header_value(scope, b"authorization"))):
                     raise Unauthorized()
                 body = await self.policy.read(scope, receive)
                 if body is None:
                     return
-                started = self.admission.enter()
+                self.admission.enter()
+                admitted = True
             except ServiceError as exc:
                 status = exc.status
                 await send_json(send, status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
@@ -143,8 +149,8 @@ class InferenceFastPath:
         finally:
             if token is not None:
                 CURRENT.reset(token)
-            if started is not None:
-                self.admission.leave(started)
+            if admitted:
+                self.admission.leave()
             self.metrics.on_request(path, "POST", status, time.perf_counter() - t0)
             self.metrics.on_inference(path, timing)
 

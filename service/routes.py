@@ -120,7 +120,10 @@ async def info(engine: EngineDep) -> dict:
         "variant": s.variant, "labels": rt.labels, "explain": rt.has_explain,
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
-                   "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit},
+                   "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit,
+                   "max_explain_texts": s.max_explain_texts, "max_explain_tokens": s.max_explain_tokens,
+                   "max_concurrent_requests": s.max_concurrent_requests,
+                   "max_json_items": s.max_json_items, "max_header_bytes": s.max_header_bytes},
         "batching": {"max_batch_size": s.max_batch_size, "max_wait_ms": s.max_wait_ms,
                      "max_batch_cells": s.max_batch_cells, "batch_concurrency": rt.batch_concurrency},
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()

@@ -47,10 +47,10 @@ def client(tiny_bundle, fast_path):
 # ------------------------------------------------------------------ admission control
 def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_path):
     """With every slot taken, a request is answered 429 + Retry-After without a single
-    `receive()`: nothing of it is read, parsed or tokenized."""
+    `receive()`: nothing of it is read, parsed or tokenized (admission did not exist before)."""
     async def main():
         app = create_app(Settings(bundle=tiny_bundle, fast_path=fast_path, max_concurrent_requests=1,
-                                  batch_concurrency=1, max_wait_ms=0))
+                                  refusal_delay_s=0.2, batch_concurrency=1, max_wait_ms=0))
         engine = app.state.engine
         await engine.start()
         await engine.wait_ready()
@@ -101,7 +101,8 @@ def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_pat
     status, headers, body = refused
     assert status == 429 and json.loads(body)["error"]["type"] == "overloaded"
     assert int(headers[b"retry-after"]) >= 1
-    assert refused_reads == [] and refused_s < 0.5
+    # Answered after the refusal delay (a pause that costs no CPU), still unread.
+    assert refused_reads == [] and 0.15 < refused_s < 1.0
 
 
 def test_admission_slots_are_given_back(client):
@@ -267,3 +268,30 @@ def test_timing_headers_and_histograms(client):
     tokens = [line for line in text.splitlines()
               if line.startswith('disan_request_tokens_sum{route="/embed"}')]
     assert tokens and float(tokens[0].split()[-1]) >= 6  # 4 + 2 tokens at least
+
+
+def test_admission_rules():
+    """The request limit applies to every request; the queue-wait limit only to bodies over
+    SMALL_BODY (or of unknown size): small requests pass big ones in the batcher anyway."""
+    from service.admission import SMALL_BODY, Admission
+    from service.errors import Overloaded
+
+    queued = [0.0]
+    admission = Admission(limit=2, max_queue_wait_s=1.0, queued_seconds=lambda: queued[0])
+    admission.check(5000)
+    admission.enter()
+    admission.enter()
+    with pytest.raises(Overloaded):
+        admission.check(10)
+    with pytest.raises(Overloaded):
+        admission.enter()
+    admission.leave()
+    queued[0] = 3.5
+    admission.check(SMALL_BODY)  # a small request passes a long queue
+    with pytest.raises(Overloaded) as refused:
+        admission.check(SMALL_BODY + 1)
+    assert refused.value.headers["Retry-After"] == "4"
+    with pytest.raises(Overloaded):
+        admission.check(None)  # a chunked upload of unknown size counts as big
+    admission.leave()
+    assert admission.active == 0
