@@ -24,7 +24,6 @@ from service.admission import Admission
 from service.errors import (
     ClientClosed,
     MalformedJSON,
-    Overloaded,
     RequestTimeout,
     RequestTooLarge,
     ServiceError,
@@ -66,15 +65,19 @@ def json_items(skeleton: bytes) -> int:
     return skeleton.count(b",") + skeleton.count(b"[") + skeleton.count(b"{") + 1
 
 
-def json_depth(data: bytes) -> int:
+def json_depth(data: bytes, chunk: int = 1 << 16) -> int:
     """Deepest nesting of brackets and braces in `data` (a skeleton: exact; raw bytes: brackets
-    inside strings count too)."""
-    brackets = np.frombuffer(data.translate(None, _NOT_BRACKETS), dtype=np.uint8)
-    if not brackets.size:
-        return 0
-    # "[" is 91 and "{" is 123 (bit 1 set); "]" is 93 and "}" is 125 (bit 1 clear): +1 / -1.
-    steps = (brackets & 2).astype(np.int32) - 1
-    return int(np.cumsum(steps).max())
+    inside strings count too). In chunks, so a 4 MiB body needs no 4M-element arrays."""
+    brackets = data.translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for start in range(0, len(brackets), chunk):
+        part = np.frombuffer(brackets, dtype=np.uint8, count=min(chunk, len(brackets) - start),
+                             offset=start)
+        # "[" is 91 and "{" is 123 (bit 1 set); "]" is 93 and "}" is 125 (bit 1 clear): +1 / -1.
+        levels = depth + np.cumsum((part & 2).astype(np.int32) - 1)
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+    return deepest
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int,
@@ -184,11 +187,7 @@ class GateMiddleware:
         inference = scope["path"] in self.inference_paths
         try:
             if inference:
-                try:
-                    self.admission.check(content_length(scope))
-                except Overloaded as refusal:
-                    await self.admission.pause(refusal)
-                    raise
+                await self.admission.admit(content_length(scope))
             body = await self.policy.read(scope, receive)
             if body is None:
                 return

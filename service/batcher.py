@@ -105,7 +105,9 @@ class MicroBatcher(Generic[P, R]):
         self._task: asyncio.Task | None = None
         self._closing = False
         self._last_batch_s = 0.01  # running estimate for Retry-After
-        self._item_s = 0.001  # running estimate of one call's seconds per item
+        # Running estimate of one call's seconds per item; the prior errs on the slow side (a
+        # long sentence on one CPU core) so a burst at start-up is not all admitted at once.
+        self._item_s = 0.005
 
     @property
     def depth(self) -> int:

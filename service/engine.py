@@ -97,10 +97,13 @@ class Engine:
         }
         for name in runtime.graphs:
             fn, length = runners[name]
+            # Explain calls are rare and each one's memory is large (attention maps): one at a time
+            # bounds what onnxruntime's arena grows to for them (bench/RESULTS.md, chaos).
+            concurrency = 1 if name == "sentiment_explain" else runtime.batch_concurrency
             self.batchers[name] = MicroBatcher(
                 name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
                 max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
-                concurrency=runtime.batch_concurrency, executor=self._executor,
+                concurrency=concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"
@@ -111,6 +114,11 @@ class Engine:
     def _load_sync(self) -> Runtime:
         runtime = Runtime(self.settings.bundle, self.settings.runtime_options())
         runtime.warmup()
+        if runtime.has_explain:
+            # The explain graph's memory grows with the square of the longest sentence (attention
+            # maps); one call at max_tokens takes it now, so no request grows a ready worker's RSS
+            # by that much (the other graphs need little more at max_tokens: bench/RESULTS.md).
+            runtime.explain([[1] * runtime.max_tokens])
         return runtime
 
     def begin_drain(self) -> None:

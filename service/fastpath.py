@@ -39,7 +39,6 @@ from service.errors import (
     NOT_JSON_MESSAGE,
     InvalidRequest,
     MalformedJSON,
-    Overloaded,
     ServiceError,
     Unauthorized,
     error_body,
@@ -127,11 +126,7 @@ class InferenceFastPath:
             try:
                 # Admission and the key come before the body is read: refused or unauthenticated
                 # bodies are never read, let alone parsed.
-                try:
-                    self.admission.check(content_length(scope))
-                except Overloaded as refusal:
-                    await self.admission.pause(refusal)
-                    raise
+                await self.admission.admit(content_length(scope))
                 if not api_key_ok(self.engine, bearer_credentials(header_value(scope, b"authorization"))):
                     raise Unauthorized()
                 body = await self.policy.read(scope, receive)

@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     settings = settings or Settings()
     metrics = Metrics()
     engine = Engine(settings, metrics)
-    admission = Admission(settings.max_concurrent_requests, settings.refusal_delay_s,
+    admission = Admission(settings.max_concurrent_requests, settings.admission_wait_s,
                           settings.max_queue_wait_s, engine.queued_seconds, on_change=metrics.on_admission)
     policy = BodyPolicy(settings.max_request_bytes, settings.body_timeout_s, settings.max_json_items)
 

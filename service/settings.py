@@ -110,11 +110,11 @@ class Settings(BaseSettings):
         64, ge=1, le=100_000, description="inference requests in progress per worker; more -> 429 "
         "with Retry-After, answered before the body is read")
     max_queue_wait_s: float = Field(
-        1.0, gt=0, le=3600, description="requests over 1 KiB are refused (429) while the work queued "
-        "in this worker is estimated at more than this (small ones pass big ones in the batcher)")
-    refusal_delay_s: float = Field(
-        1.0, ge=0, le=60, description="a request refused for overload is answered 429 after this "
-        "long (at most its Retry-After): clients retrying at once cannot turn refusals into a CPU storm")
+        0.5, gt=0, le=3600, description="requests over 1 KiB wait while the work queued in this worker "
+        "is estimated at more than this (small ones pass big ones in the batcher)")
+    admission_wait_s: float = Field(
+        1.0, ge=0, le=60, description="a request that cannot start waits this long at most (newest "
+        "first, body unread) before its 429: clients retrying at once cannot storm the CPU")
     max_header_bytes: int = Field(32 * 1024, ge=1024, le=16 * 1024 * 1024,
                                   description="request line + headers above this -> 431, connection closed")
     header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a connection that has not sent "

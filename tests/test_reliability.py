@@ -50,7 +50,7 @@ def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_pat
     `receive()`: nothing of it is read, parsed or tokenized (admission did not exist before)."""
     async def main():
         app = create_app(Settings(bundle=tiny_bundle, fast_path=fast_path, max_concurrent_requests=1,
-                                  refusal_delay_s=0.2, batch_concurrency=1, max_wait_ms=0))
+                                  admission_wait_s=0.2, batch_concurrency=1, max_wait_ms=0))
         engine = app.state.engine
         await engine.start()
         await engine.wait_ready()
@@ -101,7 +101,7 @@ def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_pat
     status, headers, body = refused
     assert status == 429 and json.loads(body)["error"]["type"] == "overloaded"
     assert int(headers[b"retry-after"]) >= 1
-    # Answered after the refusal delay (a pause that costs no CPU), still unread.
+    # Answered after waiting admission_wait_s for room (a wait that costs no CPU), still unread.
     assert refused_reads == [] and 0.15 < refused_s < 1.0
 
 
@@ -271,27 +271,74 @@ def test_timing_headers_and_histograms(client):
 
 
 def test_admission_rules():
-    """The request limit applies to every request; the queue-wait limit only to bodies over
-    SMALL_BODY (or of unknown size): small requests pass big ones in the batcher anyway."""
+    """The request limit holds every request; the queue-wait limit only bodies over SMALL_BODY
+    (or of unknown size): small requests pass big ones in the batcher anyway."""
     from service.admission import SMALL_BODY, Admission
     from service.errors import Overloaded
 
     queued = [0.0]
     admission = Admission(limit=2, max_queue_wait_s=1.0, queued_seconds=lambda: queued[0])
-    admission.check(5000)
-    admission.enter()
-    admission.enter()
-    with pytest.raises(Overloaded):
-        admission.check(10)
-    with pytest.raises(Overloaded):
+
+    async def main():
+        await admission.admit(5000)
         admission.enter()
-    admission.leave()
-    queued[0] = 3.5
-    admission.check(SMALL_BODY)  # a small request passes a long queue
-    with pytest.raises(Overloaded) as refused:
-        admission.check(SMALL_BODY + 1)
-    assert refused.value.headers["Retry-After"] == "4"
-    with pytest.raises(Overloaded):
-        admission.check(None)  # a chunked upload of unknown size counts as big
-    admission.leave()
-    assert admission.active == 0
+        admission.enter()
+        with pytest.raises(Overloaded):
+            await admission.admit(10)
+        with pytest.raises(Overloaded):
+            admission.enter()
+        admission.leave()
+        queued[0] = 3.5
+        await admission.admit(SMALL_BODY)  # a small request passes a long queue
+        with pytest.raises(Overloaded) as refused:
+            await admission.admit(SMALL_BODY + 1)
+        assert refused.value.headers["Retry-After"] == "4"
+        with pytest.raises(Overloaded):
+            await admission.admit(None)  # a chunked upload of unknown size counts as big
+        admission.leave()
+        assert admission.active == 0
+
+    asyncio.run(main())
+
+
+def test_waiting_requests_are_admitted_newest_first_or_refused_after_the_wait():
+    from service.admission import Admission
+    from service.errors import Overloaded
+
+    async def main():
+        admission = Admission(limit=1, wait_s=0.3)
+        admission.enter()  # the only slot is taken
+        order: list[str] = []
+
+        async def request(name: str) -> None:
+            try:
+                await admission.admit(100)
+            except Overloaded:
+                order.append(f"{name} refused")
+                return
+            admission.enter()
+            order.append(f"{name} admitted")
+            await asyncio.sleep(0.05)
+            admission.leave()
+
+        t0 = time.perf_counter()
+        waiting = [asyncio.ensure_future(request(n)) for n in ("old", "mid", "new")]
+        await asyncio.sleep(0.05)
+        admission.leave()  # room for one: the newest waiter gets it, then the next newest
+        await asyncio.gather(*waiting)
+        return order, time.perf_counter() - t0
+
+    order, seconds = asyncio.run(main())
+    assert order == ["new admitted", "mid admitted", "old admitted"], order
+    assert seconds < 1.0
+
+    async def refused():
+        admission = Admission(limit=1, wait_s=0.2)
+        admission.enter()
+        t0 = time.perf_counter()
+        with pytest.raises(Overloaded):
+            await admission.admit(100)
+        return time.perf_counter() - t0, admission._waiting
+
+    waited, left = asyncio.run(refused())
+    assert 0.15 < waited < 1.0 and left == []
