@@ -6,14 +6,16 @@ time a call slot is free the worker builds ONE call:
 
 1. wait for the first item (and, with `max_wait_ms` > 0, until `max_batch_size` items wait or the
    deadline passes);
-2. fill the call from the pending requests in order of fewest sentences left (ties: the oldest
-   first), and every `OLDEST_EVERY`-th call oldest first; each request gives its shortest
-   sentences while the call stays within `max_batch_size` items and `max_batch_cells` padded cells
-   (batch x max_len^2: DiSAN's token2token attention is quadratic in length). Fewest-left-first
-   lets a one-sentence request pass a 256-sentence one (it waits about one call, not the big
-   request's whole queue) and keeps requests of equal size in arrival order, the oldest finishing
-   first (a round-robin would finish them all late); the oldest-first calls guarantee a big
-   request a share of the calls however many small ones keep arriving;
+2. rank the pending requests by fewest sentences left (ties: the oldest first; every
+   `OLDEST_EVERY`-th call: oldest first) and take up to `max_batch_size` candidates from them in
+   that order, each request's shortest first; sort the candidates by length and cut them into
+   parts within `max_batch_size` items and `max_batch_cells` padded cells (batch x max_len^2:
+   DiSAN's token2token attention is quadratic in length); the call is the part holding the
+   top-ranked request's next sentence, the rest go back. Fewest-left-first lets a one-sentence
+   request pass a 256-sentence one (it waits about one call, not the big request's whole queue)
+   and keeps requests of equal size about in arrival order (a round-robin would finish them all
+   late); the oldest-first calls guarantee a big request a share of the calls however many small
+   ones keep arriving; the length sort keeps the padding small;
 3. run the call in an executor thread (ORT releases the GIL; the event loop stays free);
 4. deliver each result, or the call's exception, to every waiting future. A failing call never
    kills the worker; items whose caller went away (cancelled future) are skipped.
@@ -34,6 +36,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from disan.batching import split_by_cells
 from service.errors import NotReady, Overloaded
 from service.timing import RequestTiming
 
@@ -62,6 +65,7 @@ class _Item:
     payload: Any
     length: int
     future: asyncio.Future
+    request: _Request | None = None
     started: float = 0.0
     finished: float = 0.0
 
@@ -200,6 +204,8 @@ class MicroBatcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         items = [_Item(p, max(1, self.length(p)), loop.create_future()) for p in payloads]
         request = _Request(deque(sorted(items, key=lambda it: it.length)))
+        for it in items:
+            it.request = request
         self._queue.append(request)
         self._depth += len(items)
         self._wakeup.set()
@@ -241,22 +247,33 @@ class MicroBatcher(Generic[P, R]):
             order = list(self._queue)
         else:
             order = sorted(self._queue, key=lambda r: len(r.items))  # stable: ties stay oldest first
-        batch: list[_Item] = []
-        longest = 0
+        # Candidates: up to max_batch_size items, whole requests in priority order, each
+        # request's shortest first; the first candidate is the one this call must serve.
+        candidates: list[_Item] = []
         for request in order:
-            while len(batch) < self.max_batch_size:
-                item = request.head()
-                if item is None:
-                    break
-                new_longest = max(longest, item.length)
-                if batch and (len(batch) + 1) * new_longest * new_longest > self.max_batch_cells:
-                    break  # its next sentence does not fit; a later request's shorter one may
-                request.items.popleft()
-                batch.append(item)
-                longest = new_longest
+            while request.head() is not None and len(candidates) < self.max_batch_size:
+                candidates.append(request.items.popleft())
+            if len(candidates) >= self.max_batch_size:
+                break
+        if not candidates:
+            self._queue = deque(r for r in self._queue if r.head() is not None)
+            self._depth = sum(len(r.items) for r in self._queue)
+            return []
+        first = candidates[0]
+        # Length-sorted and cut by the cells budget (the packing of the fixed-window batcher),
+        # the call is the part holding the item that must be served.
+        ranked = sorted(candidates, key=lambda it: it.length)
+        at = next(i for i, it in enumerate(ranked) if it is first)
+        part = next(p for p in split_by_cells([it.length for it in ranked], self.max_batch_cells,
+                                              self.max_batch_size) if at in p)
+        batch = [ranked[i] for i in part]
+        chosen = set(map(id, batch))
+        # What was not chosen goes back to the front of its request (still shortest first).
+        for it in reversed(candidates):
+            if id(it) not in chosen:
+                it.request.items.appendleft(it)
         self._queue = deque(r for r in self._queue if r.head() is not None)
         self._depth = sum(len(r.items) for r in self._queue)
-        batch.sort(key=lambda it: it.length)
         return batch
 
     async def _next_call(self) -> list[_Item]:
