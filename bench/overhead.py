@@ -23,6 +23,7 @@ from bench.offline import load_sentences
 from bench.report import run_and_report
 from bench.server import Server, load, process_cpu
 from disan.runtime import Runtime
+from service.cli import HTTP_PROTOCOL
 from service.main import create_app
 from service.settings import Settings
 
@@ -40,7 +41,8 @@ def serve_stub() -> None:
     # uvicorn's options as `disan serve` sets them (service/cli.py).
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level="info" if settings.access_log else "warning",
-                access_log=settings.access_log, proxy_headers=False)
+                access_log=settings.access_log, proxy_headers=False, http=HTTP_PROTOCOL,
+                h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 # row -> DISAN_* settings of the stub server
