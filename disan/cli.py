@@ -1,4 +1,4 @@
-"""`disan` console script: train | pretrain | eval | export | verify | serve.
+"""`disan` console script: train | experiment | pretrain | eval | export | verify | serve.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -15,6 +15,7 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data"),
+    "experiment": ("disan.experiment", "run a resumable grid of training configurations x seeds"),
     "pretrain": ("disan.distill", "pre-train an encoder by distilling MiniLM sentence vectors"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),

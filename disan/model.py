@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 AttentionKind = Literal["multi_dim", "additive", "coda"]
 MaskKind = Literal["directional", "diag", "none"]
+S2TKind = Literal["multi_dim", "additive"]
 FINITE_NEG = -1.0e4  # masked-logit fill: exp() of it is 0 in fp32 and fp16, and it fits in fp16
 
 
@@ -41,6 +42,7 @@ class DiSANConfig:
     attention_kind: AttentionKind = "multi_dim"
     mask_kind: MaskKind = "directional"
     coda_gate: Literal["scaled", "centred"] = "scaled"  # 2*sigmoid(N), or sigmoid(N - mean_j N)
+    s2t_kind: S2TKind = "multi_dim"  # source2token: a score per feature (eq. 12), or one per token
     task: Literal["nli", "sentiment", "encoder"] = "nli"
     num_classes: int = 3
     head_dim: int = 300
@@ -262,17 +264,19 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
 
 
 class Source2Token(nn.Module):
-    """Multi-dimensional source2token attention (eqs. 12-13): [B,n,D] -> [B,D]."""
+    """Source2token attention [B,n,D] -> [B,D]: multi-dimensional (eqs. 12-13, one weight per
+    feature), or `s2t_kind="additive"`: the traditional additive attention, one weight per token
+    (the paper's "word embedding + additive attention" ablation row)."""
 
     def __init__(self, dim: int, cfg: DiSANConfig):
         super().__init__()
         self.map1 = Dense(dim, dim, cfg.activation, cfg.keep_prob)
-        self.map2 = Dense(dim, dim, None, cfg.keep_prob)
+        self.map2 = Dense(dim, dim if cfg.s2t_kind == "multi_dim" else 1, None, cfg.keep_prob)
 
     def forward(self, u: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.map2(self.map1(u))                                  # [B,n,D]
+        logits = self.map2(self.map1(u))                                  # [B,n,D] (additive: [B,n,1])
         probs = masked_softmax(logits, mask[..., None], dim=1)          # mask broadcast, not tiled
-        return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D]
+        return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D or 1]
 
 
 class DiSANEncoder(nn.Module):

@@ -51,6 +51,8 @@ class TrainConfig:
     activation: str = "elu"
     attention_kind: str = "multi_dim"
     mask_kind: str = "directional"
+    coda_gate: str = "scaled"
+    s2t_kind: str = "multi_dim"
     keep_prob: float = 0.75
     weight_decay: float = 5e-5
     optimizer: str = "adadelta"                 # adadelta (paper) | adam
@@ -294,7 +296,8 @@ def new_model(cfg: TrainConfig, vocab_size: int, embed_dim: int, num_classes: in
     """Build the task model and load the initial embedding matrix and trainable-row mask."""
     mcfg = DiSANConfig(vocab_size=vocab_size, embed_dim=embed_dim, d_h=cfg.d_h, c=cfg.c,
                        activation=cfg.activation, keep_prob=cfg.keep_prob, attention_kind=cfg.attention_kind,
-                       mask_kind=cfg.mask_kind, task=cfg.task, num_classes=num_classes, head_dim=cfg.d_h)
+                       mask_kind=cfg.mask_kind, coda_gate=cfg.coda_gate, s2t_kind=cfg.s2t_kind,
+                       task=cfg.task, num_classes=num_classes, head_dim=cfg.d_h)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg)
     with torch.no_grad():

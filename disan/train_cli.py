@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--activation", choices=["elu", "relu"], default="elu")
     m.add_argument("--attention-kind", choices=["multi_dim", "additive", "coda"], default="multi_dim")
     m.add_argument("--mask-kind", choices=["directional", "diag", "none"], default="directional")
+    m.add_argument("--coda-gate", choices=["scaled", "centred"], default="scaled",
+                   help="gate of --attention-kind coda: 2*sigmoid(N) or sigmoid(N - mean_j N)")
+    m.add_argument("--s2t-kind", choices=["multi_dim", "additive"], default="multi_dim",
+                   help="source2token attention: one weight per feature (paper) or per token")
     m.add_argument("--keep-prob", type=float, help="dropout keep prob (paper: nli 0.75, sentiment 0.7)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--weight-decay", type=float,
@@ -136,7 +140,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         vocab_texts=list(files.get("vocab_texts", args.vocab_texts)),
         vocab_texts_only=files.get("vocab_texts_only", False), init_encoder=args.init_encoder,
         embed_dim=args.embed_dim, d_h=args.d_h, c=args.c, activation=args.activation,
-        attention_kind=args.attention_kind, mask_kind=args.mask_kind,
+        attention_kind=args.attention_kind, mask_kind=args.mask_kind, coda_gate=args.coda_gate,
+        s2t_kind=args.s2t_kind,
         keep_prob=args.keep_prob if args.keep_prob is not None else defaults["keep_prob"],
         weight_decay=args.weight_decay if args.weight_decay is not None else defaults["weight_decay"],
         optimizer=args.optimizer,
