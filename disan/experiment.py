@@ -19,10 +19,12 @@ row (`[train]`, TrainConfig field names) and the rows, each a name plus its own 
 Each run trains in-process through `disan train`'s own command line (so a row is exactly the
 `disan train` command the table prints) into `<runs-dir>/<row>-<key>/seed<N>` (outside the repo);
 `key` hashes the row's options, so editing a row starts fresh runs instead of resuming stale
-ones. A finished run appends one JSON line to the results file (next to the spec, in
-`results/<name>.jsonl`); a run interrupted (Ctrl-C, a killed session) resumes from its last.pt
-with what is left of its time budget. Runs go seed-major (every row with the first seed, then
-the next seed), so a partial grid is already comparable across rows.
+ones. Rows may name a `stage` (default 1): all of stage 1 runs before stage 2, so the expensive
+rows can wait until the cheap ones have all their seeds. A finished run appends one JSON line to
+the results file (next to the spec, in `results/<name>.jsonl`); a run interrupted (Ctrl-C, a
+killed session) resumes from its last.pt with what is left of its time budget. Runs go
+seed-major (every row with the first seed, then the next seed; within each stage), so a partial
+grid is already comparable across rows.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Row:
     train: dict
     paper: float | None = None
     label: str = ""
+    stage: int = 1
 
 
 @dataclass
@@ -100,10 +103,13 @@ def load_spec(path: str | Path, fields: set[str] | None = None) -> Spec:
         rname = r.get("name")
         if not isinstance(rname, str) or not NAME_RE.match(rname):
             raise ValueError(f"{path}: rows[{i}] needs a plain 'name' (letters, digits, _ . -)")
-        extra = set(r) - {"name", "train", "paper", "label"}
+        extra = set(r) - {"name", "train", "paper", "label", "stage"}
         if extra:
             raise ValueError(f"{path}: row {rname!r}: unknown keys {sorted(extra)}")
-        rows.append(Row(rname, dict(r.get("train", {})), r.get("paper"), r.get("label", rname)))
+        if not isinstance(r.get("stage", 1), int):
+            raise ValueError(f"{path}: row {rname!r}: 'stage' must be an integer")
+        rows.append(Row(rname, dict(r.get("train", {})), r.get("paper"), r.get("label", rname),
+                        r.get("stage", 1)))
     if not rows:
         raise ValueError(f"{path}: no [[rows]]")
     if len({r.name for r in rows}) != len(rows):
@@ -217,10 +223,11 @@ class Runner:
         return self.runs_dir / self.spec.name / f"{row.name}-{row_key(self.spec, row)}" / f"seed{seed}"
 
     def plan(self) -> tuple[list[tuple[Row, int]], int]:
-        """(unfinished (row, seed) pairs in seed-major order, number already finished)."""
+        """(unfinished (row, seed) pairs, number already finished): stage by stage, seed-major."""
         done = {(r["row"], r["seed"], r.get("key")) for r in read_results(self.results_path)}
-        todo = [(row, seed) for seed in self.spec.seeds for row in self.spec.rows
-                if (row.name, seed, row_key(self.spec, row)) not in done]
+        stages = sorted({row.stage for row in self.spec.rows})
+        todo = [(row, seed) for stage in stages for seed in self.spec.seeds for row in self.spec.rows
+                if row.stage == stage and (row.name, seed, row_key(self.spec, row)) not in done]
         return todo, len(self.spec.seeds) * len(self.spec.rows) - len(todo)
 
     def argv(self, row: Row, seed: int) -> list[str]:
