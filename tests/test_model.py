@@ -187,3 +187,28 @@ def test_nli_model_has_the_papers_parameter_count() -> None:
     model = NLIModel(DiSANConfig(vocab_size=10, embed_dim=300, d_h=300))
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("encoder.embed."))
     assert math.isclose(n, 2.35e6, rel_tol=0.02), n
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "directional"])
+def test_additive_source2token_weights_tokens_not_features(mask_kind: str) -> None:
+    """s2t_kind="additive" (the word + additive attention ablation): one softmax weight per token,
+    shared by all features, as a loop over positions computes it; padding changes nothing."""
+    enc = encoder(mask_kind=mask_kind, s2t_kind="additive")
+    assert enc.s2t.map2.linear.out_features == 1
+    ids = torch.randint(2, V, (2, 6))
+    ids[1, 4:] = 0
+    mask = ids != 0
+    sent, tok = enc(ids, mask, return_tokens=True)
+    u = (enc.token_map(enc.embed(ids)) if mask_kind == "none"
+         else torch.cat([tok["u_fw"], tok["u_bw"]], -1))
+    for b in range(2):
+        valid = [i for i in range(6) if mask[b, i]]
+        scores = torch.stack([enc.s2t.map2.linear(F.elu(enc.s2t.map1.linear(u[b, i])))[0] for i in valid])
+        probs = torch.softmax(scores, 0)
+        torch.testing.assert_close(sent[b], sum(p * u[b, i] for p, i in zip(probs, valid, strict=True)),
+                                   rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(tok["s2t"][b, valid], probs, rtol=1e-9, atol=1e-10)
+    padded = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    multi = encoder(mask_kind=mask_kind)  # same seed, same weights but map2: a different model
+    assert not torch.allclose(multi(ids, mask), sent)
