@@ -53,6 +53,7 @@ class TrainConfig:
     mask_kind: str = "directional"
     coda_gate: str = "scaled"
     s2t_kind: str = "multi_dim"
+    encoder_kind: str = "disan"
     keep_prob: float = 0.75
     weight_decay: float = 5e-5
     optimizer: str = "adadelta"                 # adadelta (paper) | adam
@@ -297,6 +298,7 @@ def new_model(cfg: TrainConfig, vocab_size: int, embed_dim: int, num_classes: in
     mcfg = DiSANConfig(vocab_size=vocab_size, embed_dim=embed_dim, d_h=cfg.d_h, c=cfg.c,
                        activation=cfg.activation, keep_prob=cfg.keep_prob, attention_kind=cfg.attention_kind,
                        mask_kind=cfg.mask_kind, coda_gate=cfg.coda_gate, s2t_kind=cfg.s2t_kind,
+                       encoder_kind=cfg.encoder_kind,
                        task=cfg.task, num_classes=num_classes, head_dim=cfg.d_h)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg)

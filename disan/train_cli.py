@@ -82,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gate of --attention-kind coda: 2*sigmoid(N) or sigmoid(N - mean_j N)")
     m.add_argument("--s2t-kind", choices=["multi_dim", "additive"], default="multi_dim",
                    help="source2token attention: one weight per feature (paper) or per token")
+    m.add_argument("--encoder-kind", choices=["disan", "multi_head", "bilstm"], default="disan",
+                   help="token layer before source2token: DiSA blocks, or the paper's baselines")
     m.add_argument("--keep-prob", type=float, help="dropout keep prob (paper: nli 0.75, sentiment 0.7)")
     o = p.add_argument_group("optimisation")
     o.add_argument("--weight-decay", type=float,
@@ -141,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         vocab_texts_only=files.get("vocab_texts_only", False), init_encoder=args.init_encoder,
         embed_dim=args.embed_dim, d_h=args.d_h, c=args.c, activation=args.activation,
         attention_kind=args.attention_kind, mask_kind=args.mask_kind, coda_gate=args.coda_gate,
-        s2t_kind=args.s2t_kind,
+        s2t_kind=args.s2t_kind, encoder_kind=args.encoder_kind,
         keep_prob=args.keep_prob if args.keep_prob is not None else defaults["keep_prob"],
         weight_decay=args.weight_decay if args.weight_decay is not None else defaults["weight_decay"],
         optimizer=args.optimizer,

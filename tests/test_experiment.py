@@ -185,7 +185,7 @@ def test_shipped_ablation_rows_build_distinct_models() -> None:
     outputs, configs = {}, {}
     for row in spec.rows:
         opts = {k: v for k, v in X.row_options(spec, row).items()
-                if k in ("mask_kind", "attention_kind", "coda_gate", "s2t_kind")}
+                if k in ("mask_kind", "attention_kind", "coda_gate", "s2t_kind", "encoder_kind")}
         cfg = disan.train.TrainConfig(task="sentiment", out="unused", d_h=8, seed=0, **opts)
         matrix = np.random.default_rng(0).normal(size=(30, 8)).astype(np.float32)
         model = disan.train.new_model(cfg, 30, 8, 5, matrix, np.ones(30, dtype=bool)).eval()
@@ -198,5 +198,6 @@ def test_shipped_ablation_rows_build_distinct_models() -> None:
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not torch.allclose(outputs[a], outputs[b]), (a, b)
-    assert len({(c.mask_kind, c.attention_kind, c.coda_gate, c.s2t_kind) for c in configs.values()}) \
-        == len(names)
+    kinds = {(c.mask_kind, c.attention_kind, c.coda_gate, c.s2t_kind, c.encoder_kind)
+             for c in configs.values()}
+    assert len(kinds) == len(names) == 8

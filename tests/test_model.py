@@ -212,3 +212,29 @@ def test_additive_source2token_weights_tokens_not_features(mask_kind: str) -> No
     torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
     multi = encoder(mask_kind=mask_kind)  # same seed, same weights but map2: a different model
     assert not torch.allclose(multi(ids, mask), sent)
+
+
+@pytest.mark.parametrize("encoder_kind", ["multi_head", "bilstm"])
+def test_baseline_encoders_ignore_padding_see_order_and_stay_finite(encoder_kind: str) -> None:
+    """The paper's multi-head and Bi-LSTM (+ source2token) baselines: padding changes nothing,
+    word order matters (positions / recurrence), short and empty rows stay finite with gradients."""
+    enc = encoder(encoder_kind=encoder_kind)
+    assert not hasattr(enc, "fw") and not enc.packed
+    ids = torch.randint(2, V, (3, 6))
+    ids[1, 4:] = 0
+    ids[2, 1:] = 0
+    mask = ids != 0
+    sent = enc(ids, mask)
+    padded = torch.cat([ids, torch.zeros(3, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    for b, length in ((0, 6), (1, 4), (2, 1)):  # each sentence alone, unpadded: the same vector
+        torch.testing.assert_close(enc(ids[b:b + 1, :length], mask[b:b + 1, :length])[0], sent[b],
+                                   rtol=1e-9, atol=1e-10)
+    flipped = ids[:1].flip(1)
+    assert not torch.allclose(enc(flipped, flipped != 0), sent[:1])
+    enc.train()
+    ids[2, :] = 0  # an all-padding row
+    out = enc(ids, ids != 0)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
