@@ -315,6 +315,7 @@ class Runner:
                     if result is None:
                         failed += 1
                     else:
+                        write_table(self.spec, self.results_path)  # the table follows the grid
                         bar.write(f"[{self.spec.name}] {row.name} seed {seed}: dev {result['dev_acc']:.4f} "
                                   f"test {result['test_acc']:.4f} steps {result['steps']} "
                                   f"({result['stop_reason']})", file=self.log)
@@ -411,6 +412,16 @@ def plot(spec: Spec, results: list[dict], path: Path) -> bool:
     return True
 
 
+def write_table(spec: Spec, results_path: Path) -> tuple[Path, Path | None]:
+    """results/<name>.md (the table) and <name>_dev_curves.png beside the results file."""
+    results = read_results(results_path)
+    md = results_path.with_suffix(".md")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(table(spec, results), encoding="utf-8")
+    png = results_path.with_name(f"{spec.name}_dev_curves.png")
+    return md, (png if plot(spec, results, png) else None)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the `disan experiment` options."""
     p.add_argument("spec", help="grid spec (TOML), e.g. experiments/sst5_ablation.toml")
@@ -430,14 +441,9 @@ def run(args: argparse.Namespace) -> int:
     if args.table:
         spec = load_spec(args.spec)
         results_path = Path(args.results) if args.results else spec.results_path
-        text = table(spec, read_results(results_path))
-        print(text, end="")
-        md = results_path.with_suffix(".md")
-        md.parent.mkdir(parents=True, exist_ok=True)
-        md.write_text(text, encoding="utf-8")
-        png = results_path.with_name(f"{spec.name}_dev_curves.png")
-        made = plot(spec, read_results(results_path), png)
-        print(f"wrote {md}" + (f" and {png}" if made else ""), file=sys.stderr)
+        print(table(spec, read_results(results_path)), end="")
+        md, png = write_table(spec, results_path)
+        print(f"wrote {md}" + (f" and {png}" if png else ""), file=sys.stderr)
         return 0
     spec = load_spec(args.spec, train_fields())
     runner = Runner(spec, Path(args.runs_dir), Path(args.data), args.run_progress,

@@ -91,6 +91,9 @@ def test_grid_runs_every_pair_seed_major_then_skips_finished_runs(data, tmp_path
         assert x["git"]["commit"] is None or len(x["git"]["commit"]) == 40
     assert {x["model_config"]["mask_kind"] for x in rows} == {"directional", "diag"}
     text = r.results_path.read_text()
+    table_md = (tmp_path / "results" / "tiny.md").read_text()  # rewritten after every run
+    assert "| disan | 51.72 |" in table_md and "| 2/2 (1,2) | 6 |" in table_md
+    assert (tmp_path / "results" / "tiny_dev_curves.png").is_file()
     assert str(tmp_path) not in text and "<data>/train.jsonl" in text  # no machine paths recorded
 
     def must_not_train(argv):
