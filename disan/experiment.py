@@ -218,6 +218,9 @@ class Runner:
 
     def __post_init__(self) -> None:
         self.results_path = self.results_path or self.spec.results_path
+        # Read once: the code this process runs is the code it imported at start, whatever
+        # the checkout's HEAD is by the time a run finishes.
+        self.git = git_state(self.spec.path.parent)
 
     def run_dir(self, row: Row, seed: int) -> Path:
         return self.runs_dir / self.spec.name / f"{row.name}-{row_key(self.spec, row)}" / f"seed{seed}"
@@ -290,7 +293,7 @@ class Runner:
             "options": row_options(self.spec, row), "train_config": train_cfg,
             "model_config": best["config"],
             "curve": [[r["step"], r["elapsed_s"], round(r["dev_acc"], 5)] for r in history],
-            "git": git_state(self.spec.path.parent), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "git": self.git, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
 
     def run(self) -> int:
