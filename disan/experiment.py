@@ -275,13 +275,19 @@ class Runner:
         return result
 
     def collect(self, row: Row, seed: int, wall_s: float) -> dict:
-        """The results row of a finished run, from its metrics.jsonl and best.pt."""
+        """The results row of a finished run, from its metrics.jsonl and best.pt.
+
+        train_s: the trainer's clock (training + dev evaluations, summed over resumes); wall_s:
+        this call's seconds for the run, with data loading and the test evaluation.
+        """
         from disan.checkpoint import load_checkpoint
 
         out = self.run_dir(row, seed)
         history, final = read_metrics(out)
         best = load_checkpoint(out / "best.pt")
         train_cfg = {k: _portable(v, self.data, out) for k, v in best["train_config"].items()}
+        # A resumed run's checkpoint holds the budget that was left; record the row's own.
+        train_cfg["max_minutes"] = float(row_options(self.spec, row).get("max_minutes", 0.0))
         last = history[-1] if history else {}
         return {
             "experiment": self.spec.name, "row": row.name, "seed": seed, "key": row_key(self.spec, row),
