@@ -362,28 +362,32 @@ def mean_std(values: list[float]) -> str:
 
 
 def table(spec: Spec, results: list[dict]) -> str:
-    """Markdown: mean ± std of test and dev accuracy per row over its finished seeds."""
+    """Markdown: mean ± std of test and dev accuracy per row over its finished seeds, each row with
+    its own `disan train` flags (the shared ones are printed once above the table)."""
     lines = [f"# {spec.name}", ""]
     if spec.note:
         lines += [spec.note.strip(), ""]
+    shared = shlex.join(["disan", "train", *to_argv(spec.train)])
     lines += ["Accuracy in %, mean ± sample std over the finished seeds (test at the dev-selected "
-              "checkpoint). Reproduce every cell: `disan experiment "
-              f"{spec.path.as_posix()}`; the `disan train` command of each row is listed below.", "",
-              "| row | paper (test) | test acc | dev acc | seeds | steps (mean) | train min (mean) |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              f"checkpoint). Every cell: `{shared} ROW-FLAGS --seed S` for each seed S; the whole grid: "
+              f"`disan experiment {spec.path.as_posix()}` (resumable); full commands below.", "",
+              "| row | row flags | paper (test) | test acc | dev acc | seeds | steps (mean) "
+              "| train min (mean) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     commands = []
     for row in spec.rows:
         key = row_key(spec, row)
         mine = [r for r in results if r["row"] == row.name and r.get("key") == key]
         paper = f"{row.paper:.2f}" if row.paper is not None else "-"
+        flags = f"`{shlex.join(to_argv(row.train))}`" if row.train else "(none)"
+        head = f"| {row.label} | {flags} | {paper} |"
         if not mine:
-            lines.append(f"| {row.label} | {paper} | not yet measured | not yet measured "
-                         f"| 0/{len(spec.seeds)} | - | - |")
+            lines.append(f"{head} not yet measured | not yet measured | 0/{len(spec.seeds)} | - | - |")
         else:
             seeds = sorted(r["seed"] for r in mine)
             steps = statistics.mean(r["steps"] for r in mine)
             minutes = statistics.mean(r["train_s"] for r in mine) / 60
-            lines.append(f"| {row.label} | {paper} | {mean_std([r['test_acc'] for r in mine])} | "
+            lines.append(f"{head} {mean_std([r['test_acc'] for r in mine])} | "
                          f"{mean_std([r['dev_acc'] for r in mine])} | {len(mine)}/{len(spec.seeds)} "
                          f"({','.join(map(str, seeds))}) | {steps:.0f} | {minutes:.1f} |")
         commands.append(f"- {row.label}: `{train_command(spec, row)}`")

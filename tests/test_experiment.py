@@ -92,7 +92,7 @@ def test_grid_runs_every_pair_seed_major_then_skips_finished_runs(data, tmp_path
     assert {x["model_config"]["mask_kind"] for x in rows} == {"directional", "diag"}
     text = r.results_path.read_text()
     table_md = (tmp_path / "results" / "tiny.md").read_text()  # rewritten after every run
-    assert "| disan | 51.72 |" in table_md and "| 2/2 (1,2) | 6 |" in table_md
+    assert "| disan | (none) | 51.72 |" in table_md and "| 2/2 (1,2) | 6 |" in table_md
     assert (tmp_path / "results" / "tiny_dev_curves.png").is_file()
     assert str(tmp_path) not in text and "<data>/train.jsonl" in text  # no machine paths recorded
 
@@ -151,8 +151,8 @@ def test_table_shows_mean_std_per_row_and_what_is_missing(tmp_path) -> None:
                for s, t, d in ((1, 0.5, 0.4), (2, 0.6, 0.5), (3, 0.7, 0.6))]
     results.append({**results[0], "key": "stale", "test_acc": 0.99})  # another config: not counted
     text = X.table(spec, results)
-    assert "| disan | 51.72 | 60.00 ± 10.00 | 50.00 ± 10.00 | 3/3 (1,2,3) | 100 | 1.0 |" in text
-    assert "| diag | - | not yet measured | not yet measured | 0/3 | - | - |" in text
+    assert "| disan | (none) | 51.72 | 60.00 ± 10.00 | 50.00 ± 10.00 | 3/3 (1,2,3) | 100 | 1.0 |" in text
+    assert "| diag | `--mask-kind diag` | - | not yet measured | not yet measured | 0/3 | - | - |" in text
     assert "--mask-kind diag --seed $s" in text
     assert X.plot(spec, results, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 0
     assert X.mean_std([0.5]) == "50.00"
