@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +44,9 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import disan.cli  # torch-free; each run is `disan train` in this process
+from disan.train_config import TrainConfig
 
 # Set by the runner itself, never by a spec.
 RUNNER_OWNED = {"out", "seed", "progress"}
@@ -73,8 +77,7 @@ class Spec:
 
 
 def train_fields() -> set[str]:
-    """TrainConfig's field names (imports torch: called only when a spec is validated)."""
-    from disan.train import TrainConfig
+    """TrainConfig's field names: what a spec may set."""
     return set(TrainConfig.__dataclass_fields__)
 
 
@@ -253,8 +256,6 @@ class Runner:
 
     def run_one(self, row: Row, seed: int) -> dict | None:
         """Train (or resume, or just collect) one run; -> its results row, None when it failed."""
-        from disan.cli import main as disan_main
-
         out = self.run_dir(row, seed)
         started = time.monotonic()
         _, final = read_metrics(out)
@@ -263,7 +264,7 @@ class Runner:
             print(f"[{self.spec.name}] {row.name} seed {seed}: disan train {shlex.join(argv)}",
                   file=self.log, flush=True)
             try:
-                rc = disan_main(["train", *argv])
+                rc = disan.cli.main(["train", *argv])
             except SystemExit as exc:  # argparse rejected an option of the spec
                 rc = exc.code if isinstance(exc.code, int) else 2
             if rc != 0:
@@ -280,7 +281,7 @@ class Runner:
         train_s: the trainer's clock (training + dev evaluations, summed over resumes); wall_s:
         this call's seconds for the run, with data loading and the test evaluation.
         """
-        from disan.checkpoint import load_checkpoint
+        from disan.checkpoint import load_checkpoint  # torch: only once a run has finished
 
         out = self.run_dir(row, seed)
         history, final = read_metrics(out)
@@ -304,7 +305,7 @@ class Runner:
 
     def run(self) -> int:
         """Every unfinished run, in order. Safe to interrupt: the next call resumes."""
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # the train extra; --table runs without it
 
         todo, done = self.plan()
         total = done + len(todo)
@@ -341,8 +342,6 @@ class Runner:
 @contextlib.contextmanager
 def _lock(path: Path):
     """One runner per grid: a second one (e.g. a later session's) refuses instead of racing."""
-    import fcntl
-
     with path.open("w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -397,11 +396,11 @@ def table(spec: Spec, results: list[dict]) -> str:
 def plot(spec: Spec, results: list[dict], path: Path) -> bool:
     """Dev accuracy over training steps, one line per run, one colour per row -> PNG."""
     try:
-        import matplotlib
+        import matplotlib  # optional: no plot without it
     except ImportError:
         return False
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the backend
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, row in enumerate(spec.rows):
