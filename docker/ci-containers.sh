@@ -64,7 +64,7 @@ cleanup() {
 trap cleanup EXIT
 cleanup  # leftovers of an interrupted run
 
-# --------------------------------------------------------------------------- base images
+# ------------------------------------------------------------------------------ images
 # The host's Debian mirror (deb822 URIs: or one-line `deb` entries); security and other archives
 # are skipped.
 MIRROR=$(grep -hsE '^(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
@@ -99,18 +99,6 @@ bootstrap() {  # IMAGE SUITE PACKAGES [mmdebstrap options] [-- podman import opt
     rm -rf "$tmp"
 }
 
-# Python base: pip inside the builds must trust the same CAs as this host (a TLS-inspecting proxy
-# may sit in between), and pip uses its own CA list unless PIP_CERT says otherwise.
-bootstrap "$PYTHON_BASE" bookworm python3,python3-venv,ca-certificates \
-    --customize-hook='copy-in /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs' \
-    --customize-hook='chroot "$1" ln -sf python3 /usr/bin/python' \
-    -- --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' --change 'CMD ["python3"]'
-# sid's Release file may be older than its 7-day Valid-Until on a snapshot mirror; signatures
-# are still checked.
-bootstrap "$NGINX_ROOTFS" sid nginx,wget,gettext-base \
-    --aptopt='Acquire::Check-Valid-Until "false"' -- --change 'CMD ["nginx", "-g", "daemon off;"]'
-
-# ------------------------------------------------------------------------------ images
 build() {  # TAG DOCKERFILE [podman build options]
     local tag=$1 file=$2 out="$STATE/build-$(basename "$2" .Dockerfile).log"
     shift 2
@@ -120,12 +108,42 @@ build() {  # TAG DOCKERFILE [podman build options]
     if ! podman build --network host --pull=never --format docker -f "$file" -t "$tag" "$@" . \
             >"$out" 2>&1; then
         tail -n 60 "$out" >&2
+        echo "podman build of $file failed (log: $out)" >&2
         exit 1
     fi
+    log "built $tag"
 }
-build "$CPU_IMAGE" docker/service-cpu.Dockerfile --build-arg "PYTHON_IMAGE=$PYTHON_BASE"
-build "$GPU_IMAGE" docker/service-gpu.Dockerfile --build-arg "CUDA_IMAGE=$PYTHON_BASE"
-build "$LB_IMAGE" docker/nginx-debian.Dockerfile --build-arg "NGINX_ROOTFS=$NGINX_ROOTFS"
+
+python_images() {
+    # pip inside the builds must trust the same CAs as this host (a TLS-inspecting proxy may sit
+    # in between), and pip uses its own CA list unless PIP_CERT says otherwise.
+    bootstrap "$PYTHON_BASE" bookworm python3,python3-venv,ca-certificates \
+        --customize-hook='copy-in /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs' \
+        --customize-hook='chroot "$1" ln -sf python3 /usr/bin/python' \
+        -- --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' --change 'CMD ["python3"]'
+    build "$CPU_IMAGE" docker/service-cpu.Dockerfile --build-arg "PYTHON_IMAGE=$PYTHON_BASE" &
+    build "$GPU_IMAGE" docker/service-gpu.Dockerfile --build-arg "CUDA_IMAGE=$PYTHON_BASE" &
+    wait_all
+}
+
+nginx_image() {
+    # sid's Release file may be older than its 7-day Valid-Until on a snapshot mirror; signatures
+    # are still checked.
+    bootstrap "$NGINX_ROOTFS" sid nginx,wget,gettext-base \
+        --aptopt='Acquire::Check-Valid-Until "false"' -- --change 'CMD ["nginx", "-g", "daemon off;"]'
+    build "$LB_IMAGE" docker/nginx-debian.Dockerfile --build-arg "NGINX_ROOTFS=$NGINX_ROOTFS"
+}
+
+wait_all() {  # wait for every background job; fail if any failed
+    local failed=0 job
+    for job in $(jobs -p); do wait "$job" || failed=1; done
+    return $failed
+}
+
+# The steps wait on the network, on disk and on one core each (pip, dpkg): run them side by side.
+python_images &
+nginx_image &
+wait_all
 
 # ------------------------------------------------------------------------------ run
 log "running tests/test_containers_live.py"

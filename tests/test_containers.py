@@ -1,11 +1,11 @@
 """Containers cannot drift from the code (statically; tests/test_containers_live.py runs them).
 
 This lints the Dockerfiles (hadolint) and compose files (check-jsonschema, compose-spec schema),
-then checks what they *use* against the code: every CMD parses with the real `disan` CLI, every DISAN_* variable is a field of
-`service.settings.Settings` and its value validates, the health probe hits a real route and
-behaves, ports and paths agree across Dockerfiles, compose and nginx, and the CUDA base image
-matches the onnxruntime-gpu pin. A linter missing from PATH skips its test; CI installs both
-through the `dev` extra.
+then checks what they *use* against the code: every CMD parses with the real `disan` CLI, every
+DISAN_* variable is a field of `service.settings.Settings` and its value validates, the health
+probe hits a real route and behaves, ports and paths agree across Dockerfiles, compose and nginx,
+and the CUDA base image matches the onnxruntime-gpu pin. A linter missing from PATH skips its
+test; CI installs both through the `dev` extra.
 """
 
 from __future__ import annotations
