@@ -14,19 +14,19 @@ import argparse
 import time
 from pathlib import Path
 
+from bench.offline import load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
+from disan.runtime import load_offline
 
 
 def run_ab(args: argparse.Namespace) -> dict:
     """Best-of sentences/s of every bundle per (threads, bucket), measured alternately."""
-    from bench.offline import load_sentences, ort_encoder, throughput
-    from disan.evaluate import load_runtime
 
     sentences = load_sentences(args.data, args.per_bucket)
     results: dict = {"date": time.strftime("%Y-%m-%d"), "bundles": [str(b) for b in args.bundles],
                      "rows": []}
     for threads in args.threads:
-        encoders = [ort_encoder(load_runtime(b, threads=threads)) for b in args.bundles]
+        encoders = [ort_encoder(load_offline(b, threads=threads)) for b in args.bundles]
         for bucket in args.buckets:
             best = [0.0] * len(encoders)
             for _ in range(args.rounds):

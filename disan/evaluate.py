@@ -16,21 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-# Default test file per task inside the staged data layout (../shared/data/README.md).
-STAGED_FILES = {
-    "snli": "snli/test_tok.jsonl.gz",
-    "mnli": "mnli/dev_matched.jsonl.gz",
-    "sick-e": "senteval/SICK/sick_dev.jsonl.gz",
-    "sst5": "sst/sst5_test.jsonl.gz",
-    "sst2": "sst/sst2_test.jsonl.gz",
-}
-NLI_TASKS = {"snli", "mnli", "sick-e"}
+from disan.batching import map_sorted
+from disan.data import read_examples
+from disan.optional import require
+from disan.recipes import EVAL_FILES, NLI_EVAL_TASKS
+from disan.runtime import Runtime, load_offline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan eval`."""
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
-    parser.add_argument("--task", choices=sorted(STAGED_FILES))
+    parser.add_argument("--task", choices=sorted(EVAL_FILES))
     parser.add_argument("--transfer", action="store_true", help="SentEval-style transfer of /embed vectors")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"),
                         help="a data file, or the staged data directory (the task's test file is used)")
@@ -42,45 +38,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
 
 
-def load_runtime(bundle: Path, variant: str = "fp32", threads: int = 0):
-    """The service's runtime on CPU: eval scores exactly what `disan serve` runs."""
-    from service.runtime import Runtime
-    from service.settings import Settings
-
-    # One call at a time (offline loops are sequential), with `threads` ORT threads (0: ORT's choice).
-    return Runtime(bundle, Settings(providers="cpu", variant=variant, intra_op_threads=threads,
-                                    batch_concurrency=1))
-
-
-def _batches(rows: list, batch_size: int):
-    """Length-sorted batches of indices, so padding (and n^2 attention cost) stays small."""
-    order = np.argsort([len(r[0]) if isinstance(r, tuple) else len(r) for r in rows], kind="stable")
-    for start in range(0, len(order), batch_size):
-        yield order[start:start + batch_size]
-
-
-def predict(runtime, task: str, examples, batch_size: int = 64) -> np.ndarray:
+def predict(runtime: Runtime, task: str, examples, batch_size: int = 64) -> np.ndarray:
     """Class probabilities for every example, in input order."""
     max_len = runtime.max_tokens
-    if task in NLI_TASKS:
+    if task in NLI_EVAL_TASKS:
         rows = [(runtime.vocab.ids(ex.texts[0])[:max_len], runtime.vocab.ids(ex.texts[1])[:max_len])
                 for ex in examples]
-        run = runtime.nli
-    else:
-        rows = [runtime.vocab.ids(ex.texts[0])[:max_len] for ex in examples]
-        run = runtime.sentiment
-    probs: list[np.ndarray | None] = [None] * len(rows)
-    for idx in _batches(rows, batch_size):
-        for i, p in zip(idx, run([rows[i] for i in idx]), strict=True):
-            probs[i] = p
-    return np.stack(probs)
+        return np.stack(map_sorted(runtime.nli, rows, batch_size, length=lambda r: len(r[0])))
+    rows = [runtime.vocab.ids(ex.texts[0])[:max_len] for ex in examples]
+    return np.stack(map_sorted(runtime.sentiment, rows, batch_size))
 
 
 def score(task: str, labels: list[str], examples, probs: np.ndarray) -> dict:
     """Accuracy, macro-F1 and confusion matrix (rows = gold, columns = predicted)."""
-    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+    # scikit-learn comes with the `train` extra; a serve-only install reaches this line only for eval.
+    metrics = require("sklearn.metrics", "train")
 
-    if task in NLI_TASKS:
+    if task in NLI_EVAL_TASKS:
         names = labels
         gold = [labels.index(ex.label) for ex in examples]
         pred = probs.argmax(axis=1)
@@ -94,9 +68,9 @@ def score(task: str, labels: list[str], examples, probs: np.ndarray) -> dict:
         pred = probs.argmax(axis=1)
     return {
         "task": task, "n": len(gold), "labels": names,
-        "accuracy": round(100 * accuracy_score(gold, pred), 2),
-        "macro_f1": round(100 * f1_score(gold, pred, average="macro"), 2),
-        "confusion": confusion_matrix(gold, pred, labels=list(range(len(names)))).tolist(),
+        "accuracy": round(100 * metrics.accuracy_score(gold, pred), 2),
+        "macro_f1": round(100 * metrics.f1_score(gold, pred, average="macro"), 2),
+        "confusion": metrics.confusion_matrix(gold, pred, labels=list(range(len(names)))).tolist(),
     }
 
 
@@ -115,14 +89,12 @@ def format_report(report: dict) -> str:
 
 def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", batch_size: int = 64) -> dict:
     """Run the bundle on a task's data file and score it."""
-    from disan.data import read_examples
-
-    path = data / STAGED_FILES[task] if data.is_dir() else data
+    path = data / EVAL_FILES[task] if data.is_dir() else data
     kind, examples = read_examples(path)
-    if (kind == "nli") != (task in NLI_TASKS):
+    if (kind == "nli") != (task in NLI_EVAL_TASKS):
         raise ValueError(f"{path}: holds {kind} data, not {task}")
-    runtime = load_runtime(bundle, variant)
-    graph_labels = runtime.labels["nli" if task in NLI_TASKS else "sentiment"]
+    runtime = load_offline(bundle, variant)
+    graph_labels = runtime.labels["nli" if task in NLI_EVAL_TASKS else "sentiment"]
     probs = predict(runtime, task, examples, batch_size)
     report = score(task, graph_labels, examples, probs)
     report.update(data=str(path), bundle=str(bundle), variant=variant)
@@ -132,6 +104,7 @@ def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", ba
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan eval`."""
     if args.transfer:
+        # imported here: the transfer suite pulls scikit-learn/scipy, plain task eval does not
         from disan.transfer import run_transfer
 
         run_transfer(args)

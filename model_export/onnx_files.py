@@ -12,6 +12,11 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import onnx
+from onnx.utils import Extractor
+from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+from onnxruntime.transformers.float16 import convert_float_to_float16
+
 
 def extract(src: Path, dst: Path, inputs: Sequence[str], outputs: Sequence[str],
             rename: dict[str, str] | None = None) -> Path:
@@ -20,9 +25,6 @@ def extract(src: Path, dst: Path, inputs: Sequence[str], outputs: Sequence[str],
     Only nodes the outputs depend on are kept (onnx.utils.Extractor), so the extracted graph
     is exactly the computation of those outputs, with the same weights and dynamic axes.
     """
-    import onnx
-    from onnx.utils import Extractor
-
     model = Extractor(onnx.load(str(src))).extract_model(list(inputs), list(outputs))
     for old, new in (rename or {}).items():
         for value in [*model.graph.input, *model.graph.output]:
@@ -41,9 +43,6 @@ def convert_fp16(src: Path, dst: Path) -> Path:
     Uses onnxruntime's float16 converter with keep_io_types (ids/mask in, float32 out). The model
     math needs no change: disan/model.py never uses -inf or literals outside the fp16 range.
     """
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "values truncated to fp16 range" chatter for tiny weights
         model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
@@ -53,16 +52,11 @@ def convert_fp16(src: Path, dst: Path) -> Path:
 
 def check_onnx(path: Path) -> None:
     """Run the full onnx checker (with shape inference); raises onnx.checker.ValidationError."""
-    import onnx
-
     onnx.checker.check_model(str(path), full_check=True)
 
 
 def quantize_int8(src: Path, dst: Path, quantize_embedding: bool = True) -> Path:
     """Dynamic int8 quantisation of MatMul weights (and the embedding Gather if asked)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
-
     ops = ["MatMul", "Gemm"] + (["Gather"] if quantize_embedding else [])
     model = onnx.load(str(src))
     # The exporter's value_info annotates Gemm weights in their transB layout; ORT's quantizer

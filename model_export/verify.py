@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
-from disan.manifest import load_manifest, sha256_file, write_manifest
+from disan.manifest import BundleError, load_manifest, sha256_file, write_manifest
 from disan.text import Vocab
 
 LENGTHS = (1, 2, 7, 33, 100)
@@ -50,8 +51,7 @@ class Case:
 
 def token_stream(vocab: Vocab, texts: list[str]) -> list[int]:
     """All texts' token ids concatenated (UNKs included): the pool real-sentence cases cut from."""
-    stream = [i for t in texts for i in vocab.encode([t]).ids[0].tolist()]
-    return stream or [1]
+    return [i for t in texts for i in vocab.text_ids(t)]
 
 
 def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, seed: int = 0) -> list[Case]:
@@ -91,8 +91,6 @@ def feeds_for(graph: dict[str, Any], case: Case, other: Case | None = None) -> d
 
 def session(path: Path):
     """A CPU onnxruntime session (verification is always done on CPU, single-threaded)."""
-    import onnxruntime as ort
-
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.log_severity_level = 3
@@ -100,7 +98,7 @@ def session(path: Path):
 
 
 def _torch_outputs(module, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import torch
+    import torch  # only the parity mode needs torch (see load_references)
 
     with torch.no_grad():
         out = module(*(torch.from_numpy(v) for v in feeds.values()))
@@ -239,6 +237,7 @@ def load_references(manifest: dict[str, Any]) -> tuple[dict[str, Any] | None, st
             return None, f"source checkpoint for {task} not found ({src.get('path')})"
         if sha256_file(path) != src.get("sha256"):
             return None, f"source checkpoint {path} changed since export (sha256 differs)"
+    # torch: only the parity mode needs it (`disan verify` checks consistency without torch)
     from disan.checkpoint import load_checkpoint, model_from_checkpoint
     from model_export.graphs import build_wrappers
 
@@ -271,7 +270,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify a bundle; print a JSON report; exit 0 if everything passed, 1 otherwise."""
-    from disan.manifest import BundleError
 
     try:
         result = verify_bundle(args.bundle)

@@ -29,6 +29,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from disan.batching import split_by_cells
 from service.errors import NotReady, Overloaded
 
 log = logging.getLogger("disan.service.batcher")
@@ -53,24 +54,6 @@ class _Item:
     length: int
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
-
-
-def split_by_cells(lengths: Sequence[int], max_cells: int, max_size: int) -> list[range]:
-    """Cut ascending `lengths` into consecutive ranges with size * max_len^2 <= max_cells.
-
-    A single item always forms a batch even if it alone exceeds the budget (the request limits,
-    not the batcher, decide what is too long).
-    """
-    batches: list[range] = []
-    start = 0
-    for i, n in enumerate(lengths):
-        size = i - start + 1
-        if i > start and (size * n * n > max_cells or size > max_size):
-            batches.append(range(start, i))
-            start = i
-    if start < len(lengths):
-        batches.append(range(start, len(lengths)))
-    return batches
 
 
 class MicroBatcher(Generic[P, R]):

@@ -35,7 +35,9 @@ def env_name(field: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per settings field; unset flags leave the env / default value alone."""
     for name, field in Settings.model_fields.items():
-        help_text = (field.description or name.replace("_", " ")) + f" (env {env_name(name)})"
+        default = "./models/default" if name == "bundle" else field.get_default(call_default_factory=True)
+        shown = "unset" if default in (None, []) else default
+        help_text = f"{field.description or name.replace('_', ' ')} (default: {shown}; env {env_name(name)})"
         kwargs: dict = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if name == "cors_origins":
             kwargs.update(nargs="*", metavar="ORIGIN")

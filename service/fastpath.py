@@ -1,15 +1,14 @@
 """Fast path for the inference routes: FastAPI's handlers and contract, without its per-request cost.
 
 With one sentence per request, FastAPI's routing, dependency solving, body parsing and middleware
-stack cost a lot next to the model: measured with inference stubbed out, a POST /embed took
-0.77 ms of server CPU through FastAPI, 0.49 ms through this path as an inner middleware and
-0.38 ms as the app's first stop (bench/RESULTS.md, "per-request overhead").
+stack cost about as much CPU as the model itself (bench/overhead.py; the figures are in
+bench/RESULTS.md, "per-request overhead").
 
 `DisanApp.__call__` (service.main) hands a request to `InferenceFastPath` before FastAPI's
-middleware stack runs when `claims` says so: POST on a path of `routes.HANDLERS`, and no CORS
+middleware stack runs when `claims` says so: POST on a path of `handlers.HANDLERS`, and no CORS
 `Origin` to answer (browsers' requests take FastAPI's path, which has the CORS middleware). Every
 other request, OpenAPI included, is FastAPI's. What the stack would have done is done here with
-the same code: the body limit (`service.body.read_body`), the request metrics
+the same code: the body limit (`service.asgi.read_body`), the request metrics
 (`Metrics.on_request`), the request models and parsing (stdlib json, then strict pydantic), the
 handlers, the API-key check and the error table. tests/test_fastpath.py checks both paths give
 identical answers; one deliberate difference: the API key is checked before the body is read
@@ -30,7 +29,8 @@ from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from service.body import read_body, send_json
+from service.asgi import read_body, send_json, unless_disconnected
+from service.engine import Engine
 from service.errors import (
     ERROR_TABLE,
     NOT_JSON_MESSAGE,
@@ -42,9 +42,8 @@ from service.errors import (
     public_message,
     validation_message,
 )
+from service.handlers import HANDLERS, api_key_ok, encode_json
 from service.metrics import Metrics
-from service.pipeline import Service
-from service.routes import HANDLERS, api_key_ok, encode_json, unless_disconnected
 
 log = logging.getLogger("disan.service")
 
@@ -94,10 +93,10 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
 
 
 class InferenceFastPath:
-    """Serves POST on `routes.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
+    """Serves POST on `handlers.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
 
-    def __init__(self, service: Service, metrics: Metrics, body_limit: int, cors: bool):
-        self.service = service
+    def __init__(self, engine: Engine, metrics: Metrics, body_limit: int, cors: bool):
+        self.engine = engine
         self.metrics = metrics
         self.body_limit = body_limit
         self.cors = cors
@@ -125,13 +124,13 @@ class InferenceFastPath:
         model, handler = self.endpoints[path]
         try:
             # The key is checked before the body is read: unauthenticated bodies are never read.
-            if not api_key_ok(self.service, bearer_credentials(_header(scope, b"authorization"))):
+            if not api_key_ok(self.engine, bearer_credentials(_header(scope, b"authorization"))):
                 raise Unauthorized()
             body = await read_body(scope, receive, self.body_limit)
             if body is None:
                 return None
             request = parse_body(model, body, _header(scope, b"content-type"))
-            payload = await unless_disconnected(receive, handler(request, self.service))
+            payload = await unless_disconnected(receive, handler(request, self.engine))
         except ServiceError as exc:
             message = public_message(exc, path)
             return exc.status, orjson.dumps(error_body(exc.type, message)), exc.headers

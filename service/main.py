@@ -17,11 +17,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
-from service.body import BodyLimitMiddleware
+from service.asgi import BodyLimitMiddleware
+from service.engine import Engine
 from service.errors import install_error_handlers
 from service.fastpath import InferenceFastPath
 from service.metrics import Metrics, MetricsMiddleware
-from service.pipeline import Service
 from service.routes import AUTH, inference, router
 from service.settings import Settings
 
@@ -49,20 +49,20 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     """Build the ASGI app for `settings` (default: from the environment)."""
     settings = settings or Settings()
     metrics = Metrics()
-    service = Service(settings, metrics)
+    engine = Engine(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.start()
+        await engine.start()
         try:
             yield
         finally:
-            await service.stop()
+            await engine.stop()
 
     app = DisanApp(title="disan-serve", version=disan.__version__, description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.settings = settings
-    app.state.service = service
+    app.state.engine = engine
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     # Added innermost first: CORS applies to everything, metrics count everything. The fast path
     # does the body limit and the metrics itself, and leaves requests with a CORS Origin to CORS.
     if settings.fast_path:
-        app.fast_path = InferenceFastPath(service, metrics, settings.max_request_bytes,
+        app.fast_path = InferenceFastPath(engine, metrics, settings.max_request_bytes,
                                           cors=bool(settings.cors_origins))
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     if settings.cors_origins:

@@ -1,22 +1,28 @@
-"""HTTP routes. Thin: parse (schemas) -> Service (pipeline) -> response models."""
+"""FastAPI routes. Thin: FastAPI parses (schemas) -> service.handlers -> JSON response.
+
+The inference routes here are what OpenAPI documents and what requests take when the fast path
+is off; the handlers they call are the same as the fast path's.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import secrets
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
-from starlette.types import Receive
 
-from service.errors import ERROR_TABLE, ClientClosed, InvalidRequest, Unauthorized
-from service.pipeline import Service
+from service.asgi import unless_disconnected
+from service.engine import Engine
+from service.errors import ERROR_TABLE, Unauthorized
+from service.handlers import (
+    api_key_ok,
+    embed_result,
+    encode_json,
+    nli_result,
+    openai_embeddings_result,
+    sentiment_result,
+)
 from service.schemas import (
     EmbedRequest,
     EmbedResponse,
@@ -31,32 +37,22 @@ from service.schemas import (
     Status,
 )
 
-T = TypeVar("T")
 _bearer = HTTPBearer(auto_error=False, description="required only when the server sets an API key")
 
 
-async def get_service(request: Request) -> Service:
-    """The app's Service (set by create_app). `async` on purpose: FastAPI runs plain `def`
+async def get_engine(request: Request) -> Engine:
+    """The app's Engine (set by create_app). `async` on purpose: FastAPI runs plain `def`
     dependencies in a worker thread, a thread hop per request for a dict lookup."""
-    return request.app.state.service
+    return request.app.state.engine
 
 
-ServiceDep = Annotated[Service, Depends(get_service)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
 
 
-def api_key_ok(service: Service, credentials: str | None) -> bool:
-    """True when no API key is configured, or `credentials` matches it (constant time)."""
-    key = service.settings.api_key
-    if key is None:
-        return True
-    return credentials is not None and secrets.compare_digest(credentials.encode(),
-                                                              key.get_secret_value().encode())
-
-
-async def require_api_key(service: ServiceDep,
+async def require_api_key(engine: EngineDep,
                           creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """Check `Authorization: Bearer <key>` when an API key is configured."""
-    if not api_key_ok(service, creds.credentials if creds is not None else None):
+    if not api_key_ok(engine, creds.credentials if creds is not None else None):
         raise Unauthorized()
 
 
@@ -84,122 +80,40 @@ def json_response(payload: dict[str, Any]) -> Response:
     return Response(encode_json(payload), media_type="application/json")
 
 
-def encode_json(payload: dict[str, Any]) -> bytes:
-    """orjson bytes of a route result (numpy arrays written as lists)."""
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Await `work` in this task; if the client disconnects first (ASGI `receive` says so), a
-    watcher cancels it, so its queued sentences are skipped, and ClientClosed is raised.
-
-    This runs on every request, so it costs one small task and no `asyncio.wait`.
-    """
-    this = asyncio.current_task()
-    assert this is not None
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass  # the body is already read, so only a disconnect can come
-        gone = True
-        this.cancel()
-
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        this.uncancel()
-        raise ClientClosed("client closed the request") from None
-    finally:
-        watcher.cancel()
-
-
-# ---- inference: one handler per route, shared by FastAPI and service.fastpath ----
-async def embed_result(body: EmbedRequest, service: Service) -> dict[str, Any]:
-    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them."""
-    vectors, tokens = await service.embed(body.texts, body.normalize, body.truncate)
-    runtime = service.require_ready()
-    return {"model": runtime.name, "dim": runtime.dim, "embeddings": vectors, "usage": {"tokens": tokens}}
-
-
-async def nli_result(body: NLIRequest, service: Service) -> dict[str, Any]:
-    """POST /nli: a label and class probabilities per premise-hypothesis pair."""
-    pairs = [(p.premise, p.hypothesis) for p in body.pairs]
-    results, tokens = await service.nli(pairs, body.truncate)
-    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
-
-
-async def sentiment_result(body: SentimentRequest, service: Service) -> dict[str, Any]:
-    """POST /sentiment: fine-grained class, polarity and probabilities (+ attention if asked)."""
-    results, tokens = await service.sentiment(body.texts, body.truncate, body.explain)
-    return {"model": service.require_ready().name, "results": results, "usage": {"tokens": tokens}}
-
-
-async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, service: Service) -> dict[str, Any]:
-    """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64)."""
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    runtime = service.require_ready()
-    if body.dimensions is not None and body.dimensions != runtime.dim:
-        raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
-                             f"got {body.dimensions}")
-    vectors, tokens = await service.embed(texts, normalize=True, truncate=False, field="input")
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        data = list(vectors)
-    return {"object": "list", "model": runtime.name,
-            "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-# path -> (request model, handler): what service.fastpath serves without FastAPI's routing.
-HANDLERS: dict[str, tuple[type[BaseModel], Callable[[Any, Service], Awaitable[dict[str, Any]]]]] = {
-    "/embed": (EmbedRequest, embed_result),
-    "/nli": (NLIRequest, nli_result),
-    "/sentiment": (SentimentRequest, sentiment_result),
-    "/v1/embeddings": (OpenAIEmbeddingsRequest, openai_embeddings_result),
-}
-
-
 @inference.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings")
-async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
+async def embed(body: EmbedRequest, request: Request, engine: EngineDep) -> Response:
     """Embed each text with the DiSAN encoder; `normalize` L2-normalises the vectors."""
-    return json_response(await unless_disconnected(request.receive, embed_result(body, service)))
+    return json_response(await unless_disconnected(request.receive, embed_result(body, engine)))
 
 
 @inference.post("/nli", response_model=NLIResponse, summary="Natural language inference")
-async def nli(body: NLIRequest, request: Request, service: ServiceDep) -> Response:
+async def nli(body: NLIRequest, request: Request, engine: EngineDep) -> Response:
     """Entailment / neutral / contradiction for each premise-hypothesis pair."""
-    return json_response(await unless_disconnected(request.receive, nli_result(body, service)))
+    return json_response(await unless_disconnected(request.receive, nli_result(body, engine)))
 
 
 @inference.post("/sentiment", response_model=SentimentResponse, response_model_exclude_none=True,
                 summary="Sentiment (5 SST classes + coarse polarity)")
-async def sentiment(body: SentimentRequest, request: Request, service: ServiceDep) -> Response:
+async def sentiment(body: SentimentRequest, request: Request, engine: EngineDep) -> Response:
     """Fine-grained sentiment per text; `explain=true` adds attention maps and token weights."""
-    return json_response(await unless_disconnected(request.receive, sentiment_result(body, service)))
+    return json_response(await unless_disconnected(request.receive, sentiment_result(body, engine)))
 
 
 @inference.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse,
                 summary="OpenAI-compatible embeddings")
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request,
-                            service: ServiceDep) -> Response:
+                            engine: EngineDep) -> Response:
     """OpenAI `POST /v1/embeddings`: vectors are L2-normalised like OpenAI's; texts over the
     token limit are rejected (OpenAI does the same), `base64` is little-endian float32."""
     return json_response(await unless_disconnected(request.receive,
-                                                   openai_embeddings_result(body, service)))
+                                                   openai_embeddings_result(body, engine)))
 
 
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
-async def info(service: ServiceDep) -> dict:
+async def info(engine: EngineDep) -> dict:
     """What is being served and how: the provider is the one the live session reports."""
-    rt = service.require_ready()
-    s = service.settings
+    rt = engine.require_ready()
+    s = engine.settings
     m = rt.manifest
     return {
         "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
@@ -217,19 +131,19 @@ async def info(service: ServiceDep) -> dict:
 
 @router.get("/health", response_model=Status, response_model_exclude_none=True,
             responses={503: {"model": Status}}, summary="Liveness")
-async def health(service: ServiceDep) -> Any:
+async def health(engine: EngineDep) -> Any:
     """200 while the process is alive; 503 only if the bundle failed to load (restart me)."""
-    if service.state == "failed":
-        return JSONResponse({"status": "failed", "detail": service.detail}, status_code=503)
+    if engine.state == "failed":
+        return JSONResponse({"status": "failed", "detail": engine.detail}, status_code=503)
     return {"status": "ok"}
 
 
 @router.get("/ready", response_model=Status, response_model_exclude_none=True,
             responses={503: {"model": Status}}, summary="Readiness")
-async def ready(service: ServiceDep) -> Any:
+async def ready(engine: EngineDep) -> Any:
     """200 once the bundle is loaded and warmed up; 503 while loading, draining or failed."""
-    if service.state != "ready":
-        return JSONResponse({"status": service.state, "detail": service.detail}, status_code=503,
+    if engine.state != "ready":
+        return JSONResponse({"status": engine.state, "detail": engine.detail}, status_code=503,
                             headers={"Retry-After": "1"})
     return {"status": "ready"}
 

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from disan.runtime import RuntimeOptions
+
 # service/ sits next to models/ in the repository (and in an editable install).
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_REL = Path("models") / "default"
@@ -45,8 +47,8 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (each loads the bundle)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(
-        False, description="uvicorn's access log, one line per request (off by default: it costs "
-        "~0.1 ms of CPU per request, bench/RESULTS.md; /metrics counts requests by route and status)")
+        False, description="uvicorn's access log, one line per request (off by default: its CPU cost "
+        "per request is in bench/RESULTS.md; /metrics counts requests by route and status)")
 
     # --- onnxruntime ---
     providers: Literal["auto", "cuda", "cpu"] = Field(
@@ -72,24 +74,24 @@ class Settings(BaseSettings):
     # --- micro-batching ---
     queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
     max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
-    # 0 = continuous batching: a batch takes whatever queued while the previous call ran. Measured
-    # (bench/RESULTS.md): waiting 2 ms halved throughput at concurrency 1 and gained nothing at 64.
+    # 0 = continuous batching: a batch takes whatever queued while the previous call ran; waiting
+    # to fill a batch cost throughput at low concurrency and gained nothing at high (RESULTS.md).
     max_wait_ms: float = Field(0.0, ge=0.0, le=1000.0,
                                description="how long a batch waits to fill (0: take what is queued)")
-    # Measured (bench/cells.py, bench/RESULTS.md): past a few thousand cells the [B,n,n,d]
-    # attention tensors leave the CPU caches and a bigger call is slower per sentence.
+    # On a CPU, past a few thousand cells the [B,n,n,d] attention tensors leave the caches and a
+    # bigger call is slower per sentence (bench/cells.py).
     max_batch_cells: int = Field(4096, ge=1,
                                  description="padded-cells budget per ORT call: batch x max_len^2")
-    # Measured (bench/RESULTS.md): on 2 cores, 2 single-threaded ORT calls at once served 1.3-1.6x
-    # one call with 2 intra-op threads (intra-op threads scale poorly on small batches).
+    # Several single-threaded ORT calls at once beat one call with as many intra-op threads on a
+    # CPU (intra-op threads scale poorly on small batches; bench/service.py).
     batch_concurrency: int = Field(
         0, ge=0, le=64, description="ORT calls in flight per graph; 0 = auto: 1 on CUDA, on CPU one "
         "call per core of this worker (cores / workers), each with 1 ORT thread unless "
         "intra_op_threads is set")
 
     # --- HTTP ---
-    # Measured (bench/RESULTS.md): FastAPI's per-request machinery cost about as much CPU as the
-    # model for one-sentence requests; the fast path serves the same contract without it.
+    # FastAPI's per-request machinery costs about as much CPU as the model for one-sentence
+    # requests (bench/overhead.py); the fast path serves the same contract without it.
     fast_path: bool = Field(True, description="serve the POST inference routes through "
                             "service.fastpath (same API; false: through FastAPI's router)")
 
@@ -128,7 +130,10 @@ class Settings(BaseSettings):
                              f"({self.max_texts_per_request})")
         return self
 
-    @property
-    def ort_threads(self) -> tuple[int, int]:
-        """(intra, inter) op thread counts for onnxruntime."""
-        return self.intra_op_threads, self.inter_op_threads
+    def runtime_options(self) -> RuntimeOptions:
+        """What the runtime needs of these settings (the runtime never reads settings itself)."""
+        return RuntimeOptions(
+            providers=self.providers, variant=self.variant, intra_op_threads=self.intra_op_threads,
+            inter_op_threads=self.inter_op_threads, graph_optimization_level=self.graph_optimization_level,
+            ort_spinning=self.ort_spinning, batch_concurrency=self.batch_concurrency, workers=self.workers,
+            max_tokens=self.max_tokens, model_name=self.model_name)

@@ -6,15 +6,17 @@ in an environment without torch (the service's), and the fixtures skip cleanly t
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from disan.manifest import NLI_LABELS
+from disan.manifest import SST5_LABELS as SENTIMENT_LABELS
 from disan.text import Vocab
 
-NLI_LABELS = ["entailment", "neutral", "contradiction"]
-SENTIMENT_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 # Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
 WORDS = """a an the man woman men women child children dog dogs cat people person is are was
 were be not no and or but of in on at to with for from by this that it he she they there
@@ -95,3 +97,24 @@ def fast_path(request) -> bool:
     """`Settings.fast_path`: the API tests run with the inference routes served by
     service.fastpath and by FastAPI's router, which must behave the same."""
     return request.param
+
+
+def wait_ready(get: Callable, base: str = "", timeout: float = 30.0,
+               alive: Callable[[], bool] | None = None, retry: tuple[type[Exception], ...] = ()) -> None:
+    """Poll `get(base + "/ready")` (a TestClient's or httpx's `get`) until it answers 200.
+
+    Fails at once if the bundle failed to load, if `alive()` says the server process died, or
+    after `timeout` seconds. Exceptions in `retry` (a server still starting) are retried.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        assert alive is None or alive(), "the server process exited"
+        try:
+            r = get(f"{base}/ready")
+            if r.status_code == 200:
+                return
+            assert r.json().get("status") != "failed", r.json()
+        except retry:
+            pass
+        assert time.monotonic() < deadline, f"not ready after {timeout:.0f} s"
+        time.sleep(0.02)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import numpy as np
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,19 +17,11 @@ from service.settings import Settings
 WORDS = ["a", "man", "is", "playing", "guitar", "the", "movie", "was", "great", "bad", "not", "zebra"]
 
 
-def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
-    """Poll /ready until the background load and warm-up finished."""
-    deadline = time.monotonic() + timeout
-    while (r := client.get("/ready")).status_code != 200:
-        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def client(tiny_bundle, fast_path):
     app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=1.0, fast_path=fast_path))
     with TestClient(app) as c:
-        wait_ready(c)
+        wait_ready(c.get)
         yield c
 
 
@@ -124,7 +116,7 @@ def test_openai_dimensions_must_match(client):
 
 def test_info_reports_the_live_session_provider(client):
     info = client.get("/info").json()
-    runtime = client.app.state.service.runtime
+    runtime = client.app.state.engine.runtime
     live = {name: g.session.get_providers()[0] for name, g in runtime.graphs.items()}
     assert info["providers"] == live
     assert info["provider"] == live["encoder"]
@@ -135,11 +127,11 @@ def test_info_reports_the_live_session_provider(client):
 
 def test_default_call_layout_on_cpu(client):
     """Defaults on CPU: one single-threaded ORT call per core in flight, reported by /info."""
-    from service.runtime import cpu_cores
+    from disan.runtime import cpu_cores
 
-    runtime = client.app.state.service.runtime
+    runtime = client.app.state.engine.runtime
     assert client.get("/info").json()["batching"]["batch_concurrency"] == cpu_cores()
-    assert client.app.state.service.batchers["encoder"].concurrency == cpu_cores()
+    assert client.app.state.engine.batchers["encoder"].concurrency == cpu_cores()
     for graph in runtime.graphs.values():
         assert graph.session.get_session_options().intra_op_num_threads == 1
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from service.batcher import MicroBatcher, split_by_cells
+from disan.batching import split_by_cells
+from service.batcher import MicroBatcher
 from service.errors import NotReady, Overloaded
 
 

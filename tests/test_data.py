@@ -1,4 +1,4 @@
-"""Dataset readers, their one-line errors, batching and collation (generated files only)."""
+"""Dataset readers and their one-line errors (generated files only); torch-free."""
 
 from __future__ import annotations
 
@@ -6,13 +6,9 @@ import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-
-from disan import data as D  # noqa: E402
-from disan.text import Vocab  # noqa: E402
+from disan import data as D
 
 STAGED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -118,28 +114,6 @@ def test_unknown_label_in_dev_names_file_and_line(tmp_path: Path) -> None:
                                                             {"text": "c", "label": 4}])))[1]
     with pytest.raises(ValueError, match=r"dev\.jsonl:2: unknown label '4'"):
         D.make_dataset("sentiment", dev, D.label_set("sentiment", train))
-
-
-def test_length_batches_cover_everything_once_with_similar_lengths() -> None:
-    lengths = np.random.default_rng(0).integers(1, 60, size=1000)
-    batches = D.length_batches(lengths, 64, np.random.default_rng(1), chunk_batches=4)
-    flat = np.concatenate(batches)
-    assert sorted(flat.tolist()) == list(range(1000)) and max(map(len, batches)) == 64
-    spread = np.mean([np.ptp(lengths[b]) for b in batches])
-    assert spread < 0.5 * np.mean([np.ptp(lengths[b]) for b in np.array_split(np.arange(1000), 16)])
-    again = D.length_batches(lengths, 64, np.random.default_rng(1), chunk_batches=4)
-    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
-
-
-def test_collate_builds_ids_and_masks() -> None:
-    vocab = Vocab(["a", "dog", "runs", "cat"])
-    ex = [D.Example((("a", "dog", "runs"), ("a", "cat")), "neutral", "x:1"),
-          D.Example((("dog",), ("a", "cat", "runs", "zebra")), "entailment", "x:2")]
-    enc = D.encode_dataset(D.make_dataset("nli", ex, D.NLI_LABELS), vocab, max_len=3)
-    (p, pm, h, hm), y = D.collate(enc, [0, 1])
-    assert p.shape == (2, 3) and h.shape == (2, 3)  # hypothesis 2 cut to max_len
-    assert pm.tolist() == [[True] * 3, [True, False, False]] and y.tolist() == [1, 0]
-    assert enc.lengths.tolist() == [3, 3]
 
 
 def test_holdout_split_is_deterministic_and_keeps_premises_together() -> None:

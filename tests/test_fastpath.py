@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 
 from service.fastpath import bearer_credentials, is_json
@@ -49,10 +49,7 @@ def answers(bundle, fast_path: bool, api_key: str | None = None, auth: dict | No
     settings = Settings(bundle=bundle, fast_path=fast_path, api_key=api_key,
                         max_texts_per_request=8, max_tokens=6, max_wait_ms=0)
     with TestClient(create_app(settings)) as client:
-        deadline = time.monotonic() + 30
-        while client.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_ready(client.get)
         out = []
         for path, body, headers in REQUESTS:
             r = client.post(path, content=body, headers={**headers, **(auth or {})})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import wait_ready
 
 from bench.load import check_loopback, run_load
 from service import cli
@@ -99,16 +100,8 @@ def test_real_server_serves_and_drains_on_sigterm(tiny_bundle):
                             stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.1)
+        wait_ready(lambda url: httpx.get(url, timeout=1), base, timeout=60,
+                   alive=lambda: proc.poll() is None, retry=(httpx.TransportError,))
         info = httpx.get(f"{base}/info").json()
         assert info["provider"] == "CPUExecutionProvider"
         load = asyncio.run(run_load(base, "/embed", concurrency=4, requests=40, time_limit=30,
@@ -179,23 +172,6 @@ def test_empty_api_key_env_means_no_key(monkeypatch):
     assert Settings().api_key.get_secret_value() == "k"
 
 
-def test_call_layout_auto_and_explicit(monkeypatch):
-    """batch_concurrency=0: one single-threaded call per core of this worker on CPU, one call on
-    CUDA; explicit values are kept."""
-    from service import runtime
-    from service.settings import Settings
-
-    monkeypatch.setattr(runtime, "cpu_cores", lambda: 8)
-    cpu, cuda = [runtime.CPU], [runtime.CUDA, runtime.CPU]
-    assert runtime.call_layout(Settings(), cpu) == (8, 1)
-    assert runtime.call_layout(Settings(workers=2), cpu) == (4, 1)
-    assert runtime.call_layout(Settings(intra_op_threads=2), cpu) == (4, 2)
-    assert runtime.call_layout(Settings(workers=16), cpu) == (1, 1)
-    assert runtime.call_layout(Settings(), cuda) == (1, 0)
-    assert runtime.call_layout(Settings(batch_concurrency=3), cpu) == (3, 0)
-    assert runtime.call_layout(Settings(batch_concurrency=1, intra_op_threads=2), cpu) == (1, 2)
-
-
 def test_access_log_is_off_unless_asked(monkeypatch, tiny_bundle):
     """uvicorn's access log costs ~0.1 ms per request (bench/RESULTS.md): off by default."""
     import uvicorn
@@ -209,3 +185,15 @@ def test_access_log_is_off_unless_asked(monkeypatch, tiny_bundle):
     assert cli.run(parse("--access-log", "true")) == 0
     assert [c["access_log"] for c in calls] == [False, True]
     assert all(c["proxy_headers"] is False and c["factory"] for c in calls)
+
+
+def test_serve_help_shows_every_default():
+    """`disan serve --help` names each setting's default next to its env variable."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "(default: 64; env DISAN_MAX_BATCH_SIZE)" in text
+    assert "(default: auto; env DISAN_PROVIDERS)" in text
+    assert "(default: unset; env DISAN_API_KEY)" in text

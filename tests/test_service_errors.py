@@ -9,27 +9,21 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 
 from disan.manifest import write_manifest
+from service.engine import Engine
 from service.errors import ERROR_TABLE
 from service.main import create_app
-from service.pipeline import Service
 from service.settings import Settings
-
-
-def wait_ready(client: TestClient, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (r := client.get("/ready")).status_code != 200:
-        assert time.monotonic() < deadline and r.json()["status"] != "failed", r.json()
-        time.sleep(0.02)
 
 
 @contextmanager
 def serve(bundle, ready: bool = True, **overrides):
     with TestClient(create_app(Settings(bundle=bundle, **overrides))) as c:
         if ready:
-            wait_ready(c)
+            wait_ready(c.get)
         yield c
 
 
@@ -140,7 +134,7 @@ def test_queue_full_is_429_with_retry_after(tiny_bundle, fast_path):
     # One ORT call at a time, so a blocked call leaves the next request's items in the queue.
     with serve(tiny_bundle, fast_path=fast_path, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
                max_wait_ms=0, batch_concurrency=1) as c:
-        batcher = c.app.state.service.batchers["encoder"]
+        batcher = c.app.state.engine.batchers["encoder"]
         gate, entered = threading.Event(), threading.Event()
         real = batcher.runner
 
@@ -171,13 +165,13 @@ def test_queue_full_is_429_with_retry_after(tiny_bundle, fast_path):
 
 def test_not_ready_is_503(tiny_bundle, monkeypatch, fast_path):
     release = threading.Event()
-    real = Service._load_sync
+    real = Engine._load_sync
 
     def slow_load(self):
         release.wait(10)
         return real(self)
 
-    monkeypatch.setattr(Service, "_load_sync", slow_load)
+    monkeypatch.setattr(Engine, "_load_sync", slow_load)
     with serve(tiny_bundle, ready=False, fast_path=fast_path) as c:
         assert c.get("/health").status_code == 200
         r = c.get("/ready")
@@ -185,7 +179,7 @@ def test_not_ready_is_503(tiny_bundle, monkeypatch, fast_path):
         assert_error(c.post("/embed", json={"texts": ["a"]}), 503, "not_ready")
         assert_error(c.post("/v1/embeddings", json={"input": "a"}), 503, "not_ready")
         release.set()
-        wait_ready(c)
+        wait_ready(c.get)
         assert c.post("/embed", json={"texts": ["a"]}).status_code == 200
 
 
@@ -203,7 +197,7 @@ def test_broken_bundle_reports_failed(tmp_path):
 
 def test_inference_failure_is_500_without_details(tiny_bundle, caplog, fast_path):
     with serve(tiny_bundle, fast_path=fast_path) as c:
-        batcher = c.app.state.service.batchers["sentiment"]
+        batcher = c.app.state.engine.batchers["sentiment"]
         real = batcher.runner
 
         def broken(rows):
@@ -234,7 +228,7 @@ def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle, fast_path):
     async def main():
         app = create_app(Settings(bundle=tiny_bundle, max_wait_ms=0, max_batch_size=1,
                                   batch_concurrency=1, fast_path=fast_path))
-        service = app.state.service
+        service = app.state.engine
         await service.start()
         await service.wait_ready()
         batcher = service.batchers["encoder"]

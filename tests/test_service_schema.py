@@ -7,9 +7,8 @@ schema-violating requests are rejected.
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from conftest import wait_ready
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
@@ -28,10 +27,7 @@ def client(tiny_bundle, fast_path):
     app = create_app(Settings(bundle=tiny_bundle, max_texts_per_request=16, max_chars_per_text=300,
                               max_wait_ms=0.5, fast_path=fast_path))
     with TestClient(app, raise_server_exceptions=False) as c:
-        deadline = time.monotonic() + 30
-        while c.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_ready(c.get)
         yield c
 
 

@@ -18,12 +18,11 @@ pytestmark = pytest.mark.skipif(not (BUNDLE / "manifest.json").is_file(), reason
 
 def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     pytest.importorskip("onnxruntime")
-    from service.runtime import Runtime
-    from service.settings import Settings
+    from disan.runtime import Runtime, RuntimeOptions
 
     manifest = load_manifest(BUNDLE)  # raises on a hash or format-version mismatch
     assert manifest["verification"]["passed"] is True
-    runtime = Runtime(BUNDLE, Settings(providers="cpu"))
+    runtime = Runtime(BUNDLE, RuntimeOptions(providers="cpu"))
     assert runtime.dim == manifest["embedding_dim"] == 600
     assert {"encoder", "nli", "sentiment"} <= set(runtime.graphs)
     assert (BUNDLE / "MODEL_CARD.md").is_file()
@@ -32,7 +31,6 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
 
 @pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
 def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
-    pytest.importorskip("torch")  # disan.data (the readers) imports torch
     from disan.evaluate import evaluate_task
 
     recorded = 100 * load_manifest(BUNDLE)["models"]["sentiment"]["metrics"]["test_acc"]

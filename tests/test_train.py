@@ -14,10 +14,12 @@ torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared 
 
 from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.data import EncodedDataset  # noqa: E402
+from disan.data import EncodedDataset, Example, encode_dataset, make_dataset  # noqa: E402
+from disan.manifest import NLI_LABELS  # noqa: E402
 from disan.model import DiSANConfig, build_model  # noqa: E402
 from disan.text import Vocab  # noqa: E402
-from disan.train import TrainConfig, make_optimizer, train_step  # noqa: E402
+from disan.train import collate, make_optimizer, train_step  # noqa: E402
+from disan.train_config import TrainConfig  # noqa: E402
 
 POS = "good great fine wonderful funny moving".split()
 NEG = "bad awful boring terrible dull worst".split()
@@ -108,7 +110,7 @@ def test_tiny_model_overfits_32_examples() -> None:
         if correct == 32:
             break
     model.eval()
-    from disan.data import collate
+    from disan.train import collate
     inputs, y = collate(data, np.arange(32))
     assert (model(*inputs).argmax(-1) == y).all()
 
@@ -209,3 +211,14 @@ def test_recipes_share_one_vocab_and_hold_out_snli_dev(files, tmp_path: Path) ->
     best = load_checkpoint(tmp_path / "nli" / "best.pt")
     assert best["metrics"]["sizes"] == {"train": 48 + 12 + 24 - 6, "dev": 6, "test": 24}
     assert best["train_config"]["holdout_from"].endswith("snli/dev.jsonl.gz")
+
+
+def test_collate_builds_ids_and_masks() -> None:
+    vocab = Vocab(["a", "dog", "runs", "cat"])
+    ex = [Example((("a", "dog", "runs"), ("a", "cat")), "neutral", "x:1"),
+          Example((("dog",), ("a", "cat", "runs", "zebra")), "entailment", "x:2")]
+    enc = encode_dataset(make_dataset("nli", ex, NLI_LABELS), vocab, max_len=3)
+    (p, pm, h, hm), y = collate(enc, [0, 1])
+    assert p.shape == (2, 3) and h.shape == (2, 3)  # hypothesis 2 cut to max_len
+    assert pm.tolist() == [[True] * 3, [True, False, False]] and y.tolist() == [1, 0]
+    assert enc.lengths.tolist() == [3, 3]

@@ -1,6 +1,7 @@
-"""What the routes call: limits -> tokenize -> micro-batcher -> runtime -> numpy results.
+"""The inference engine: limits -> tokenize -> micro-batcher -> runtime -> numpy results.
 
-`Service` owns the runtime, one `MicroBatcher` per graph and the ready state. Loading and warm-up
+HTTP-free: the handlers (service.handlers) call it. `Engine` owns the runtime, one
+`MicroBatcher` per graph and the ready state. Loading and warm-up
 run in the background so `/health` answers at once and `/ready` says 503 until the model is warm.
 """
 
@@ -15,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.metrics import Metrics
-from service.runtime import Runtime
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
@@ -41,7 +42,7 @@ def polarity_of(label: str) -> str:
     return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
 
 
-class Service:
+class Engine:
     """Process-wide state of one app: runtime, batchers, readiness."""
 
     def __init__(self, settings: Settings, metrics: Metrics):
@@ -99,7 +100,7 @@ class Service:
         log.info("ready: %s (dim %d) on %s", runtime.name, runtime.dim, runtime.providers)
 
     def _load_sync(self) -> Runtime:
-        runtime = Runtime(self.settings.bundle, self.settings)
+        runtime = Runtime(self.settings.bundle, self.settings.runtime_options())
         runtime.warmup()
         return runtime
 

