@@ -97,5 +97,5 @@ def create_app_from_env() -> DisanApp:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    app.state.service.on_load_failure = exit_unloadable
+    app.state.engine.on_load_failure = exit_unloadable
     return app
