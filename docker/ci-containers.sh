@@ -144,6 +144,7 @@ wait_all() {  # wait for every background job; fail if any failed
     return $failed
 }
 
+stale_images=$(podman images -q --filter dangling=true --filter "after=$PYTHON_BASE" 2>/dev/null || true)
 # The steps wait on the network, on disk and on one core each (pip, dpkg): run them side by side.
 python_images &
 nginx_image &
@@ -153,7 +154,7 @@ wait_all
 log "running tests/test_containers_live.py"
 DISAN_CONTAINERS_LIVE=1 DISAN_GPU_IMAGE=$GPU_IMAGE DISAN_LB_IMAGE=$LB_IMAGE PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
     python -m pytest tests/test_containers_live.py -x -q -p no:cacheprovider -s
-# Untagged leftovers of earlier builds on our base (old builder stages): about 1 GB per run.
-# shellcheck disable=SC2046
-podman rmi $(podman images -q --filter dangling=true --filter "after=$PYTHON_BASE") >/dev/null 2>&1 || true
+# Untagged leftovers of earlier runs' builds on our base (old builder stages, about 1 GB a run);
+# this run's stay as the next run's layer cache.
+[ -z "$stale_images" ] || podman rmi $stale_images >/dev/null 2>&1 || true
 log "done; images kept for the next run: $PYTHON_BASE $NGINX_ROOTFS $CPU_IMAGE $GPU_IMAGE $LB_IMAGE"
