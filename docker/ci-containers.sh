@@ -71,7 +71,8 @@ MIRROR=$(grep -hsE '^(URIs:|deb )' /etc/apt/sources.list /etc/apt/sources.list.d
              /etc/apt/sources.list.d/*.sources | grep -oE 'https?://[^ ]+/debian/?( |$)' | head -1 \
              | tr -d ' ' || true)
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-# dpkg's many small writes go to memory where there is room for them (several times faster here).
+# mmdebstrap rather than debootstrap: it resolves with apt and writes the tarball `podman import`
+# takes. Its work directory goes to memory where possible: dpkg syncs many small files.
 SCRATCH=/var/tmp
 [ -d /dev/shm ] && [ -w /dev/shm ] && SCRATCH=/dev/shm
 
