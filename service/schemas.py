@@ -160,6 +160,7 @@ class Info(BaseModel):
     labels: dict[str, list[str]]
     explain: bool = Field(description="whether /sentiment can return explanations")
     limits: dict[str, int]
-    batching: dict[str, int | float]
+    batching: dict[str, int | float | dict[str, str]] = Field(
+        description="limits in use (auto ones resolved for the provider) and `source`: why each")
     metrics: dict[str, dict] = Field(description="evaluation metrics recorded in the bundle manifest")
     bundle: dict[str, object] = Field(description="manifest facts: created, max_len, versions")
