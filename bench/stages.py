@@ -117,13 +117,17 @@ def server_cpu_per_request(bundle: Path, command: list[str], bodies: Path, secon
 
 
 def best_us(fn: Callable[[], object], items: int, repeats: int) -> float:
-    """Best-of-`repeats` µs per item of `fn()` (which processes `items` items)."""
+    """Best-of-`repeats` CPU µs per item of `fn()` (which processes `items` items).
+
+    CPU time of the process, not wall time: on a shared machine a stage preempted by another
+    process would otherwise count the other's time as its own.
+    """
     fn()  # warm-up
     best = float("inf")
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, time.process_time() - t)
     return 1e6 * best / items
 
 
