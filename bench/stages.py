@@ -135,7 +135,7 @@ def batcher_cpu_us(concurrency: int, rows: list[list[int]], repeats: int) -> flo
     """Process CPU µs per request through a MicroBatcher whose runner returns zeros at once."""
     from concurrent.futures import ThreadPoolExecutor  # only this stage runs an executor
 
-    from service.batcher import MicroBatcher
+    from service.batcher import MicroBatcher  # the checkout under test's (see measure_in_process)
 
     zeros = np.zeros(600, np.float32)
 
@@ -158,7 +158,7 @@ def batcher_cpu_us(concurrency: int, rows: list[list[int]], repeats: int) -> flo
 
 def raw_sentences(data: Path, count: int) -> list[str]:
     """Raw (untokenized) SNLI dev sentences of 11-25 tokens."""
-    from disan.text import tokenize
+    from disan.text import tokenize  # the checkout under test's (see --before), like every import here
 
     out: list[str] = []
     with gzip.open(data / "snli" / "dev.jsonl.gz", "rt", encoding="utf-8") as fh:
@@ -173,11 +173,13 @@ def raw_sentences(data: Path, count: int) -> list[str]:
 
 def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
     """The in-process stages (see the module docstring), µs per request."""
+    # Imported here, not at the top: the code of the checkout under test (--before runs this
+    # file with another checkout on PYTHONPATH, after the sys.path fix above).
     from bench.offline import length_batches, load_sentences
     from disan.runtime import load_offline
-    from disan.text import tokenize
-    from service.handlers import encode_json
-    from service.schemas import EmbedRequest
+    from disan.text import tokenize  # (same reason)
+    from service.handlers import encode_json  # (same reason)
+    from service.schemas import EmbedRequest  # (same reason)
 
     sentences = load_sentences(args.data, args.sentences)["11-25"]
     raw = raw_sentences(args.data, args.sentences)
@@ -210,16 +212,18 @@ def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
             lambda: [encode_json({"model": rt.name, "dim": rt.dim,
                                   "embeddings": handlers.encode_embeddings(v, "base64"),
                                   "usage": {"tokens": 14}}) for v in vectors], len(vectors), args.repeats)
-    else:  # what a base64 body would cost: the same encoding the OpenAI route does
+    else:  # what a base64 body would cost there: the same encoding the OpenAI route does
         out["encode_base64"] = best_us(
-            lambda: [encode_json({"embeddings": [base64.b64encode(v.astype("<f4").tobytes()).decode()]})
+            lambda: [encode_json({"model": rt.name, "dim": rt.dim,
+                                  "embeddings": [base64.b64encode(r.astype("<f4").tobytes()).decode()
+                                                 for r in v], "usage": {"tokens": 14}})
                      for v in vectors], len(vectors), args.repeats)
     return out
 
 
 def measure_servers(args: argparse.Namespace) -> dict[str, float]:
     """HTTP alone and the whole stubbed path under wrk, µs of server CPU per request."""
-    from bench.offline import load_sentences
+    from bench.offline import load_sentences  # the checkout under test's (see measure_in_process)
 
     sentences = load_sentences(args.data, args.sentences)["11-25"]
     bodies = Path(tempfile.mkstemp(suffix=".jsonl")[1])
