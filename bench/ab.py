@@ -4,7 +4,8 @@
 
 Each round starts `disan serve` (default settings, one process) from each checkout in turn, on
 that checkout's own `models/default` unless --bundle is given, and drives POST /embed with one
-SNLI-length sentence per request at each --concurrency (wrk, else bench.load). Alternating
+SNLI-length sentence per request at each --concurrency (wrk, else bench.load); `--stub` replaces
+the encoder by zeros (bench.overhead's stub) to compare the path without inference. Alternating
 rounds expose both checkouts to the same background load; on a shared machine read the server
 CPU per request (from /proc, the least disturbed measure) and the best / median ratios, not
 single runs. Only 127.0.0.1 is contacted.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +28,16 @@ from bench.report import run_and_report
 from bench.server import Server, load, process_cpu
 
 
-def one_server(tree: Path, bundle: Path | None, bodies: Path, concurrency: list[int], seconds: float) -> dict:
-    """{concurrency: sentences/s, p50 ms, server CPU µs per request} for one checkout's server."""
+def one_server(tree: Path, bundle: Path | None, bodies: Path, concurrency: list[int], seconds: float,
+               stub: bool = False) -> dict:
+    """{concurrency: sentences/s, p50 ms, server CPU µs per request} for one checkout's server
+    (`stub`: its encoder replaced by zeros, bench.overhead's stub: the path without inference)."""
     env_before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(tree)  # the server process imports that checkout's code
     try:
-        with Server(bundle or tree / "models" / "default", cwd=tree) as server:
+        stub_cmd = [sys.executable, "-c", "from bench.overhead import serve_stub; serve_stub()"]
+        command = stub_cmd if stub else None
+        with Server(bundle or tree / "models" / "default", command=command, cwd=tree) as server:
             out = {}
             for c in concurrency:
                 load(server.url, bodies, c, 1.0)  # warm-up
@@ -59,12 +65,12 @@ def run_ab(args: argparse.Namespace) -> dict:
     try:
         for i in range(args.rounds):
             for label, tree in trees.items():
-                got = one_server(tree, args.bundle, bodies, args.concurrency, args.seconds)
+                got = one_server(tree, args.bundle, bodies, args.concurrency, args.seconds, args.stub)
                 rounds[label].append(got)
                 print(i, label, got, flush=True)
     finally:
         bodies.unlink()
-    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores",
+    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores", "stub": args.stub,
             "load_average": os.getloadavg(), "seconds": args.seconds, "rounds": rounds}
 
 
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--stub", action="store_true", help="encoder replaced by zeros (bench.overhead)")
     parser.add_argument("--json", type=Path, default=Path("bench/ab.json"))
     return run_and_report(parser, run_ab, markdown, argv)
 
