@@ -19,6 +19,7 @@ import numpy as np
 from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
+from service.batching_defaults import Batching, resolve_batching
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
@@ -52,6 +53,7 @@ class Engine:
         self.detail: str | None = None
         self.runtime: Runtime | None = None
         self.batchers: dict[str, MicroBatcher] = {}
+        self.batching: Batching | None = None  # resolved for the provider that loaded (/info)
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
         # Called with the reason when loading fails; `disan serve` sets it to end the process.
@@ -82,6 +84,8 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
                                             thread_name_prefix="ort")
         stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+        self.batching = b = resolve_batching(s.max_batch_size, s.max_batch_cells, runtime.provider,
+                                             s.batch_concurrency)
         runners: dict[str, tuple[Any, Any]] = {
             "encoder": (runtime.embed, len),
             "nli": (runtime.nli, lambda pair: max(len(pair[0]), len(pair[1]))),
@@ -91,8 +95,8 @@ class Engine:
         for name in runtime.graphs:
             fn, length = runners[name]
             self.batchers[name] = MicroBatcher(
-                name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
-                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
+                name, fn, length=length, max_batch_size=b.max_batch_size, max_wait_ms=s.max_wait_ms,
+                max_batch_cells=b.max_batch_cells, queue_limit=s.queue_limit,
                 concurrency=runtime.batch_concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()

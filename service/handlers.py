@@ -34,11 +34,21 @@ def encode_json(payload: dict[str, Any]) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def encode_embeddings(vectors: Any, encoding_format: str) -> Any:
+    """float32 [B, D] as sent: the array itself (orjson writes the floats), or one base64 string
+    of little-endian float32 per row (bench/stages.py measures both encodings)."""
+    if encoding_format != "base64":
+        return vectors
+    little = vectors.astype("<f4", copy=False)
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+
+
 async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
     """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them."""
     vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
     runtime = engine.require_ready()
-    return {"model": runtime.name, "dim": runtime.dim, "embeddings": vectors, "usage": {"tokens": tokens}}
+    return {"model": runtime.name, "dim": runtime.dim,
+            "embeddings": encode_embeddings(vectors, body.encoding_format), "usage": {"tokens": tokens}}
 
 
 async def nli_result(body: NLIRequest, engine: Engine) -> dict[str, Any]:
@@ -62,11 +72,7 @@ async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine
         raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
                              f"got {body.dimensions}")
     vectors, tokens = await engine.embed(texts, normalize=True, truncate=False, field="input")
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        data = list(vectors)
+    data = list(encode_embeddings(vectors, body.encoding_format))
     return {"object": "list", "model": runtime.name,
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -121,8 +121,9 @@ async def info(engine: EngineDep) -> dict:
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
                    "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit},
-        "batching": {"max_batch_size": s.max_batch_size, "max_wait_ms": s.max_wait_ms,
-                     "max_batch_cells": s.max_batch_cells, "batch_concurrency": rt.batch_concurrency},
+        "batching": {"max_batch_size": engine.batching.max_batch_size, "max_wait_ms": s.max_wait_ms,
+                     "max_batch_cells": engine.batching.max_batch_cells,
+                     "batch_concurrency": rt.batch_concurrency, "source": engine.batching.source},
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
                     if isinstance(v, dict)},
         "bundle": {k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},

@@ -31,6 +31,9 @@ class EmbedRequest(BaseModel):
     texts: list[Text] = Field(min_length=1, description="sentences to embed")
     normalize: bool = Field(False, description="L2-normalise each vector (cosine = dot product)")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: lists of numbers; base64: each vector as base64 of little-endian "
+        "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
 
 
 class EmbedResponse(BaseModel):
@@ -38,7 +41,8 @@ class EmbedResponse(BaseModel):
         {"model": "default", "dim": 4, "embeddings": [[0.1, -0.2, 0.3, 0.0]], "usage": {"tokens": 7}}]})
     model: str
     dim: int
-    embeddings: list[list[float]]
+    embeddings: list[list[float]] | list[str] = Field(
+        description="one vector per text: floats, or base64 strings with encoding_format=base64")
     usage: Usage
 
 
@@ -160,6 +164,7 @@ class Info(BaseModel):
     labels: dict[str, list[str]]
     explain: bool = Field(description="whether /sentiment can return explanations")
     limits: dict[str, int]
-    batching: dict[str, int | float]
+    batching: dict[str, int | float | dict[str, str]] = Field(
+        description="limits in use (auto ones resolved for the provider) and `source`: why each")
     metrics: dict[str, dict] = Field(description="evaluation metrics recorded in the bundle manifest")
     bundle: dict[str, object] = Field(description="manifest facts: created, max_len, versions")

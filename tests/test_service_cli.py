@@ -194,6 +194,6 @@ def test_serve_help_shows_every_default():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert "(default: 64; env DISAN_MAX_BATCH_SIZE)" in text
+    assert "(default: 0; env DISAN_MAX_BATCH_SIZE)" in text
     assert "(default: auto; env DISAN_PROVIDERS)" in text
     assert "(default: unset; env DISAN_API_KEY)" in text
