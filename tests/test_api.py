@@ -173,6 +173,10 @@ def test_batching_never_changes_results(client, texts):
     ("/sentiment", {"texts": ["the movie was great"]}, "SentimentResponse"),
     ("/sentiment", {"texts": ["the movie was bad"], "explain": True}, "SentimentResponse"),
     ("/v1/embeddings", {"input": ["a man", "the movie"]}, "OpenAIEmbeddingsResponse"),
+    ("/tokenize", {"texts": ["a man isn't", "zebra"]}, "TokenizeResponse"),
+    ("/similarity", {"pairs": [{"a": "a man", "b": "the movie"}]}, "SimilarityResponse"),
+    ("/similarity", {"query": "a man", "texts": ["a", "the movie"]}, "SimilarityResponse"),
+    ("/similarity", {"texts": ["a man", "the movie"]}, "SimilarityResponse"),
 ])
 def test_responses_match_their_declared_models(client, path, body, model):
     """The routes serialise with orjson, bypassing FastAPI's response validation: every
