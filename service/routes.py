@@ -224,7 +224,9 @@ async def swagger_ui(request: Request) -> HTMLResponse:
         oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
         swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
         swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
-        swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png")
+        swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+        # no spec validation badge: it would call swagger.io's online validator
+        swagger_ui_parameters={**(request.app.swagger_ui_parameters or {}), "validatorUrl": None})
 
 
 @pages.get("/docs/oauth2-redirect")
