@@ -29,18 +29,18 @@ import numpy as np
 from bench.report import run_and_report
 from disan.batching import split_by_cells
 from disan.manifest import load_manifest
+from disan.recipes import BENCH_SENTENCE_FILES
 from disan.runtime import load_offline
 from disan.text import tokenize
 from service.settings import Settings
 
 BUCKETS = [(1, 10), (11, 25), (26, 50), (51, 100)]
-SOURCES = ["snli/test_tok.jsonl.gz", "mnli/dev_matched.jsonl.gz", "sst/sst5_test.jsonl.gz"]
 
 
 def load_sentences(data: Path, per_bucket: int, seed: int = 0) -> dict[str, list[str]]:
     """Up to `per_bucket` distinct real sentences per length bucket."""
     seen: dict[str, int] = {}
-    for rel in SOURCES:
+    for rel in BENCH_SENTENCE_FILES:
         path = data / rel
         if not path.is_file():
             raise ValueError(f"{path}: staged data not found (use --data)")
@@ -138,7 +138,7 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
 
 def ort_encoder(rt) -> Callable[[list[str]], np.ndarray]:
     """encode(texts) -> embeddings through a service Runtime, tokenized and cut as the service does."""
-    return lambda texts: rt.embed([rt.vocab.ids(tokenize(t))[: rt.max_tokens] or [1] for t in texts])
+    return lambda texts: rt.embed([rt.text_ids(t) for t in texts])
 
 
 def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]]:

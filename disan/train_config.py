@@ -77,7 +77,7 @@ class TrainConfig:
     attention_kind: str = flag("multi_dim", "token2token attention", "model",
                                choices=["multi_dim", "additive", "coda"])
     mask_kind: str = flag("directional", "token2token masks (diag: DiSAN without directions; "
-                          "none: no DiSA blocks' directions)", "model",
+                          "none: word embedding + source2token, no DiSA blocks)", "model",
                           choices=["directional", "diag", "none"])
     keep_prob: float = flag(0.75, "dropout keep prob (default: the paper's per task: nli 0.75, "
                             "sentiment 0.7)", "model", type=float, cli_default=None)

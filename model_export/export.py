@@ -19,12 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from disan.manifest import MANIFEST_NAME, load_manifest, sha256_file, write_manifest
+from disan.manifest import GRAPHS, MANIFEST_NAME, load_manifest, sha256_file, write_manifest
+from disan.recipes import DEV_FILES
 from disan.text import Vocab
-
-GRAPH_FILES = {"encoder": "encoder.onnx", "nli": "nli.onnx", "sentiment": "sentiment.onnx",
-               "sentiment_explain": "sentiment_explain.onnx"}
-STAGED_DEV = {"nli": "snli/dev.jsonl.gz", "sentiment": "sst/sst5_dev.jsonl.gz"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +59,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
     """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
     if dev_root is not None:
-        paths = {task: dev_root / rel for task, rel in STAGED_DEV.items()}
+        paths = {task: dev_root / rel for task, rel in DEV_FILES.items()}
         missing = [str(p) for p in paths.values() if not p.is_file()]
         if missing:
             raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
@@ -118,7 +115,8 @@ def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_em
     from model_export.onnx_files import check_onnx, convert_fp16, quantize_int8
 
     t0 = time.perf_counter()
-    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES, explain, chunk_cells)
+    paths = export_fp32_graphs(nli_model, sent_model, out, {n: g.file for n, g in GRAPHS.items()}, explain,
+                               chunk_cells)
     log(f"exported {len(set(paths.values()))} fp32 graphs in {time.perf_counter() - t0:.1f}s")
     wrappers = build_wrappers(nli_model, sent_model, explain)
     graphs: dict[str, dict[str, Any]] = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from disan.manifest import GRAPHS
 from disan.model import DiSANEncoder, NLIModel, SentimentModel
 from model_export.onnx_files import extract
 
@@ -35,8 +36,8 @@ ATTENTION_CHUNK_CELLS = 1024
 class EncoderGraph(nn.Module):
     """ids [B,n], mask [B,n] -> embedding [B,D] (float32)."""
 
-    input_names = ("ids", "mask")
-    output_names = ("embedding",)
+    input_names = GRAPHS["encoder"].inputs
+    output_names = GRAPHS["encoder"].outputs
 
     def __init__(self, encoder: DiSANEncoder):
         super().__init__()
@@ -49,8 +50,8 @@ class EncoderGraph(nn.Module):
 class NLIGraph(nn.Module):
     """premise/hypothesis ids+mask -> class probabilities [B,K] (float32)."""
 
-    input_names = ("premise_ids", "premise_mask", "hypothesis_ids", "hypothesis_mask")
-    output_names = ("probs",)
+    input_names = GRAPHS["nli"].inputs
+    output_names = GRAPHS["nli"].outputs
 
     def __init__(self, model: NLIModel):
         super().__init__()
@@ -64,8 +65,8 @@ class NLIGraph(nn.Module):
 class SentimentGraph(nn.Module):
     """ids, mask -> class probabilities [B,K] (float32)."""
 
-    input_names = ("ids", "mask")
-    output_names = ("probs",)
+    input_names = GRAPHS["sentiment"].inputs
+    output_names = GRAPHS["sentiment"].outputs
 
     def __init__(self, model: SentimentModel):
         super().__init__()
@@ -82,8 +83,8 @@ class SentimentExplainGraph(nn.Module):
     averaged over features here (a display summary, not model math).
     """
 
-    input_names = ("ids", "mask")
-    output_names = ("probs", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+    input_names = GRAPHS["sentiment_explain"].inputs
+    output_names = GRAPHS["sentiment_explain"].outputs
 
     def __init__(self, model: SentimentModel):
         super().__init__()

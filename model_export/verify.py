@@ -51,8 +51,7 @@ class Case:
 
 def token_stream(vocab: Vocab, texts: list[str]) -> list[int]:
     """All texts' token ids concatenated (UNKs included): the pool real-sentence cases cut from."""
-    stream = [i for t in texts for i in vocab.encode([t]).ids[0].tolist()]
-    return stream or [1]
+    return [i for t in texts for i in vocab.text_ids(t)]
 
 
 def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, seed: int = 0) -> list[Case]:

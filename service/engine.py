@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,8 @@ class Engine:
         self.batchers: dict[str, MicroBatcher] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
+        # Called with the reason when loading fails; `disan serve` sets it to end the process.
+        self.on_load_failure: Callable[[str], None] | None = None
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -74,6 +77,8 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
             log.error("cannot load the bundle: %s", self.detail)
+            if self.on_load_failure is not None:
+                self.on_load_failure(self.detail)
             return
         self.runtime = runtime
         s = self.settings

@@ -8,6 +8,7 @@ SIGTERM by closing the listener and waiting for in-flight requests before runnin
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,8 @@ from service.routes import AUTH, inference, install_pages, router
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
+# uvicorn's STARTUP_FAILURE: with several workers, its supervisor (uvicorn >= 0.50) stops on it.
+LOAD_FAILURE_STATUS = 3
 
 DESCRIPTION = """DiSAN sentence embeddings, NLI and sentiment over onnxruntime with dynamic
 micro-batching. Errors always have the body `{"error": {"type", "message"}}`."""
@@ -79,9 +82,22 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     return app
 
 
+def exit_unloadable(detail: str) -> None:
+    """End a `disan serve` process whose bundle cannot load (the reason is already logged).
+
+    Loading fails the same way on every retry (bad files, `providers=cuda` where CUDA does not
+    load), and a server that stays up unready forever looks alive to `docker compose up`. The
+    status is uvicorn's start-up failure code, on which its worker supervisor stops as well.
+    """
+    logging.shutdown()  # flush the log line that says why
+    os._exit(LOAD_FAILURE_STATUS)
+
+
 def create_app_from_env() -> DisanApp:
     """uvicorn factory used by `disan serve` (settings come from DISAN_* variables)."""
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return create_app(settings)
+    app = create_app(settings)
+    app.state.engine.on_load_failure = exit_unloadable
+    return app

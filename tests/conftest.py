@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from disan.manifest import NLI_LABELS
+from disan.manifest import SST5_LABELS as SENTIMENT_LABELS
 from disan.text import Vocab
 
-NLI_LABELS = ["entailment", "neutral", "contradiction"]
-SENTIMENT_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 # Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
 WORDS = """a an the man woman men women child children dog dogs cat people person is are was
 were be not no and or but of in on at to with for from by this that it he she they there
