@@ -22,7 +22,7 @@ from service.engine import Engine
 from service.errors import install_error_handlers
 from service.fastpath import InferenceFastPath
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import AUTH, inference, router
+from service.routes import AUTH, inference, install_pages, router
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
@@ -59,14 +59,16 @@ def create_app(settings: Settings | None = None) -> DisanApp:
         finally:
             await engine.stop()
 
+    # docs_url/redoc_url None: FastAPI's pages load from a CDN; install_pages serves local copies.
     app = DisanApp(title="disan-serve", version=disan.__version__, description=DESCRIPTION,
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(inference, **(AUTH if settings.api_key is not None else {}))
+    install_pages(app)
     # Added innermost first: CORS applies to everything, metrics count everything. The fast path
     # does the body limit and the metrics itself, and leaves requests with a CORS Origin to CORS.
     if settings.fast_path:

@@ -112,7 +112,19 @@ class Settings(BaseSettings):
     # --- identity reported by the API ---
     model_name: str | None = Field(None, description="name reported by the API (default: manifest's)")
 
-    @field_validator("cors_origins", mode="before")
+    # --- OpenAI compatibility (/v1) ---
+    # OpenAI accepts 2,048 inputs per embeddings call and LangChain sends 1,000 by default; the
+    # engine runs them max_texts_per_request at a time, so the queue bound still holds.
+    openai_max_inputs: int = Field(2048, ge=1, le=100_000,
+                                   description="inputs per /v1/embeddings call (other routes: "
+                                   "max_texts_per_request)")
+    openai_truncate: bool = Field(False, description="cut /v1/embeddings inputs over max_tokens "
+                                  "instead of a 422 (counted in usage.truncated_inputs)")
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="more names /v1 accepts as `model` (e.g. "
+        "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
+
+    @field_validator("cors_origins", "model_aliases", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         """Accept a JSON list or a comma-separated string (friendlier in env files and compose)."""
