@@ -123,8 +123,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default = meta["cli_default"]
         if isinstance(default, bool):
             flag_name = f"--no-{name}" if default else f"--{name}"
+            # "%(default).0s" prints nothing; it keeps ArgumentDefaultsHelpFormatter from adding
+            # "(default: True)" to a --no-X flag, which reads as if the flag were on by default.
+            help_text = (f"turn off the {meta['help']} (on by default)%(default).0s" if default
+                         else meta["help"])
             group.add_argument(flag_name, dest=f.name, action="store_false" if default else "store_true",
-                               help=("no " if default else "") + meta["help"])
+                               help=help_text)
             continue
         kwargs = {k: meta[k] for k in ("choices", "metavar", "nargs") if meta[k] is not None}
         value_type = meta["type"] or (type(default) if default not in (None, []) else str)
