@@ -127,7 +127,8 @@ class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI `POST /v1/embeddings` request; unknown fields are ignored like OpenAI's own clients."""
 
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"examples": [
-        {"input": ["The food was delicious.", "The waiter was friendly."], "model": "default"},
+        # no `model`: an example must work against any server, whatever name it serves
+        {"input": ["The food was delicious.", "The waiter was friendly."]},
         {"input": "hello world", "encoding_format": "base64"}]})
     input: Text | TextList = Field(
         description="a string or a non-empty list of strings (up to openai_max_inputs, 2,048 by "
