@@ -31,6 +31,14 @@ class EmbedRequest(BaseModel):
     texts: list[Text] = Field(min_length=1, description="sentences to embed")
     normalize: bool = Field(False, description="L2-normalise each vector (cosine = dot product)")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    explain: bool = Field(False, description="also return each text's tokens and source2token "
+                          "weights (at most max_explain_texts texts; needs the encoder_explain graph)")
+
+
+class TokenWeights(BaseModel):
+    tokens: list[str] = Field(description="the tokens the model saw")
+    token_weights: list[float] = Field(description="source2token attention per token (mean over "
+                                       "features; sums to 1): each token's share of the sentence vector")
 
 
 class EmbedResponse(BaseModel):
@@ -40,6 +48,7 @@ class EmbedResponse(BaseModel):
     dim: int
     embeddings: list[list[float]]
     usage: Usage
+    explanations: list[TokenWeights] | None = Field(None, description="per text, with explain=true")
 
 
 class NLIPair(BaseModel):
@@ -53,11 +62,29 @@ class NLIRequest(BaseModel):
                                          "hypothesis": "A man is performing music."}]})
     pairs: list[NLIPair] = Field(min_length=1, description="premise/hypothesis pairs")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    explain: bool = Field(False, description="also return which premise/hypothesis tokens drive the "
+                          "label (at most max_explain_texts pairs; needs the encoder_explain graph)")
 
 
 class Prediction(BaseModel):
     label: str = Field(description="the most probable class")
     scores: dict[str, float] = Field(description="probability of every class")
+
+
+class NLISide(TokenWeights):
+    attribution: list[float] = Field(
+        description="per token: the predicted label's probability minus its probability with the "
+        "token left out of its sentence's source2token pooling (positive: the token supports the "
+        "label; computed by the head on the graph's leave-one-out vectors, no gradients)")
+
+
+class NLIExplanation(BaseModel):
+    premise: NLISide
+    hypothesis: NLISide
+
+
+class NLIPrediction(Prediction):
+    explanation: NLIExplanation | None = None
 
 
 class NLIResponse(BaseModel):
@@ -66,7 +93,7 @@ class NLIResponse(BaseModel):
         "results": [{"label": "entailment",
                      "scores": {"entailment": 0.91, "neutral": 0.07, "contradiction": 0.02}}]}]})
     model: str
-    results: list[Prediction]
+    results: list[NLIPrediction]
     usage: Usage
 
 
@@ -156,7 +183,7 @@ class Info(BaseModel):
     dim: int
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
-    variant: str
+    variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")
     labels: dict[str, list[str]]
     explain: bool = Field(description="whether /sentiment can return explanations")
     limits: dict[str, int]
