@@ -213,8 +213,9 @@ def _rename_outputs(graph, output_names: Sequence[str]) -> None:
 
 
 def has_attention(model: SentimentModel | NLIModel) -> bool:
-    """False for the mask_kind='none' ablation: no token2token attention, no attention maps."""
-    return model.cfg.mask_kind != "none"
+    """Whether the encoder has DiSA blocks (attention maps, fusion gates): not the mask_kind='none'
+    ablation, nor the multi-head / Bi-LSTM baseline encoders."""
+    return model.cfg.mask_kind != "none" and model.cfg.encoder_kind == "disan"
 
 
 def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel) -> dict[str, nn.Module]:

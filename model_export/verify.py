@@ -37,6 +37,7 @@ from disan.manifest import (
     variant_files,
     write_manifest,
 )
+from disan.recipes import DEV_FILES
 from disan.text import Vocab
 
 LENGTHS = (1, 2, 7, 33, 100)
@@ -46,7 +47,6 @@ NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check
 # A reduced-precision variant that misses these is broken (an overflow, a wrong op), not just
 # imprecise: the set's default variant must meet them for `verify` to pass.
 VARIANT_BARS = {"label_agreement": 0.95, "min_cosine": 0.99}
-STAGED_DEV = {"nli": "snli/dev.jsonl.gz", "sentiment": "sst/sst5_dev.jsonl.gz"}
 # Stand-in "real" sentences when no dev data is given: ordinary English, so token ids follow
 # a natural word distribution (repeats, function words) unlike uniform random ids.
 SAMPLE_TEXTS = (
@@ -77,8 +77,7 @@ class Case:
 
 def token_stream(vocab: Vocab, texts: list[str]) -> list[int]:
     """All texts' token ids concatenated (UNKs included): the pool real-sentence cases cut from."""
-    stream = [i for t in texts for i in vocab.encode([t]).ids[0].tolist()]
-    return stream or [1]
+    return [i for t in texts for i in vocab.text_ids(t)]
 
 
 def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, seed: int = 0) -> list[Case]:
@@ -239,14 +238,14 @@ def read_jsonl(path: Path) -> list[dict]:
 def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
     """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
     if dev_root is not None:
-        paths = {task: dev_root / rel for task, rel in STAGED_DEV.items()}
+        paths = {task: dev_root / rel for task, rel in DEV_FILES.items()}
         missing = [str(p) for p in paths.values() if not p.is_file()]
         if missing:
             raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
         nli = read_jsonl(paths["nli"])[:limit]
         sst = read_jsonl(paths["sentiment"])[:limit]
         # named by the staged layout, never by this machine's paths
-        return {"source": f"dev sets: {STAGED_DEV['nli']} and {STAGED_DEV['sentiment']} "
+        return {"source": f"dev sets: {DEV_FILES['nli']} and {DEV_FILES['sentiment']} "
                           f"(first {limit} rows each)",
                 "pairs": [(r["sentence1"], r["sentence2"]) for r in nli],
                 "texts": [r["text"] for r in sst],

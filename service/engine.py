@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
+from service.batching_defaults import Batching, resolve_batching
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
@@ -25,6 +27,8 @@ from service.settings import Settings
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
 _INLINE_CHARS = 20_000
+# How to get an over-long text cut, where a request field has no `truncate` flag (/v1's `input`).
+_TRUNCATE_HINTS = {"input": "a server started with --openai-truncate true cuts such inputs"}
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Tokenized:
 
     tokens: list[str]
     ids: list[int]
+    truncated: bool = False  # cut to max_tokens (truncate=true)
 
 
 def polarity_of(label: str) -> str:
@@ -51,8 +56,11 @@ class Engine:
         self.detail: str | None = None
         self.runtime: Runtime | None = None
         self.batchers: dict[str, MicroBatcher] = {}
+        self.batching: Batching | None = None  # resolved for the provider that loaded (/info)
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
+        # Called with the reason when loading fails; `disan serve` sets it to end the process.
+        self.on_load_failure: Callable[[str], None] | None = None
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -71,12 +79,16 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", f"{type(exc).__name__}: {exc}"
             log.error("cannot load the bundle: %s", self.detail)
+            if self.on_load_failure is not None:
+                self.on_load_failure(self.detail)
             return
         self.runtime = runtime
         s = self.settings
         self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
                                             thread_name_prefix="ort")
         stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+        self.batching = b = resolve_batching(s.max_batch_size, s.max_batch_cells, runtime.provider,
+                                             s.batch_concurrency)
         runners: dict[str, tuple[Any, Any]] = {
             "encoder": (runtime.embed, len),
             "encoder_explain": (runtime.embed_explain, len),
@@ -88,8 +100,8 @@ class Engine:
         for name in runtime.graphs:
             fn, length = runners[name]
             self.batchers[name] = MicroBatcher(
-                name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
-                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
+                name, fn, length=length, max_batch_size=b.max_batch_size, max_wait_ms=s.max_wait_ms,
+                max_batch_cells=b.max_batch_cells, queue_limit=s.queue_limit,
                 concurrency=runtime.batch_concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()
@@ -120,37 +132,44 @@ class Engine:
         return self.runtime
 
     # ---- input checks ----
-    def prepare(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
-        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
-        runtime = self.require_ready()
+    def check_sizes(self, texts: list[str], field: str, max_items: int | None = None) -> None:
+        """The cheap limits, before any tokenizing: item count (default max_texts_per_request), characters."""
         s = self.settings
+        limit = max_items or s.max_texts_per_request
         if not texts:
             raise InvalidRequest(f"{field}: the list is empty")
-        if len(texts) > s.max_texts_per_request:
-            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {s.max_texts_per_request} "
-                                  "per request")
+        if len(texts) > limit:
+            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {limit} per request")
         for i, text in enumerate(texts):
             if len(text) > s.max_chars_per_text:
                 raise RequestTooLarge(f"{field}[{i}]: {len(text)} characters, at most "
                                       f"{s.max_chars_per_text}")
+
+    def prepare(self, texts: list[str], truncate: bool, field: str = "texts",
+                max_items: int | None = None) -> list[Tokenized]:
+        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
+        runtime = self.require_ready()
+        self.check_sizes(texts, field, max_items)
         out = []
         for i, text in enumerate(texts):
             tokens = tokenize(text)
             if not tokens:
                 raise InvalidRequest(f"{field}[{i}]: contains no tokens (only spaces or control characters)")
-            if len(tokens) > runtime.max_tokens:
+            cut = len(tokens) > runtime.max_tokens
+            if cut:
                 if not truncate:
                     raise InvalidRequest(f"{field}[{i}]: {len(tokens)} tokens, at most {runtime.max_tokens} "
-                                         "(send truncate=true to cut it)")
+                                         f"({_TRUNCATE_HINTS.get(field, 'send truncate=true to cut it')})")
                 tokens = tokens[: runtime.max_tokens]
-            out.append(Tokenized(tokens, runtime.vocab.ids(tokens)))
+            out.append(Tokenized(tokens, runtime.vocab.ids(tokens), truncated=cut))
         return out
 
-    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts") -> list[Tokenized]:
+    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts",
+                            max_items: int | None = None) -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
         if sum(map(len, texts)) > _INLINE_CHARS:
-            return await asyncio.to_thread(self.prepare, texts, truncate, field)
-        return self.prepare(texts, truncate, field)
+            return await asyncio.to_thread(self.prepare, texts, truncate, field, max_items)
+        return self.prepare(texts, truncate, field, max_items)
 
     async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
         try:
@@ -257,6 +276,31 @@ class Engine:
             coarse[polarity_of(label)] += p
         pred["polarity"] = max(coarse, key=coarse.__getitem__)
         return pred
+
+    # ---- long lists (/v1/embeddings, /similarity) and tokenizing alone (/tokenize) ----
+    async def embed_chunked(self, texts: list[str], truncate: bool, field: str,
+                            max_items: int) -> tuple[np.ndarray, int, int]:
+        """L2-normalised vectors of up to `max_items` texts, the token count and how many texts
+        were truncated. The encoder gets max_texts_per_request texts at a time, one chunk after
+        the other, so no request holds more of the queue than any other route's can."""
+        items = await self.prepare_async(texts, truncate, field, max_items)
+        step = self.settings.max_texts_per_request
+        rows: list[np.ndarray] = []
+        for start in range(0, len(items), step):
+            rows += await self._run("encoder", [t.ids for t in items[start:start + step]])
+        vectors = np.stack(rows).astype(np.float32, copy=False)
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors, sum(len(t.ids) for t in items), sum(t.truncated for t in items)
+
+    async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
+        """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
+        vocab = self.require_ready().vocab
+        self.check_sizes(texts, field)
+
+        def run() -> list[Tokenized]:
+            return [Tokenized(tokens, vocab.ids(tokens)) for tokens in map(tokenize, texts)]
+
+        return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
 
 
 def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:

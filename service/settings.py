@@ -16,10 +16,17 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from disan.runtime import RuntimeOptions
+from service.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_REL = Path("models") / "default"
+
+
+def _auto(knob: str) -> str:
+    """The auto values of a batching knob per provider, for its help text ("64 on CPU, ...")."""
+    return ", ".join(f"{getattr(limits, knob)} on {provider.removesuffix('ExecutionProvider')}"
+                     for provider, limits in PROVIDER_DEFAULTS.items())
 
 
 def default_bundle_dir() -> Path:
@@ -74,15 +81,17 @@ class Settings(BaseSettings):
 
     # --- micro-batching ---
     queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
-    max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
+    # 0 = auto: chosen per execution provider once the runtime has loaded (batching_defaults).
+    max_batch_size: int = Field(0, ge=0, le=4096, description="sentences per ORT call; 0 = auto: "
+                                f"{_auto('max_batch_size')} (/info says which)")
     # 0 = continuous batching: a batch takes whatever queued while the previous call ran; waiting
     # to fill a batch cost throughput at low concurrency and gained nothing at high (RESULTS.md).
     max_wait_ms: float = Field(0.0, ge=0.0, le=1000.0,
                                description="how long a batch waits to fill (0: take what is queued)")
     # On a CPU, past a few thousand cells the [B,n,n,d] attention tensors leave the caches and a
-    # bigger call is slower per sentence (bench/cells.py).
-    max_batch_cells: int = Field(4096, ge=1,
-                                 description="padded-cells budget per ORT call: batch x max_len^2")
+    # bigger call is slower per sentence (bench/cells.py); a GPU needs far bigger calls (bench/gpu.py).
+    max_batch_cells: int = Field(0, ge=0, description="padded-cells budget per ORT call: batch x "
+                                 f"max_len^2; 0 = auto: {_auto('max_batch_cells')}")
     # Several single-threaded ORT calls at once beat one call with as many intra-op threads on a
     # CPU (intra-op threads scale poorly on small batches; bench/service.py).
     batch_concurrency: int = Field(
@@ -104,13 +113,25 @@ class Settings(BaseSettings):
     # --- identity reported by the API ---
     model_name: str | None = Field(None, description="name reported by the API (default: manifest's)")
 
+    # --- OpenAI compatibility (/v1) ---
+    # OpenAI accepts 2,048 inputs per embeddings call and LangChain sends 1,000 by default; the
+    # engine runs them max_texts_per_request at a time, so the queue bound still holds.
+    openai_max_inputs: int = Field(2048, ge=1, le=100_000,
+                                   description="inputs per /v1/embeddings call (other routes: "
+                                   "max_texts_per_request)")
+    openai_truncate: bool = Field(False, description="cut /v1/embeddings inputs over max_tokens "
+                                  "instead of a 422 (counted in usage.truncated_inputs)")
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="more names /v1 accepts as `model` (e.g. "
+        "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
+
     # --- explanations (bundle graph sets; /embed, /nli and /sentiment with explain=true) ---
     # An explained text runs the unchunked attention with its maps, and on /nli one head row per
     # token: bounded per request, checked before any tokenizing.
     max_explain_texts: int = Field(16, ge=1, le=4096,
                                    description="texts (or pairs) per request with explain=true")
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "model_aliases", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         """Accept a JSON list or a comma-separated string (friendlier in env files and compose)."""

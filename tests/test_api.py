@@ -161,9 +161,24 @@ def test_nli_fits_a_queue_sized_for_one_request(tiny_bundle):
             assert r.status_code == 200, r.text
 
 
+def test_embed_base64_decodes_to_the_float_vectors(client):
+    texts = ["a man is playing", "the movie was great"]
+    floats = embed(client, texts, normalize=True)
+    r = client.post("/embed", json={"texts": texts, "normalize": True, "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert all(isinstance(e, str) for e in body["embeddings"]) and body["usage"]["tokens"] == 8
+    decoded = np.stack([np.frombuffer(base64.b64decode(e), dtype="<f4") for e in body["embeddings"]])
+    assert decoded.shape == (2, body["dim"])
+    np.testing.assert_array_equal(decoded, floats.astype(np.float32))  # float32 round-trips exactly
+    bad = client.post("/embed", json={"texts": texts, "encoding_format": "hex"})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request"
+
+
 def test_openai_embeddings_float_and_base64(client):
     texts = ["a man is playing", "the movie was great"]
-    f = client.post("/v1/embeddings", json={"input": texts, "model": "anything"}).json()
+    name = client.get("/v1/models").json()["data"][0]["id"]  # `model` is checked (test_openai_compat.py)
+    f = client.post("/v1/embeddings", json={"input": texts, "model": name}).json()
     assert f["object"] == "list" and isinstance(f["model"], str)
     assert [d["index"] for d in f["data"]] == [0, 1]
     assert all(d["object"] == "embedding" for d in f["data"])
@@ -247,6 +262,10 @@ def test_batching_never_changes_results(client, texts):
     ("/embed", {"texts": ["a man is playing"], "explain": True}, "EmbedResponse"),
     ("/nli", {"pairs": [{"premise": "a man", "hypothesis": "a dog"}], "explain": True}, "NLIResponse"),
     ("/v1/embeddings", {"input": ["a man", "the movie"]}, "OpenAIEmbeddingsResponse"),
+    ("/tokenize", {"texts": ["a man isn't", "zebra"]}, "TokenizeResponse"),
+    ("/similarity", {"pairs": [{"a": "a man", "b": "the movie"}]}, "SimilarityResponse"),
+    ("/similarity", {"query": "a man", "texts": ["a", "the movie"]}, "SimilarityResponse"),
+    ("/similarity", {"texts": ["a man", "the movie"]}, "SimilarityResponse"),
 ])
 def test_responses_match_their_declared_models(client, path, body, model):
     """The routes serialise with orjson, bypassing FastAPI's response validation: every

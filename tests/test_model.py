@@ -217,3 +217,54 @@ def test_nli_head_alone_matches_the_model() -> None:
     pm, hm = torch.ones_like(p, dtype=torch.bool), torch.ones_like(h, dtype=torch.bool)
     u, v = model.encoder(p, pm), model.encoder(h, hm)
     torch.testing.assert_close(model.classify(u, v), model(p, pm, h, hm))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "directional"])
+def test_additive_source2token_weights_tokens_not_features(mask_kind: str) -> None:
+    """s2t_kind="additive" (the word + additive attention ablation): one softmax weight per token,
+    shared by all features, as a loop over positions computes it; padding changes nothing."""
+    enc = encoder(mask_kind=mask_kind, s2t_kind="additive")
+    assert enc.s2t.map2.linear.out_features == 1
+    ids = torch.randint(2, V, (2, 6))
+    ids[1, 4:] = 0
+    mask = ids != 0
+    sent, tok = enc(ids, mask, return_tokens=True)
+    u = (enc.token_map(enc.embed(ids)) if mask_kind == "none"
+         else torch.cat([tok["u_fw"], tok["u_bw"]], -1))
+    for b in range(2):
+        valid = [i for i in range(6) if mask[b, i]]
+        scores = torch.stack([enc.s2t.map2.linear(F.elu(enc.s2t.map1.linear(u[b, i])))[0] for i in valid])
+        probs = torch.softmax(scores, 0)
+        torch.testing.assert_close(sent[b], sum(p * u[b, i] for p, i in zip(probs, valid, strict=True)),
+                                   rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(tok["s2t"][b, valid], probs, rtol=1e-9, atol=1e-10)
+    padded = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    multi = encoder(mask_kind=mask_kind)  # same seed, same weights but map2: a different model
+    assert not torch.allclose(multi(ids, mask), sent)
+
+
+@pytest.mark.parametrize("encoder_kind", ["multi_head", "bilstm"])
+def test_baseline_encoders_ignore_padding_see_order_and_stay_finite(encoder_kind: str) -> None:
+    """The paper's multi-head and Bi-LSTM (+ source2token) baselines: padding changes nothing,
+    word order matters (positions / recurrence), short and empty rows stay finite with gradients."""
+    enc = encoder(encoder_kind=encoder_kind)
+    assert not hasattr(enc, "fw") and not enc.packed
+    ids = torch.randint(2, V, (3, 6))
+    ids[1, 4:] = 0
+    ids[2, 1:] = 0
+    mask = ids != 0
+    sent = enc(ids, mask)
+    padded = torch.cat([ids, torch.zeros(3, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    for b, length in ((0, 6), (1, 4), (2, 1)):  # each sentence alone, unpadded: the same vector
+        torch.testing.assert_close(enc(ids[b:b + 1, :length], mask[b:b + 1, :length])[0], sent[b],
+                                   rtol=1e-9, atol=1e-10)
+    flipped = ids[:1].flip(1)
+    assert not torch.allclose(enc(flipped, flipped != 0), sent[:1])
+    enc.train()
+    ids[2, :] = 0  # an all-padding row
+    out = enc(ids, ids != 0)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
