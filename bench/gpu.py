@@ -385,8 +385,8 @@ def sweep(args: argparse.Namespace, providers: list[str], encoders: list[Encoder
                                "sentences_per_s": round(rate, 1),
                                "p99_call_ms": round(1000 * float(np.percentile(times, 99)), 2),
                                "mean_call_sentences": round(len(arrival) / len(calls), 1)})
-                print(f"sweep {provider[:4]} {size:>5} x {cells:<8}: {rate:10.1f} sentences/s, "
-                      f"p99 call {points[-1]['p99_call_ms']} ms", flush=True)
+                print(f"sweep {provider.removesuffix('ExecutionProvider')} {size:>5} x {cells:<8}: "
+                      f"{rate:10.1f} sentences/s, p99 call {points[-1]['p99_call_ms']} ms", flush=True)
         top = max(p["sentences_per_s"] for p in points)
         near = [p for p in points if p["sentences_per_s"] >= 0.97 * top]
         best = min(near, key=lambda p: (p["max_batch_cells"], p["max_batch_size"]))
@@ -519,7 +519,7 @@ def service(args: argparse.Namespace, provider: str, sentences: list[str]) -> di
                     runs.append(row)
                     print(f"service {label}, {workers} workers, {k} texts/request: "
                           f"{row['sentences_per_s']:.0f} sentences/s ({row['requests_per_s']:.0f} req/s), "
-                          f"p99 {row['p99_ms']} ms, GPU {row['gpu_util_pct']}%, mean batch "
+                          f"p99 {row['p99_ms']} ms, GPU {row['gpu_util_pct'] or '-'} %, mean batch "
                           f"{row['mean_batch_one_worker']}", flush=True)
     finally:
         for path in bodies.values():
@@ -581,7 +581,7 @@ def markdown(results: dict) -> str:
         for r in svc["runs"]:
             lines.append(f"| {r['config']} | {r['workers']} | {r['texts_per_request']} | "
                          f"{r['sentences_per_s']:.0f} | {r['requests_per_s']:.0f} | {r['p50_ms']} | "
-                         f"{r['p99_ms']} | {r['gpu_util_pct']} | {r['mean_batch_one_worker']} | "
+                         f"{r['p99_ms']} | {r['gpu_util_pct'] or '-'} | {r['mean_batch_one_worker']} | "
                          f"{r['non2xx']} |")
     return "\n".join(lines)
 
