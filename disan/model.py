@@ -339,6 +339,24 @@ class BiLSTMContext(nn.Module):
         return out * mask[..., None].to(out.dtype)
 
 
+def pooled_without_each(u: Tensor, probs: Tensor, mask: Tensor) -> Tensor:
+    """Source2token pooling with each token left out in turn: [B,n,D] from u [B,n,D] and the
+    source2token weights probs [B,n,D] (or [B,n,1], additive).
+
+    Row i is the sentence vector had token i been masked out of the source2token softmax (the
+    token vectors u held fixed): sum_{j!=i} p_j u_j / sum_{j!=i} p_j per feature. Both sums are
+    mat-muls with an off-diagonal 0/1 matrix, so nothing is subtracted (a (s - p_i u_i) / (1 - p_i)
+    shortcut cancels badly in fp16 when one token dominates a feature). A one-token sentence
+    has nothing left: its row is 0, like the vector of an empty sentence.
+    """
+    n = mask.shape[1]
+    idx = torch.arange(n, device=mask.device)
+    others = ((idx[:, None] != idx[None, :])[None] & mask[:, None, :]).to(u.dtype)  # [B,n,n]
+    num = others @ (probs * u)
+    den = others @ probs
+    return num / (den + (den == 0).to(u.dtype))
+
+
 class DiSANEncoder(nn.Module):
     """Token ids -> 2*d_h sentence vector."""
 
@@ -377,7 +395,8 @@ class DiSANEncoder(nn.Module):
 
         With `return_tokens=True` also returns a dict with u_fw, u_bw [B,n,d_h]; attn_fw,
         attn_bw [B,n,n] (attention averaged over features); gate_fw, gate_bw [B,n,d_h]
-        (fusion gates); s2t [B,n] (source2token weights averaged over features).
+        (fusion gates); s2t [B,n] (source2token weights averaged over features); u [B,n,2*d_h]
+        and s2t_probs [B,n,2*d_h] (per-feature source2token weights; [B,n,1] if additive).
         """
         x = self.embed(ids)                                               # [B,n,d_e]
         extras: dict[str, Tensor] = {}
@@ -399,6 +418,7 @@ class DiSANEncoder(nn.Module):
         if not return_tokens:
             return sent
         extras["s2t"] = probs.mean(dim=-1)
+        extras["u"], extras["s2t_probs"] = u, probs                       # [B,n,2d], [B,n,2d or 1]
         return sent, extras
 
     def decay_parameters(self) -> list[nn.Parameter]:
@@ -419,7 +439,10 @@ class NLIModel(nn.Module):
 
     def forward(self, p_ids: Tensor, p_mask: Tensor, h_ids: Tensor, h_mask: Tensor) -> Tensor:
         """-> logits [B, num_classes]."""
-        u, v = self.encoder(p_ids, p_mask), self.encoder(h_ids, h_mask)  # [B,2d] each
+        return self.classify(self.encoder(p_ids, p_mask), self.encoder(h_ids, h_mask))
+
+    def classify(self, u: Tensor, v: Tensor) -> Tensor:
+        """The head alone: premise and hypothesis vectors [B,2d] each -> logits [B, num_classes]."""
         return self.out(self.hidden(torch.cat([u, v, u - v, u * v], dim=-1)))
 
     def decay_parameters(self) -> list[nn.Parameter]:

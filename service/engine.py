@@ -91,7 +91,9 @@ class Engine:
                                              s.batch_concurrency)
         runners: dict[str, tuple[Any, Any]] = {
             "encoder": (runtime.embed, len),
-            "nli": (runtime.nli, lambda pair: max(len(pair[0]), len(pair[1]))),
+            "encoder_explain": (runtime.embed_explain, len),
+            # a head payload is one pair (vectors) or an explained pair's rows (matrices)
+            "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
             "sentiment": (runtime.sentiment, len),
             "sentiment_explain": (runtime.explain, len),
         }
@@ -104,7 +106,8 @@ class Engine:
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"
-        log.info("ready: %s (dim %d) on %s", runtime.name, runtime.dim, runtime.providers)
+        log.info("ready: %s (dim %d), graph set %s/%s on %s", runtime.name, runtime.dim, runtime.graph_set,
+                 runtime.variant, runtime.providers)
 
     def _load_sync(self) -> Runtime:
         runtime = Runtime(self.settings.bundle, self.settings.runtime_options())
@@ -176,36 +179,77 @@ class Engine:
         except Exception as exc:  # ORT failures etc.: logged in full, reported generically
             raise InferenceError(f"{graph}: {type(exc).__name__}: {exc}") from exc
 
+    async def _run_sides(self, graph: str, first: list[Any], second: list[Any]) -> tuple[list, list]:
+        """Premise and hypothesis rows through one batcher: in one submission when the queue can
+        hold both (the settings only promise room for one request's count of items), else one
+        side after the other."""
+        if len(first) + len(second) <= self.settings.queue_limit:
+            out = await self._run(graph, first + second)
+            return out[:len(first)], out[len(first):]
+        return await self._run(graph, first), await self._run(graph, second)
+
+    def check_explain(self, count: int, field: str, graph: str) -> None:
+        """Refuse an explain request the bundle cannot serve or that is over the limit (cheap,
+        before tokenizing)."""
+        runtime = self.require_ready()
+        if graph not in runtime.graphs:
+            raise InvalidRequest(f"explain: this bundle has no {graph} graph")
+        limit = self.settings.max_explain_texts
+        if count > limit:
+            raise RequestTooLarge(f"{field}: {count} items with explain=true, at most {limit} per request")
+
     # ---- tasks ----
     async def embed(self, texts: list[str], normalize: bool, truncate: bool,
                     field: str = "texts") -> tuple[np.ndarray, int]:
         """Sentence vectors float32 [B, D] and the token count."""
         items = await self.prepare_async(texts, truncate, field)
         rows = await self._run("encoder", [t.ids for t in items])
-        vectors = np.stack(rows).astype(np.float32, copy=False)
-        if normalize:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, 1e-12)
-        return vectors, sum(len(t.ids) for t in items)
+        return _vectors(rows, normalize), sum(len(t.ids) for t in items)
 
-    async def nli(self, pairs: list[tuple[str, str]], truncate: bool) -> tuple[list[dict], int]:
-        """Per pair {label, scores} and the token count."""
+    async def embed_explained(self, texts: list[str], normalize: bool, truncate: bool
+                              ) -> tuple[np.ndarray, int, list[dict]]:
+        """`embed` plus, per text, its tokens and source2token weights (one explain-graph call)."""
+        self.check_explain(len(texts), "texts", "encoder_explain")
+        items = await self.prepare_async(texts, truncate)
+        outs = await self._run("encoder_explain", [t.ids for t in items])
+        explanations = [_token_weights(item, out) for item, out in zip(items, outs, strict=True)]
+        vectors = _vectors([o["embedding"] for o in outs], normalize)
+        return vectors, sum(len(t.ids) for t in items), explanations
+
+    async def nli(self, pairs: list[tuple[str, str]], truncate: bool, explain: bool = False
+                  ) -> tuple[list[dict], int]:
+        """Per pair {label, scores[, explanation]} and the token count: the encoder on both
+        sentences (the /embed batches), then the head on the vector pairs."""
         runtime = self.require_ready()
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
+        if explain:
+            self.check_explain(len(pairs), "pairs", "encoder_explain")
         premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs.premise")
         hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs.hypothesis")
-        probs = await self._run("nli", [(p.ids, h.ids) for p, h in zip(premises, hypotheses, strict=True)])
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
-        return [self._prediction(row, labels) for row in probs], tokens
+        sides = list(zip(*await self._run_sides("encoder_explain" if explain else "encoder",
+                                                [t.ids for t in premises], [t.ids for t in hypotheses]),
+                         strict=True))
+        if not explain:
+            probs = await self._run("nli_head", sides)
+            return [self._prediction(row, labels) for row in probs], tokens
+        rows = await self._run("nli_head", [_leave_one_out_rows(p, h) for p, h in sides])
+        results = []
+        for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
+                                                           rows, strict=True):
+            pred = self._prediction(probs[0], labels)
+            pred["explanation"] = _nli_explanation(p_item, h_item, p_out, h_out, probs)
+            results.append(pred)
+        return results, tokens
 
     async def sentiment(self, texts: list[str], truncate: bool, explain: bool) -> tuple[list[dict], int]:
         """Per text {label, polarity, scores[, explanation]} and the token count."""
         runtime = self.require_ready()
-        if explain and not runtime.has_explain:
-            raise InvalidRequest("explain: this bundle has no sentiment_explain graph")
+        if explain:
+            self.check_explain(len(texts), "texts", "sentiment_explain")
         items = await self.prepare_async(texts, truncate)
         labels = runtime.labels["sentiment"]
         results = []
@@ -257,6 +301,38 @@ class Engine:
             return [Tokenized(tokens, vocab.ids(tokens)) for tokens in map(tokenize, texts)]
 
         return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
+
+
+def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:
+    vectors = np.stack(rows).astype(np.float32, copy=False)
+    if normalize:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.maximum(norms, 1e-12)
+    return vectors
+
+
+def _token_weights(item: Tokenized, out: dict[str, np.ndarray]) -> dict:
+    return {"tokens": item.tokens, "token_weights": out["s2t"].astype(float).tolist()}
+
+
+def _leave_one_out_rows(p: dict[str, np.ndarray], h: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Head inputs of one explained pair: the pair itself, then the premise with each of its
+    tokens left out of the pooling, then the hypothesis likewise: ([m, D], [m, D])."""
+    n_p, n_h = len(p["loo_embedding"]), len(h["loo_embedding"])
+    u = np.concatenate([p["embedding"][None], p["loo_embedding"], np.repeat(p["embedding"][None], n_h, 0)])
+    v = np.concatenate([h["embedding"][None], np.repeat(h["embedding"][None], n_p, 0), h["loo_embedding"]])
+    return u, v
+
+
+def _nli_explanation(p_item: Tokenized, h_item: Tokenized, p_out: dict[str, np.ndarray],
+                     h_out: dict[str, np.ndarray], probs: np.ndarray) -> dict:
+    """Per side: tokens, source2token weights and each token's attribution, the drop in the
+    predicted label's probability when the token is left out of its sentence's pooling."""
+    label = int(np.argmax(probs[0]))
+    drop = probs[0, label] - probs[1:, label]
+    n_p = len(p_item.ids)
+    return {"premise": {**_token_weights(p_item, p_out), "attribution": drop[:n_p].astype(float).tolist()},
+            "hypothesis": {**_token_weights(h_item, h_out), "attribution": drop[n_p:].astype(float).tolist()}}
 
 
 def _per_token(a: np.ndarray) -> list[float]:

@@ -53,17 +53,25 @@ def encode_embeddings(vectors: Any, encoding_format: str) -> Any:
 
 
 async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
-    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them."""
-    vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
+    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them; `explain` adds
+    each text's tokens and source2token weights."""
+    if body.explain:
+        vectors, tokens, explanations = await engine.embed_explained(body.texts, body.normalize,
+                                                                     body.truncate)
+    else:
+        vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
     runtime = engine.require_ready()
-    return {"model": runtime.name, "dim": runtime.dim,
-            "embeddings": encode_embeddings(vectors, body.encoding_format), "usage": {"tokens": tokens}}
+    result = {"model": runtime.name, "dim": runtime.dim,
+              "embeddings": encode_embeddings(vectors, body.encoding_format), "usage": {"tokens": tokens}}
+    if body.explain:
+        result["explanations"] = explanations
+    return result
 
 
 async def nli_result(body: NLIRequest, engine: Engine) -> dict[str, Any]:
     """POST /nli: a label and class probabilities per premise-hypothesis pair."""
     pairs = [(p.premise, p.hypothesis) for p in body.pairs]
-    results, tokens = await engine.nli(pairs, body.truncate)
+    results, tokens = await engine.nli(pairs, body.truncate, body.explain)
     return {"model": engine.require_ready().name, "results": results, "usage": {"tokens": tokens}}
 
 

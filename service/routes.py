@@ -162,7 +162,7 @@ async def info(engine: EngineDep) -> dict:
     m = rt.manifest
     return {
         "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
-        "variant": s.variant, "labels": rt.labels, "explain": rt.has_explain,
+        "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain,
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
                    "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit},
@@ -171,7 +171,8 @@ async def info(engine: EngineDep) -> dict:
                      "batch_concurrency": rt.batch_concurrency, "source": engine.batching.source},
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
                     if isinstance(v, dict)},
-        "bundle": {k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
+        "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
+                   "graph_set": rt.graph_set},
     }
 
 

@@ -35,6 +35,14 @@ class EmbedRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: each vector as base64 of little-endian "
         "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
+    explain: bool = Field(False, description="also return each text's tokens and source2token "
+                          "weights (at most max_explain_texts texts; needs the encoder_explain graph)")
+
+
+class TokenWeights(BaseModel):
+    tokens: list[str] = Field(description="the tokens the model saw")
+    token_weights: list[float] = Field(description="source2token attention per token (mean over "
+                                       "features; sums to 1): each token's share of the sentence vector")
 
 
 class EmbedResponse(BaseModel):
@@ -45,6 +53,7 @@ class EmbedResponse(BaseModel):
     embeddings: list[list[float]] | list[str] = Field(
         description="one vector per text: floats, or base64 strings with encoding_format=base64")
     usage: Usage
+    explanations: list[TokenWeights] | None = Field(None, description="per text, with explain=true")
 
 
 class NLIPair(BaseModel):
@@ -58,11 +67,29 @@ class NLIRequest(BaseModel):
                                          "hypothesis": "A man is performing music."}]})
     pairs: list[NLIPair] = Field(min_length=1, description="premise/hypothesis pairs")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    explain: bool = Field(False, description="also return which premise/hypothesis tokens drive the "
+                          "label (at most max_explain_texts pairs; needs the encoder_explain graph)")
 
 
 class Prediction(BaseModel):
     label: str = Field(description="the most probable class")
     scores: dict[str, float] = Field(description="probability of every class")
+
+
+class NLISide(TokenWeights):
+    attribution: list[float] = Field(
+        description="per token: the predicted label's probability minus its probability with the "
+        "token left out of its sentence's source2token pooling (positive: the token supports the "
+        "label; computed by the head on the graph's leave-one-out vectors, no gradients)")
+
+
+class NLIExplanation(BaseModel):
+    premise: NLISide
+    hypothesis: NLISide
+
+
+class NLIPrediction(Prediction):
+    explanation: NLIExplanation | None = None
 
 
 class NLIResponse(BaseModel):
@@ -71,7 +98,7 @@ class NLIResponse(BaseModel):
         "results": [{"label": "entailment",
                      "scores": {"entailment": 0.91, "neutral": 0.07, "contradiction": 0.02}}]}]})
     model: str
-    results: list[Prediction]
+    results: list[NLIPrediction]
     usage: Usage
 
 
@@ -189,7 +216,7 @@ class Info(BaseModel):
     dim: int
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
-    variant: str
+    variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")
     labels: dict[str, list[str]]
     explain: bool = Field(description="whether /sentiment can return explanations")
     limits: dict[str, int]

@@ -67,8 +67,9 @@ class Settings(BaseSettings):
         False, description="let onnxruntime's idle threads spin (lowest latency when the CPU is "
         "otherwise idle; off by default: spinning steals the cores the HTTP layer needs)")
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
-    variant: Literal["fp32", "fp16", "int8"] = Field(
-        "fp32", description="which exported graph variant to load (fp16 is meant for CUDA)")
+    variant: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="graph variant to load; auto: the default of the graph set of the "
+        "provider that loaded (gpu set: fp16, cpu set: fp32)")
 
     # --- request limits (checked before tokenizing) ---
     max_texts_per_request: int = Field(256, ge=1, le=100_000)
@@ -123,6 +124,12 @@ class Settings(BaseSettings):
     model_aliases: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="more names /v1 accepts as `model` (e.g. "
         "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
+
+    # --- explanations (bundle graph sets; /embed, /nli and /sentiment with explain=true) ---
+    # An explained text runs the unchunked attention with its maps, and on /nli one head row per
+    # token: bounded per request, checked before any tokenizing.
+    max_explain_texts: int = Field(16, ge=1, le=4096,
+                                   description="texts (or pairs) per request with explain=true")
 
     @field_validator("cors_origins", "model_aliases", mode="before")
     @classmethod

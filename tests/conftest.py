@@ -80,7 +80,8 @@ def tiny_checkpoints(tmp_path_factory, tiny_vocab) -> TinyCheckpoints:
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
-    """Bundle directory exported (fp32 graphs + fp16 and int8 variants) from `tiny_checkpoints`.
+    """Bundle exported from `tiny_checkpoints`: the cpu graph set (chunked; fp32 + int8) and the
+    gpu set (unchunked; fp16 + fp32), weights shared, verified.
 
     Session-scoped and shared: tests must not modify it (copy it first, see `bundle_copy`).
     """

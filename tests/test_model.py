@@ -189,6 +189,36 @@ def test_nli_model_has_the_papers_parameter_count() -> None:
     assert math.isclose(n, 2.35e6, rel_tol=0.02), n
 
 
+def test_pooled_without_each_masks_one_token_out_of_source2token() -> None:
+    """Row i of pooled_without_each = source2token pooling with token i masked out (the token
+    vectors u held fixed); a sentence's only token left out gives 0, like an empty sentence."""
+    from disan.model import pooled_without_each
+
+    enc = encoder()
+    ids = torch.randint(2, V, (3, 6))
+    mask = torch.arange(6)[None, :] < torch.tensor([6, 4, 1])[:, None]
+    sent, ex = enc(ids * mask, mask, return_tokens=True)
+    loo = pooled_without_each(ex["u"], ex["s2t_probs"], mask)
+    assert loo.shape == (3, 6, enc.out_dim)
+    torch.testing.assert_close((ex["s2t_probs"] * ex["u"]).sum(1), sent)
+    for b in range(2):
+        for i in range(int(mask[b].sum())):
+            keep = mask[b: b + 1].clone()
+            keep[0, i] = False
+            want, _ = enc.s2t(ex["u"][b: b + 1], keep)
+            torch.testing.assert_close(loo[b, i], want[0])
+    assert torch.equal(loo[2, 0], torch.zeros(enc.out_dim, dtype=loo.dtype))
+
+
+def test_nli_head_alone_matches_the_model() -> None:
+    torch.manual_seed(0)
+    model = NLIModel(DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, head_dim=5)).eval()
+    p, h = torch.randint(2, V, (2, 5)), torch.randint(2, V, (2, 3))
+    pm, hm = torch.ones_like(p, dtype=torch.bool), torch.ones_like(h, dtype=torch.bool)
+    u, v = model.encoder(p, pm), model.encoder(h, hm)
+    torch.testing.assert_close(model.classify(u, v), model(p, pm, h, hm))
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "directional"])
 def test_additive_source2token_weights_tokens_not_features(mask_kind: str) -> None:
     """s2t_kind="additive" (the word + additive attention ablation): one softmax weight per token,
