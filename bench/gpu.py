@@ -75,6 +75,17 @@ class Encoder:
 
 
 # ---------------------------------------------------------------- setup
+
+def best_seconds(one_pass, repeats: int) -> float:
+    """Fastest of `repeats` timed calls of `one_pass`, after one untimed warm-up call."""
+    one_pass()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        one_pass()
+        best = min(best, time.perf_counter() - t)
+    return best
+
 def onnxruntime_module():
     try:
         import onnxruntime as ort  # the bench's only hard dependency beyond numpy
@@ -209,15 +220,11 @@ def sorted_calls(rows: list[list[int]], size: int, cells: int) -> list[list[int]
 def timed_passes(run, calls: list[list[int]], rows: list[list[int]], repeats: int) -> float:
     """Best-of-`repeats` sentences/s running every call once (after one warm-up pass)."""
     batches = [[rows[i] for i in c] for c in calls]
-    for b in batches:
-        run(b)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
+    def one_pass() -> None:
         for b in batches:
             run(b)
-        best = min(best, time.perf_counter() - t)
-    return len(rows) / best
+
+    return len(rows) / best_seconds(one_pass, repeats)
 
 
 def embed_all(run, calls: list[list[int]], rows: list[list[int]]) -> np.ndarray:
@@ -302,13 +309,7 @@ def eager_row(args: argparse.Namespace, provider: str, sentences: list[str]) -> 
         if device == "cuda":
             torch.cuda.synchronize()
 
-    one_pass()
-    best = float("inf")
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        one_pass()
-        best = min(best, time.perf_counter() - t)
-    rate = len(sentences) / best
+    rate = len(sentences) / best_seconds(one_pass, args.repeats)
     print(f"offline PyTorch eager fp32 ({size}-sentence batches): {rate:10.1f} sentences/s", flush=True)
     return {"engine": "PyTorch eager fp32", "profile": f"{size} sentences", "sentences_per_s": round(rate, 1)}
 
@@ -334,13 +335,7 @@ def minilm_row(args: argparse.Namespace, provider: str, sentences: list[str]) ->
         if device == "cuda":
             torch.cuda.synchronize()
 
-    one_pass()
-    best = float("inf")
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        one_pass()
-        best = min(best, time.perf_counter() - t)
-    rate = len(sentences) / best
+    rate = len(sentences) / best_seconds(one_pass, args.repeats)
     print(f"offline MiniLM-L6 {precision} (batch {size}): {rate:10.1f} sentences/s", flush=True)
     return {"engine": f"MiniLM-L6 {precision}, tokenizing included", "profile": f"{size} sentences",
             "sentences_per_s": round(rate, 1)}
