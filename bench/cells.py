@@ -24,7 +24,6 @@ from bench.offline import load_sentences
 from bench.report import run_and_report
 from disan.batching import split_by_cells
 from disan.runtime import load_offline
-from disan.text import tokenize
 
 BUDGETS = [1024, 2048, 4096, 8192, 16384, 65536, 262144]
 
@@ -56,7 +55,7 @@ def run_cells(args: argparse.Namespace) -> dict:
 
     rt = load_offline(args.bundle, threads=args.threads)
     buckets = load_sentences(args.data, args.per_bucket)
-    as_rows = {name: [rt.vocab.ids(tokenize(s))[: rt.max_tokens] or [1] for s in sents]
+    as_rows = {name: [rt.text_ids(s) for s in sents]
                for name, sents in buckets.items() if sents}
     rng = np.random.default_rng(0)
     snli = list(as_rows["11-25"])

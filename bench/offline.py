@@ -29,18 +29,21 @@ import numpy as np
 from bench.report import run_and_report
 from disan.batching import split_by_cells
 from disan.manifest import load_manifest
-from disan.runtime import load_offline
+from disan.recipes import BENCH_SENTENCE_FILES
+from disan.runtime import CPU, load_offline
 from disan.text import tokenize
-from service.settings import Settings
+from service.batching_defaults import PROVIDER_DEFAULTS
+
+# the service's limits on CPU (its auto defaults there), which the DiSAN batches are cut to
+CPU_BATCHING = PROVIDER_DEFAULTS[CPU]
 
 BUCKETS = [(1, 10), (11, 25), (26, 50), (51, 100)]
-SOURCES = ["snli/test_tok.jsonl.gz", "mnli/dev_matched.jsonl.gz", "sst/sst5_test.jsonl.gz"]
 
 
 def load_sentences(data: Path, per_bucket: int, seed: int = 0) -> dict[str, list[str]]:
     """Up to `per_bucket` distinct real sentences per length bucket."""
     seen: dict[str, int] = {}
-    for rel in SOURCES:
+    for rel in BENCH_SENTENCE_FILES:
         path = data / rel
         if not path.is_file():
             raise ValueError(f"{path}: staged data not found (use --data)")
@@ -138,7 +141,7 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
 
 def ort_encoder(rt) -> Callable[[list[str]], np.ndarray]:
     """encode(texts) -> embeddings through a service Runtime, tokenized and cut as the service does."""
-    return lambda texts: rt.embed([rt.vocab.ids(tokenize(t))[: rt.max_tokens] or [1] for t in texts])
+    return lambda texts: rt.embed([rt.text_ids(t) for t in texts])
 
 
 def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]]:
@@ -253,11 +256,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", type=Path, help="NLI checkpoint for the PyTorch eager row")
     parser.add_argument("--threads", type=int, default=2)
 
-    defaults = Settings.model_fields
     parser.add_argument("--batch-size", type=int, default=32, help="MiniLM batch size")
-    parser.add_argument("--max-batch-size", type=int, default=defaults["max_batch_size"].default,
+    parser.add_argument("--max-batch-size", type=int, default=CPU_BATCHING.max_batch_size,
                         help="DiSAN: most sentences per call (default: the service's)")
-    parser.add_argument("--max-cells", type=int, default=defaults["max_batch_cells"].default,
+    parser.add_argument("--max-cells", type=int, default=CPU_BATCHING.max_batch_cells,
                         help="DiSAN: padded cells per call (default: the service's max_batch_cells)")
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)

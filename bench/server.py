@@ -49,7 +49,8 @@ class Server:
     """`disan serve` (or `command`, which must read the same DISAN_* variables) in a subprocess on
     127.0.0.1 with extra DISAN_* settings; ready when /ready says 200."""
 
-    def __init__(self, bundle: Path, command: list[str] | None = None, **settings: object):
+    def __init__(self, bundle: Path, command: list[str] | None = None, cwd: Path | None = None,
+                 **settings: object):
         self.port = free_port()
         env = {**os.environ, **{f"DISAN_{k.upper()}": str(v) for k, v in settings.items()}}
         env.update(
@@ -58,7 +59,10 @@ class Server:
             DISAN_PORT=str(self.port),
             DISAN_LOG_LEVEL="warning",
         )
-        self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env)
+        # `cwd` + PYTHONPATH in the environment: serve another checkout's code (`python -m` puts
+        # the working directory first on sys.path).
+        self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env,
+                                     cwd=cwd)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -98,16 +102,17 @@ class Server:
         self.stop()
 
 
-def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_request: int = 1) -> dict:
+def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_request: int = 1,
+         threads: int = 1) -> dict:
     """Throughput and latency of POST /embed at `concurrency` for `seconds` (`per_request`
-    sentences in each body)."""
+    sentences in each body; `threads` wrk threads, for servers one wrk thread cannot saturate)."""
     if shutil.which("wrk"):
         script = Path(tempfile.mkstemp(suffix=".lua")[1])
         script.write_text(WRK_SCRIPT % bodies_file)
         out = subprocess.run(
             [
                 "wrk",
-                "-t1",
+                f"-t{threads}",
                 f"-c{concurrency}",
                 f"-d{max(1, round(seconds))}s",
                 "--timeout",

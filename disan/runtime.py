@@ -1,12 +1,14 @@
-"""onnxruntime sessions for a bundle: provider selection, numpy in/out (TORCH-FREE).
+"""onnxruntime sessions for a bundle: provider and graph-set selection, numpy in/out (TORCH-FREE).
 
 Used by everything that runs a bundle: the service, `disan eval`, the benches. It reads no
 environment and no service settings: callers pass a frozen `RuntimeOptions` (the service builds
-one from its Settings). The bundle contract is `disan.manifest`; from the manifest the runtime
-reads, tolerantly: ``graphs.<name>`` (a file name, or a dict with ``file``, optional ``labels``
-and ``variants.<fp16|int8>``), ``labels.<task>``, ``max_len``, ``name``, ``vocab`` (file name,
-default ``vocab.json``). The embedding dim and the providers actually in use are read from the
-live sessions, never assumed.
+one from its Settings). The bundle contract is `disan.manifest`.
+
+Which graphs run: the set of the provider that really loaded (a CUDA session that is actually
+active -> the `gpu` set, else the `cpu` set) in that set's default variant (gpu: fp16, cpu: fp32).
+`RuntimeOptions.variant` overrides the variant (taken from the other set when the chosen one
+lacks it, e.g. fp16 on a CPU-only host) and `graph_set` the set. The embedding dim and the
+providers actually in use are read from the live sessions, never assumed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from disan.manifest import DEFAULT_LABELS, GRAPHS, BundleError, load_manifest
+from disan.manifest import (
+    DEFAULT_LABELS,
+    GRAPH_SETS,
+    GRAPHS,
+    TOKEN_AXES,
+    BundleError,
+    available_variants,
+    load_manifest,
+    variant_files,
+)
 from disan.optional import require
 from disan.text import Vocab
 
@@ -35,7 +46,8 @@ class RuntimeOptions:
     """How to run a bundle. The defaults suit offline use: CPU or CUDA, one call at a time."""
 
     providers: Literal["auto", "cuda", "cpu"] = "auto"
-    variant: Literal["fp32", "fp16", "int8"] = "fp32"
+    variant: Literal["auto", "fp32", "fp16", "int8"] = "auto"   # auto: the graph set's default
+    graph_set: Literal["auto", "cpu", "gpu"] = "auto"         # auto: the set of the live provider
     intra_op_threads: int = 0                 # 0: 1 with batch_concurrency auto on CPU, else ORT's choice
     inter_op_threads: int = 0                 # 0: ORT's choice
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
@@ -52,6 +64,31 @@ _OPT_LEVELS = {
 }
 _ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
                "tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+_preloaded = False
+
+
+def preload_cuda() -> None:
+    """Load CUDA and cuDNN from their PyPI wheels (nvidia-*) before the first CUDA session, so
+    onnxruntime-gpu finds them on a host that has only the NVIDIA driver.
+
+    `onnxruntime.preload_dlls()` exists from onnxruntime-gpu 1.21; without the wheels it falls
+    back to the default library paths (a CUDA base image), so calling it is always safe.
+    """
+    global _preloaded
+    if _preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    _preloaded = True
+    try:
+        ort.preload_dlls()
+    except OSError as exc:  # a library found but not loadable: the session check reports the rest
+        log.warning("onnxruntime.preload_dlls() failed: %s", exc)
+
+
+def cuda_active(session: ort.InferenceSession) -> bool:
+    """Whether a live session really runs on CUDA (ORT falls back to CPU silently)."""
+    return session.get_providers()[0] == CUDA
 
 
 def requested_providers(choice: str) -> list[str]:
@@ -106,9 +143,9 @@ def session_options(options: RuntimeOptions, intra_op_threads: int) -> ort.Sessi
 class Graph:
     """One ONNX graph: feeds by contract name (mapped by position), returns numpy outputs."""
 
-    def __init__(self, name: str, path: Path, options: RuntimeOptions):
+    def __init__(self, name: str, path: Path, options: RuntimeOptions, providers: list[str]):
         self.name = name
-        providers = requested_providers(options.providers)
+        self.file = path.name
         self.concurrency, threads = call_layout(options, providers)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=session_options(options, threads),
@@ -122,13 +159,11 @@ class Graph:
                               f"{[i.name for i in inputs]}")
         self._inputs = [(i.name, _ORT_DTYPES.get(i.type, np.int64)) for i in inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        active = self.session.get_providers()
         # ORT silently falls back to CPU when CUDA libraries fail to load: check what really runs.
-        if options.providers == "cuda" and active[0] != CUDA:
-            raise BundleError(f"{path}: providers=cuda but the session runs on {active[0]} "
-                              "(CUDA/cuDNN libraries did not load)")
-        if CUDA in providers and active[0] != CUDA:
-            log.warning("%s: CUDA was requested but unavailable; running on %s", name, active[0])
+        if options.providers == "cuda" and not cuda_active(self.session):
+            raise BundleError(f"{path}: providers=cuda but the session runs on {self.provider} "
+                              "(CUDA/cuDNN libraries did not load: install onnxruntime-gpu[cuda,cudnn] "
+                              "or use a CUDA base image)")
 
     @property
     def provider(self) -> str:
@@ -142,15 +177,30 @@ class Graph:
         return self.session.run(None, feeds)
 
 
-def _graph_entry(manifest: dict[str, Any], name: str) -> dict[str, Any] | None:
-    entry = manifest.get("graphs", {}).get(name)
-    if entry is None:
-        return None
-    return {"file": entry} if isinstance(entry, str) else dict(entry)
+def choose_graphs(manifest: dict[str, Any], options: RuntimeOptions, cuda: bool) -> tuple[str, str]:
+    """(graph set, variant) to load: see the module docstring."""
+    sets = manifest["sets"]
+    if options.graph_set != "auto":
+        if options.graph_set not in sets:
+            raise BundleError(f"graph set {options.graph_set!r} is not in this bundle "
+                              f"(it has {sorted(sets)})")
+        order = [options.graph_set]
+    else:
+        preferred = "gpu" if cuda else "cpu"
+        order = [preferred] + [s for s in GRAPH_SETS if s != preferred]
+    for set_name in order:
+        if set_name not in sets:
+            continue
+        variant = sets[set_name]["default_variant"] if options.variant == "auto" else options.variant
+        if variant in sets[set_name]["variants"]:
+            return set_name, variant
+    have = ", ".join(f"{s}/{v}" for s, v in available_variants(manifest))
+    raise BundleError(f"no {options.variant} graphs in {order} (this bundle has {have}; export with "
+                      "--quantize int8 for int8, without --no-fp16 for fp16, or use --variant auto)")
 
 
 class Runtime:
-    """A loaded bundle: vocab, sessions, labels and limits."""
+    """A loaded bundle: vocab, the sessions of one graph set, labels and limits."""
 
     def __init__(self, bundle_dir: str | Path, options: RuntimeOptions | None = None):
         options = options or RuntimeOptions()
@@ -161,31 +211,44 @@ class Runtime:
             self.vocab = Vocab.load(vocab_file)
         except (OSError, ValueError) as exc:
             raise BundleError(f"{vocab_file}: cannot load vocab ({exc})") from exc
+        providers = requested_providers(options.providers)
+        if CUDA in providers:
+            preload_cuda()
         self.graphs: dict[str, Graph] = {}
+        self.graph_set, self.variant = choose_graphs(self.manifest, options, CUDA in providers)
+        if CUDA in providers:
+            # Load one graph with CUDA first: if CUDA does not really come up, the CPU set (and
+            # the CPU call layout) fit better than GPU graphs on a CPU fallback.
+            first = self._load("encoder", options, providers)
+            if not cuda_active(first.session):
+                log.warning("CUDA was requested but unavailable; running the cpu graph set on %s",
+                            first.provider)
+                providers = [CPU]
+                self.graph_set, self.variant = choose_graphs(self.manifest, options, cuda=False)
+                self.graphs.clear()
+        files = variant_files(self.manifest, self.graph_set, self.variant)
+        for name in GRAPHS:
+            if name in files and name not in self.graphs:
+                self._load(name, options, providers)
         self.labels: dict[str, list[str]] = {}
-        for name, spec in GRAPHS.items():
-            entry = _graph_entry(self.manifest, name)
-            if entry is None:
-                continue  # only the explain graph is optional (load_manifest checked the rest)
-            file = entry.get("file", spec.file)
-            if options.variant != "fp32":
-                file = (entry.get("variants") or {}).get(options.variant)
-                if file is None:
-                    raise BundleError(f"{self.bundle_dir}: graph {name} has no {options.variant} variant "
-                                      "(export with --fp16/--int8, or use --variant fp32)")
-            self.graphs[name] = Graph(name, self.bundle_dir / file, options)
-            task = spec.task
-            labels = entry.get("labels") or (self.manifest.get("labels") or {}).get(task)
-            if task in DEFAULT_LABELS and task not in self.labels:
-                self.labels[task] = list(labels or DEFAULT_LABELS[task])
+        for name, entry in self.manifest["graphs"].items():
+            task = GRAPHS[name].task if name in GRAPHS else None
+            if task in DEFAULT_LABELS and task not in self.labels and entry.get("labels"):
+                self.labels[task] = list(entry["labels"])
+        for task, default in DEFAULT_LABELS.items():
+            self.labels.setdefault(task, list(default))
         bundle_max = self.manifest.get("max_len")
         limits = [int(n) for n in (options.max_tokens, bundle_max) if n]
         if not limits:
             raise BundleError(f"{self.bundle_dir}: the manifest has no max_len; pass max_tokens")
         self.max_tokens = min(limits)
-        self.name = (options.model_name or self.manifest.get("name") or self.manifest.get("model_name")
-                     or self.bundle_dir.resolve().name)
+        self.name = (options.model_name or self.manifest.get("name") or self.bundle_dir.resolve().name)
         self.dim = int(self.embed([[1]]).shape[1])
+
+    def _load(self, name: str, options: RuntimeOptions, providers: list[str]) -> Graph:
+        file = variant_files(self.manifest, self.graph_set, self.variant)[name]
+        self.graphs[name] = Graph(name, self.bundle_dir / file, options, providers)
+        return self.graphs[name]
 
     @property
     def provider(self) -> str:
@@ -203,7 +266,13 @@ class Runtime:
 
     @property
     def has_explain(self) -> bool:
+        """Whether /sentiment can explain (attention maps, gates, token weights)."""
         return "sentiment_explain" in self.graphs
+
+    @property
+    def has_embed_explain(self) -> bool:
+        """Whether /embed and /nli can explain (token weights, NLI token attribution)."""
+        return "encoder_explain" in self.graphs
 
     @staticmethod
     def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -214,30 +283,44 @@ class Runtime:
         """Token id rows -> sentence embeddings float32 [B, D]."""
         return self.graphs["encoder"].run(*self._pad(rows))[0]
 
+    def nli_head(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """(premise, hypothesis) vector pairs -> class probabilities: a [D] pair gives [K], a
+        pair of [m, D] matrices (m rows of one explained pair) gives [m, K]. One graph call."""
+        us = [np.atleast_2d(u) for u, _ in pairs]
+        vs = [np.atleast_2d(v) for _, v in pairs]
+        probs = self.graphs["nli_head"].run(np.concatenate(us), np.concatenate(vs))[0]
+        parts = np.split(probs, np.cumsum([len(u) for u in us])[:-1])
+        return [part if np.ndim(u) == 2 else part[0] for part, (u, _) in zip(parts, pairs, strict=True)]
+
     def nli(self, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
-        """(premise ids, hypothesis ids) pairs -> class probabilities [B, 3]."""
-        p_ids, p_mask = self._pad([p for p, _ in pairs])
-        h_ids, h_mask = self._pad([h for _, h in pairs])
-        return self.graphs["nli"].run(p_ids, p_mask, h_ids, h_mask)[0]
+        """(premise ids, hypothesis ids) pairs -> class probabilities [B, 3]: the encoder on
+        each side (two padded batches), then the head."""
+        u = self.embed([p for p, _ in pairs])
+        v = self.embed([h for _, h in pairs])
+        return self.graphs["nli_head"].run(u, v)[0]
 
     def sentiment(self, rows: list[list[int]]) -> np.ndarray:
         """Token id rows -> class probabilities [B, K]."""
         return self.graphs["sentiment"].run(*self._pad(rows))[0]
 
-    def explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
-        """Per row: probs and attention maps trimmed to the row's own length."""
-        outs = self.graphs["sentiment_explain"].run(*self._pad(rows))
-        names = GRAPHS["sentiment_explain"].outputs
+    def _per_row(self, graph: str, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
+        """Every output of a sentence graph per row, token axes cut to the row's own length."""
+        outs = self.graphs[graph].run(*self._pad(rows))
+        names = GRAPHS[graph].outputs
         result = []
         for i, row in enumerate(rows):
-            item: dict[str, np.ndarray] = {}
             n = len(row)
-            for key, arr in zip(names, outs, strict=False):
-                a = arr[i]
-                # attn_* are [n,n]; gates [n,d_h] and s2t [n]: cut the padded token axes only.
-                item[key] = a if key == "probs" else a[:n, :n] if key.startswith("attn") else a[:n]
-            result.append(item)
+            result.append({key: arr[i][tuple(slice(0, n) for _ in range(TOKEN_AXES.get(key, 0)))]
+                           for key, arr in zip(names, outs, strict=True)})
         return result
+
+    def explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
+        """Sentiment per row: probs, attn_fw/attn_bw [n,n], gate_fw/gate_bw/s2t [n]."""
+        return self._per_row("sentiment_explain", rows)
+
+    def embed_explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
+        """Encoder per row: embedding [D], s2t [n], loo_embedding [n,D] (see disan.manifest)."""
+        return self._per_row("encoder_explain", rows)
 
     def text_ids(self, text: str) -> list[int]:
         """Raw text -> token ids cut to `max_tokens` (the offline path; the service checks limits)."""
@@ -247,17 +330,20 @@ class Runtime:
         """Run every graph once on a few shapes so first requests do not pay allocation costs."""
         for n in (1, 8, min(32, self.max_tokens)):
             rows = [[1] * n, [1] * max(1, n // 2)]
-            self.embed(rows)
             self.nli(list(zip(rows, rows, strict=True)))
             self.sentiment(rows)
             if self.has_explain:
                 self.explain(rows)
+            if self.has_embed_explain:
+                self.embed_explain(rows)
 
 
-def load_offline(bundle: str | Path, variant: str = "fp32", threads: int = 0) -> Runtime:
+def load_offline(bundle: str | Path, variant: str = "auto", threads: int = 0,
+                 graph_set: str = "auto") -> Runtime:
     """The runtime the service uses, on CPU, one call at a time (eval, transfer, benches).
 
-    `threads` ORT intra-op threads per call (0: onnxruntime's choice).
+    `threads` ORT intra-op threads per call (0: onnxruntime's choice); `variant`/`graph_set`
+    as in RuntimeOptions (auto on CPU: the cpu set in fp32).
     """
     return Runtime(bundle, RuntimeOptions(providers="cpu", variant=variant,  # type: ignore[arg-type]
-                                          intra_op_threads=threads))
+                                          intra_op_threads=threads, graph_set=graph_set))  # type: ignore[arg-type]

@@ -258,7 +258,9 @@ def new_model(cfg: TrainConfig, vocab_size: int, embed_dim: int, num_classes: in
     """Build the task model and load the initial embedding matrix and trainable-row mask."""
     mcfg = DiSANConfig(vocab_size=vocab_size, embed_dim=embed_dim, d_h=cfg.d_h, c=cfg.c,
                        activation=cfg.activation, keep_prob=cfg.keep_prob, attention_kind=cfg.attention_kind,
-                       mask_kind=cfg.mask_kind, task=cfg.task, num_classes=num_classes, head_dim=cfg.d_h)
+                       mask_kind=cfg.mask_kind, coda_gate=cfg.coda_gate, s2t_kind=cfg.s2t_kind,
+                       encoder_kind=cfg.encoder_kind, task=cfg.task, num_classes=num_classes,
+                       head_dim=cfg.d_h)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg)
     with torch.no_grad():

@@ -26,7 +26,7 @@ from disan.train_config import TrainConfig, add_config_arguments, config_values
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the `disan train` options: TrainConfig's fields, plus --data and --resume."""
     p.add_argument("--data", default=os.environ.get("DISAN_DATA", "../shared/data"),
-                   help="root of the staged data for --recipe (default: $DISAN_DATA or ../shared/data)")
+                   help="root of the staged data for --recipe (env DISAN_DATA)")
     p.add_argument("--resume", metavar="LAST_PT", help="continue a run from its last.pt")
     add_config_arguments(p)
 

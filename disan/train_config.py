@@ -77,8 +77,15 @@ class TrainConfig:
     attention_kind: str = flag("multi_dim", "token2token attention", "model",
                                choices=["multi_dim", "additive", "coda"])
     mask_kind: str = flag("directional", "token2token masks (diag: DiSAN without directions; "
-                          "none: no DiSA blocks' directions)", "model",
+                          "none: word embedding + source2token, no DiSA blocks)", "model",
                           choices=["directional", "diag", "none"])
+    coda_gate: str = flag("scaled", "gate of --attention-kind coda: 2*sigmoid(N) or sigmoid(N - mean_j N)",
+                          "model", choices=["scaled", "centred"])
+    s2t_kind: str = flag("multi_dim", "source2token attention: one weight per feature (paper) or one "
+                         "per token (additive)", "model", choices=["multi_dim", "additive"])
+    encoder_kind: str = flag("disan", "token layer before source2token: the DiSA blocks, or the "
+                             "paper's multi-head or Bi-LSTM baselines", "model",
+                             choices=["disan", "multi_head", "bilstm"])
     keep_prob: float = flag(0.75, "dropout keep prob (default: the paper's per task: nli 0.75, "
                             "sentiment 0.7)", "model", type=float, cli_default=None)
     weight_decay: float = flag(5e-5, "L2 on weight matrices (default: the paper's per task: nli "
@@ -116,8 +123,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         default = meta["cli_default"]
         if isinstance(default, bool):
             flag_name = f"--no-{name}" if default else f"--{name}"
+            # "%(default).0s" prints nothing; it keeps ArgumentDefaultsHelpFormatter from adding
+            # "(default: True)" to a --no-X flag, which reads as if the flag were on by default.
+            help_text = (f"turn off the {meta['help']} (on by default)%(default).0s" if default
+                         else meta["help"])
             group.add_argument(flag_name, dest=f.name, action="store_false" if default else "store_true",
-                               help=("no " if default else "") + meta["help"])
+                               help=help_text)
             continue
         kwargs = {k: meta[k] for k in ("choices", "metavar", "nargs") if meta[k] is not None}
         value_type = meta["type"] or (type(default) if default not in (None, []) else str)

@@ -4,10 +4,12 @@
 #   docker build -f docker/service-gpu.Dockerfile -t disan-serve:gpu .
 #   docker run --gpus all -p 8000:8000 disan-serve:gpu
 #
-# The CUDA major must match the onnxruntime-gpu pin in pyproject.toml: onnxruntime-gpu <1.27 is
-# built for CUDA 12 + cuDNN 9 (1.27+ needs CUDA 13). Any CUDA 12.x runtime works with it (minor
-# version compatibility); 12.8 also covers Blackwell GPUs. Ubuntu 24.04's python3 is 3.12 (>= 3.11).
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# The CUDA major must match the onnxruntime-gpu pin in pyproject.toml: onnxruntime-gpu 1.31 is built
+# for CUDA 13.0 + cuDNN 9 (1.27 and later need CUDA 13, up to 1.26 CUDA 12). A 13.0 runtime runs on
+# every driver that supports CUDA 13 (>= 580). Ubuntu 24.04's python3 is 3.12 (>= 3.11).
+# CUDA_IMAGE can name any base with python3 and apt-get: docker/ci-containers.sh builds this file on
+# a machine without a GPU from a locally bootstrapped Debian base (docs/containers.md).
+ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
 # builder: a virtualenv holding the package and its `serve` extra. pip, setuptools and the

@@ -1,5 +1,8 @@
 """`disan export --nli CKPT --sentiment CKPT --out DIR`: checkpoints -> verified ONNX bundle.
 
+A bundle carries one graph set per provider (see `disan.manifest`): `cpu` (attention in
+query-row chunks, fp32; int8 with --quantize) and `gpu` (unchunked; fp16 by default, fp32 kept
+for parity). All graphs read their weights from one shared file, each tensor stored once.
 The bundle is built in a temporary sibling directory and moved into place only after every
 graph passed `onnx.checker` and the ORT-vs-PyTorch parity check, so a failed export never
 leaves a half-written bundle where the service would look for one.
@@ -8,7 +11,6 @@ leaves a half-written bundle where the service would look for one.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import platform
 import shutil
@@ -17,14 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from disan.manifest import (
+    GRAPH_SETS,
+    GRAPHS,
+    MANIFEST_NAME,
+    WEIGHTS_FILE,
+    load_manifest,
+    sha256_file,
+    write_manifest,
+)
 
-from disan.manifest import MANIFEST_NAME, load_manifest, sha256_file, write_manifest
-from disan.text import Vocab
-
-GRAPH_FILES = {"encoder": "encoder.onnx", "nli": "nli.onnx", "sentiment": "sentiment.onnx",
-               "sentiment_explain": "sentiment_explain.onnx"}
-STAGED_DEV = {"nli": "snli/dev.jsonl.gz", "sentiment": "sst/sst5_dev.jsonl.gz"}
+FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_io_types: ids int64, "
+             "mask bool in, float32 out); fp16 weights and activations, the weights stored once in "
+             "fp32 (shared with the fp32 graphs) and cast when the session loads; meant for CUDA")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,58 +40,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentiment", required=True, type=Path, help="sentiment checkpoint (.pt)")
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     parser.add_argument("--max-len", type=int, default=128, help="longest input the service accepts")
-    parser.add_argument("--fp16", action="store_true", help="also write half-precision GPU graphs")
-    parser.add_argument("--quantize", choices=["int8"], help="also write dynamically quantised graphs")
+    parser.add_argument("--sets", nargs="+", choices=sorted(GRAPH_SETS), default=sorted(GRAPH_SETS),
+                        help="graph sets to write: cpu (chunked attention) and/or gpu (unchunked)")
+    parser.add_argument("--no-fp16", dest="fp16", action="store_false",
+                        help="gpu set in fp32 only (default: fp16, the set's default, plus fp32)")
+    parser.add_argument("--quantize", choices=["int8"], help="also write a dynamically quantised cpu set")
     parser.add_argument("--int8-embedding", choices=["int8", "fp32"], default="int8",
                         help="int8 variant: quantise the embedding table too (4x smaller) or keep fp32")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
-    parser.add_argument("--explain", choices=["separate", "merged", "none"], default="separate",
-                        help="explain outputs in their own graph, inside sentiment.onnx (smaller "
-                        "bundle), or not at all")
     parser.add_argument("--force", action="store_true", help="replace an existing bundle in --out")
     parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
     parser.add_argument("--attention-chunk-cells", type=int, default=None, metavar="N",
-                        help="compute the token2token attention in query-row chunks of ~N pairs "
-                        "(an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
-                        "bench/packing.py); "
-                        "0: one unchunked tensor (as fast or faster with several intra-op threads)")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a .jsonl or .jsonl.gz file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
-    """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
-    if dev_root is not None:
-        paths = {task: dev_root / rel for task, rel in STAGED_DEV.items()}
-        missing = [str(p) for p in paths.values() if not p.is_file()]
-        if missing:
-            raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
-        nli = read_jsonl(paths["nli"])[:limit]
-        sst = read_jsonl(paths["sentiment"])[:limit]
-        return {"source": f"dev sets: {paths['nli']} and {paths['sentiment']} (first {limit} rows each)",
-                "pairs": [(r["sentence1"], r["sentence2"]) for r in nli],
-                "texts": [r["text"] for r in sst],
-                # gold labels, so the manifest can state each variant's accuracy delta vs fp32
-                "pair_labels": [str(r["gold_label"]) for r in nli],
-                "text_labels": [int(r["label"]) for r in sst]}
-    # No dev data: random vocabulary words, lengths 3..40. Weaker evidence than a dev set
-    # (label agreement on near-uniform random inputs is pessimistic); the manifest says which.
-    rng = np.random.default_rng(seed)
-    words = vocab.itos[2:] or ["<unk>"]
-
-    def sentence() -> str:
-        return " ".join(words[i] for i in rng.integers(0, len(words), int(rng.integers(3, 41))))
-
-    n = min(limit, 500)
-    return {"source": f"generated: {n} random word sequences per task (no --dev-data given)",
-            "pairs": [(sentence(), sentence()) for _ in range(n)], "texts": [sentence() for _ in range(n)]}
+                        help="cpu set: compute the token2token attention in query-row chunks of ~N "
+                        "pairs (an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
+                        "bench/packing.py); 0: unchunked, like the gpu set")
 
 
 def load_sources(nli_path: Path, sentiment_path: Path):
@@ -109,42 +80,88 @@ def load_sources(nli_path: Path, sentiment_path: Path):
     return payloads, loaded
 
 
-def export_all(nli_model, sent_model, out: Path, fp16: bool, int8: bool, int8_embedding: bool,
-               explain: str = "separate", log=print, chunk_cells: int | None = None
-               ) -> dict[str, dict[str, Any]]:
-    """Write every graph (and variants) into `out`; return the manifest's `graphs` section."""
+def set_layout(fp32_files: set[str], sets: tuple[str, ...], fp16: bool, int8: bool
+               ) -> dict[str, dict[str, dict[str, str]]]:
+    """{set: {variant: {graph: file}}} from the exported fp32 files (see export_fp32_graphs)."""
+    def pick(graph: str, chunked: bool) -> str | None:
+        base = f"{graph}.onnx"
+        if chunked and f"{graph}.chunked.onnx" in fp32_files:
+            return f"{graph}.chunked.onnx"
+        return base if base in fp32_files else None
+
+    layout: dict[str, dict[str, dict[str, str]]] = {}
+    for set_name in sets:
+        files = {g: pick(g, set_name == "cpu") for g in GRAPHS}
+        fp32 = {g: f for g, f in files.items() if f}
+        layout[set_name] = {"fp32": fp32}
+        if set_name == "gpu" and fp16:  # the gpu set's default: first
+            layout[set_name] = {"fp16": {g: f.replace(".onnx", ".fp16.onnx") for g, f in fp32.items()},
+                                **layout[set_name]}
+        if set_name == "cpu" and int8:  # optional, after fp32 (the cpu set's default)
+            layout[set_name]["int8"] = {g: f.replace(".onnx", ".int8.onnx") for g, f in fp32.items()}
+    return layout
+
+
+def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_cells: int,
+                 int8_embedding: bool, log=print) -> tuple[dict, dict[str, Path], dict[str, str]]:
+    """Every graph file as a self-contained ONNX file in `stage`: (layout, {file: path}, the
+    weight aliases of name_by_parameters)."""
     # torch and onnx: imported when exporting (see load_sources)
-    from model_export.graphs import build_wrappers, export_fp32_graphs
-    from model_export.onnx_files import check_onnx, convert_fp16, quantize_int8
+    import onnx
+
+    from model_export.graphs import export_fp32_graphs  # torch, as above
+    from model_export.onnx_files import convert_fp16, quantize_int8  # onnx, as above
+    from model_export.weights import name_by_parameters, share_fp32_weights  # onnx, as above
 
     t0 = time.perf_counter()
-    paths = export_fp32_graphs(nli_model, sent_model, out, GRAPH_FILES, explain, chunk_cells)
-    log(f"exported {len(set(paths.values()))} fp32 graphs in {time.perf_counter() - t0:.1f}s")
-    wrappers = build_wrappers(nli_model, sent_model, explain)
-    graphs: dict[str, dict[str, Any]] = {}
-    done: dict[Path, dict[str, str]] = {}  # file -> its variants ('merged' shares one file)
-    for name, path in paths.items():
-        if path not in done:
-            check_onnx(path)
-            done[path] = {}
-            if fp16:
-                done[path]["fp16"] = check_and_name(
-                    convert_fp16(path, out / path.name.replace(".onnx", ".fp16.onnx")), check_onnx)
-            if int8:
-                done[path]["int8"] = check_and_name(
-                    quantize_int8(path, out / path.name.replace(".onnx", ".int8.onnx"), int8_embedding),
-                    check_onnx)
-        graphs[name] = {"file": path.name, "inputs": list(wrappers[name].input_names),
-                        "outputs": list(wrappers[name].output_names),
-                        "source": "sentiment" if name.startswith("sentiment") else "nli",
-                        "labels": None, "precision": "fp32", "variants": dict(done[path])}
-    return graphs
+    paths = export_fp32_graphs(nli_model, sent_model, stage, chunk_cells)
+    log(f"exported {len(paths)} fp32 graphs in {time.perf_counter() - t0:.1f}s")
+    params = {task: {k: v.detach().numpy() for k, v in m.state_dict().items()}
+              for task, m in (("nli", nli_model), ("sentiment", sent_model))}
+    models, aliases = {}, {}
+    for file, path in paths.items():
+        task = "sentiment" if file.startswith("sentiment") else "nli"
+        models[file] = onnx.load(str(path))
+        aliases.update(name_by_parameters(models[file], task, params[task]))
+        onnx.save(models[file], str(path))
+    layout = set_layout(set(paths), *layout_args)
+    for variants in layout.values():
+        for variant, files in variants.items():
+            for graph, file in files.items():
+                if file in paths:
+                    continue
+                source = variants["fp32"][graph]
+                if variant == "fp16":
+                    half = onnx.load(str(convert_fp16(paths[source], stage / file)))
+                    share_fp32_weights(half, models[source])
+                    onnx.save(half, str(stage / file))
+                    paths[file] = stage / file
+                else:
+                    paths[file] = quantize_int8(paths[source], stage / file, int8_embedding)
+    log(f"staged {len(paths)} graph files in {time.perf_counter() - t0:.1f}s")
+    return layout, paths, dict(sorted(aliases.items()))
 
 
-def check_and_name(path: Path, check) -> str:
-    """Run `check` (onnx.checker) on a variant file and return its file name."""
-    check(path)
-    return path.name
+def write_graphs(paths: dict[str, Path], files: set[str], out: Path) -> dict[str, Any]:
+    """Write `files` into `out` with their large initializers in the shared weights file."""
+    import onnx  # as above
+
+    from model_export.onnx_files import check_onnx
+    from model_export.weights import SharedWeights
+
+    weights = SharedWeights(out / WEIGHTS_FILE)
+    try:
+        for file in sorted(files):
+            model = onnx.load(str(paths[file]))
+            weights.externalize(model)
+            onnx.save(model, str(out / file))
+    finally:
+        weights.close()
+    for file in sorted(files):
+        check_onnx(out / file)
+    return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
+            "note": "every initializer of 1 KiB or more of every graph, each distinct tensor once "
+                    "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed)"}
 
 
 def versions() -> dict[str, str]:
@@ -160,14 +177,30 @@ def versions() -> dict[str, str]:
             "python": platform.python_version(), "opset": OPSET}
 
 
-def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int = 128, fp16: bool = False,
-                 int8: bool = False, int8_embedding: bool = True, dev_data: Path | None = None,
-                 dev_limit: int = 2000, force: bool = False, explain: str = "separate",
-                 log=print, name: str = "disan", chunk_cells: int | None = None) -> dict[str, Any]:
+def source_entry(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """How the manifest names a source checkpoint: file name and sha256, never a path."""
+    entry: dict[str, Any] = {"file": Path(path).name, "sha256": sha256_file(path)}
+    if payload.get("recovered_from"):
+        entry["recovered_from"] = payload["recovered_from"]
+    return entry
+
+
+def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,
+                 sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
+                 int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
+                 force: bool = False, log=print, name: str = "disan",
+                 chunk_cells: int | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
-    from model_export.graphs import ATTENTION_CHUNK_CELLS, build_wrappers, explain_mode
-    from model_export.verify import check_parity, variant_agreement
+    from model_export.graphs import ATTENTION_CHUNK_CELLS
+    from model_export.verify import (
+        FP32_TOL,
+        agreement_data,
+        check_parity,
+        meets_bars,
+        references_from_models,
+        variant_agreement,
+    )
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):
@@ -177,55 +210,70 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
     chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
     if chunk_cells < 0:
         raise ValueError(f"--attention-chunk-cells must be >= 0, got {chunk_cells}")
+    sets = tuple(sorted(set(sets)))
+    unknown = [s for s in sets if s not in GRAPH_SETS]
+    if unknown or not sets:
+        raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
     payloads, loaded = load_sources(nli_path, sentiment_path)
     (nli_model, vocab, nli_labels), (sent_model, _, sent_labels) = loaded["nli"], loaded["sentiment"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        explain = explain_mode(sent_model, explain)
-        graphs = export_all(nli_model, sent_model, tmp, fp16, int8, int8_embedding, explain, log,
-                            chunk_cells)
-        for graph, entry in graphs.items():
-            entry["labels"] = {"nli": nli_labels, "sentiment": sent_labels}.get(entry["source"]) \
-                if graph != "encoder" else None
+        with tempfile.TemporaryDirectory(prefix="disan-export-") as stage:
+            layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
+                                         chunk_cells, int8_embedding, log)
+            files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
+            weights = {**write_graphs(paths, files, tmp), "aliases": aliases}
         vocab.save(tmp / "vocab.json")
+        present = set().union(*(v["fp32"] for v in layout.values()))
+        labels = {"nli": nli_labels, "sentiment": sent_labels}
         manifest: dict[str, Any] = {
             "name": name,  # the model name the service reports
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
             "embedding_dim": nli_model.encoder.out_dim, "word_embedding_dim": nli_model.cfg.embed_dim,
-            "graphs": graphs, "explain": explain, "attention_chunk_cells": chunk_cells,
+            "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs), "source": spec.task,
+                           "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
+                       for g, spec in GRAPHS.items() if g in present},
+            "sets": {s: {"provider": GRAPH_SETS[s],
+                         "attention_chunk_cells":
+                             chunk_cells if ".chunked." in variants["fp32"]["encoder"] else 0,
+                         "default_variant": next(iter(variants)),
+                         "variants": {v: {"files": f} for v, f in variants.items()}}
+                     for s, variants in layout.items()},
+            "weights": weights,
             "models": {task: {"config": payloads[task]["config"], "labels": loaded[task][2],
                               "metrics": payloads[task].get("metrics", {}),
                               "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
                        for task in ("nli", "sentiment")},
-            "sources": {"nli": {"path": str(Path(nli_path).resolve()), "sha256": sha256_file(nli_path)},
-                        "sentiment": {"path": str(Path(sentiment_path).resolve()),
-                                      "sha256": sha256_file(sentiment_path)}},
+            "sources": {"nli": source_entry(nli_path, payloads["nli"]),
+                        "sentiment": source_entry(sentiment_path, payloads["sentiment"])},
             "versions": versions(),
         }
         write_manifest(tmp, manifest)  # hashes first, so the checks below see a complete bundle
-        parity = check_parity(tmp, manifest, build_wrappers(nli_model, sent_model, explain))
-        manifest["verification"] = {"mode": "parity_vs_pytorch", "device": "cpu", "tolerance": 1e-5,
-                                    "graphs": parity, "passed": all(g["passed"] for g in parity.values())}
-        variants: dict[str, Any] = {"fp32": {"files": sorted({g["file"] for g in graphs.values()}),
-                                             "provider": "CPU or CUDA"}}
-        wanted = [v for v, on in (("fp16", fp16), ("int8", int8)) if on]
-        data = agreement_data(dev_data, vocab, dev_limit) if wanted else None
-        for variant in wanted:
-            variants[variant] = {"files": sorted({g["variants"][variant] for g in graphs.values()}),
-                                 "agreement_vs_fp32": variant_agreement(tmp, manifest, variant, data)}
-        if int8:
-            variants["int8"]["embedding"] = "int8" if int8_embedding else "fp32"
-        if fp16:
-            variants["fp16"]["note"] = ("onnxruntime float16 converter on the fp32 graphs (keep_io_types): "
-                                        "ids int64/mask bool in, float32 out; fp16 weights and "
-                                        "activations; meant for the CUDA provider (slow on CPU)")
-        manifest["variants"] = variants
+        refs, done, parity = references_from_models(nli_model, sent_model), {}, {}
+        for s in layout:
+            parity[s] = {"fp32": check_parity(tmp, manifest, refs, layout[s]["fp32"], done=done)}
+        passed = all(g["passed"] for p in parity.values() for g in p["fp32"].values())
+        manifest["verification"] = {"mode": "parity_vs_checkpoints", "device": "cpu", "tolerance": FP32_TOL,
+                                    "sets": parity, "passed": passed}
+        data = None
+        for s, variants in layout.items():
+            for variant in variants:
+                if variant == "fp32":
+                    continue
+                data = data or agreement_data(dev_data, vocab, dev_limit)
+                entry = manifest["sets"][s]["variants"][variant]
+                entry["agreement_vs_fp32"] = variant_agreement(tmp, manifest, s, variant, data)
+                entry["meets_bars"] = meets_bars(entry["agreement_vs_fp32"])
+                if variant == "fp16":
+                    entry["note"] = FP16_NOTE
+                else:
+                    entry["embedding"] = "int8" if int8_embedding else "fp32"
         write_manifest(tmp, manifest)
         load_manifest(tmp)  # the service's own check must accept what we wrote
-        if not manifest["verification"]["passed"]:
-            failed = [n for n, g in parity.items() if not g["passed"]]
+        if not passed:
+            failed = {s: [g for g, r in p["fp32"].items() if not r["passed"]] for s, p in parity.items()}
             raise ValueError(f"parity check failed for {failed}: {json.dumps(parity)}")
         if out.exists():
             shutil.rmtree(out)
@@ -238,19 +286,22 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, max_len: int =
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan export`."""
-    manifest = build_bundle(args.nli, args.sentiment, args.out, args.max_len, args.fp16,
-                            args.quantize == "int8", args.int8_embedding == "int8", args.dev_data,
-                            args.dev_limit, args.force, args.explain, name=args.name,
+    manifest = build_bundle(args.nli, args.sentiment, args.out, max_len=args.max_len, sets=tuple(args.sets),
+                            fp16=args.fp16, int8=args.quantize == "int8",
+                            int8_embedding=args.int8_embedding == "int8", dev_data=args.dev_data,
+                            dev_limit=args.dev_limit, force=args.force, name=args.name,
                             chunk_cells=args.attention_chunk_cells)
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")
     print(f"{sum(sizes.values()) / 1e6:9.2f} MB  total in {args.out}")
-    for name, g in manifest["verification"]["graphs"].items():
-        print(f"parity {name}: max |ORT - torch| = {g['max_abs_diff']:.2e}, labels identical: "
-              f"{g['labels_identical']}")
-    for variant, info in manifest["variants"].items():
-        for name, agr in info.get("agreement_vs_fp32", {}).items():
-            if isinstance(agr, dict):
-                print(f"{variant} {name}: {agr}")
+    for set_name, report in manifest["verification"]["sets"].items():
+        for graph, g in report["fp32"].items():
+            print(f"parity {set_name}/{graph}: max |ORT - torch| = {g['max_abs_diff']:.2e}, "
+                  f"labels identical: {g['labels_identical']}")
+    for set_name, entry in manifest["sets"].items():
+        for variant, info in entry["variants"].items():
+            for graph, agr in info.get("agreement_vs_fp32", {}).items():
+                if isinstance(agr, dict):
+                    print(f"{set_name}/{variant} {graph}: {agr}")
     return 0

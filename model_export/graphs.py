@@ -1,7 +1,7 @@
 """Thin export wrappers around the models in `disan/model.py`, and the fp32 ONNX export.
 
 The wrappers only pick outputs, apply the final softmax and cast to float32; every piece of
-model math stays in `disan/model.py`. Graph input/output names follow `disan/manifest.py`.
+model math stays in `disan/model.py`. Graph names and I/O names follow `disan.manifest.GRAPHS`.
 """
 
 from __future__ import annotations
@@ -14,29 +14,45 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from disan.model import DiSANEncoder, NLIModel, SentimentModel
+from disan.manifest import GRAPHS, SENTENCE
+from disan.model import DiSANEncoder, NLIModel, SentimentModel, pooled_without_each
 from model_export.onnx_files import extract
 
 OPSET = 18  # >= 17 (LayerNorm etc.); 18 is what the dynamo exporter emits natively
-# Where the explain outputs live: their own graph (sentiment_explain.onnx, default); in
-# sentiment.onnx itself (saves one embedding table, ~2 MB per 10k words; the service then
-# computes the maps on every sentiment call, a few % more work); or nowhere.
-EXPLAIN_MODES = ("separate", "merged", "none")
 # Example sizes for tracing: batch >= 2 and length >= 3 so torch.export never specialises an
 # axis to 0/1 (sizes 0 and 1 are special-cased by the symbolic shape engine).
 EXAMPLE_BATCH, EXAMPLE_LEN = 3, 5
-# The exported graphs compute the packed token2token attention in query-row chunks of about
+# The CPU graph set computes the packed token2token attention in query-row chunks of about
 # this many (batch x rows x tokens) pairs, an ONNX Scan (disan.model._pair_rows_in_chunks).
 # 1024 was the fastest chunk with 1 ORT thread per call (the CPU compose setting); with more
-# intra-op threads chunking does not help (bench/packing.py; numbers in bench/RESULTS.md).
+# intra-op threads chunking does not help, and on a GPU it costs (bench/packing.py,
+# bench/RESULTS.md), so the GPU set is exported unchunked.
 ATTENTION_CHUNK_CELLS = 1024
 
 
-class EncoderGraph(nn.Module):
-    """ids [B,n], mask [B,n] -> embedding [B,D] (float32)."""
+class SentenceGraph(nn.Module):
+    """Base of the graphs fed one sentence batch: ids [B,n] int64, mask [B,n] bool."""
 
-    input_names = ("ids", "mask")
-    output_names = ("embedding",)
+    graph = ""
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return GRAPHS[self.graph].inputs
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return GRAPHS[self.graph].outputs
+
+    def examples(self, vocab_size: int) -> tuple[tuple[Tensor, ...], tuple[dict, ...]]:
+        """Example inputs for tracing and their dynamic axes."""
+        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+        return example_inputs(2, vocab_size), ({0: batch, 1: seq}, {0: batch, 1: seq})
+
+
+class EncoderGraph(SentenceGraph):
+    """ids, mask -> embedding [B,D] (float32)."""
+
+    graph = "encoder"
 
     def __init__(self, encoder: DiSANEncoder):
         super().__init__()
@@ -46,8 +62,52 @@ class EncoderGraph(nn.Module):
         return self.encoder(ids, mask).float()
 
 
+class EncoderExplainGraph(SentenceGraph):
+    """ids, mask -> embedding [B,D], s2t [B,n] (source2token weight per token, mean over
+    features), loo_embedding [B,n,D] (the embedding with each token left out of the pooling)."""
+
+    graph = "encoder_explain"
+
+    def __init__(self, encoder: DiSANEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, ids: Tensor, mask: Tensor):
+        sent, ex = self.encoder(ids, mask, return_tokens=True)
+        loo = pooled_without_each(ex["u"], ex["s2t_probs"], mask)
+        return sent.float(), ex["s2t"].float(), loo.float()
+
+
+class NLIHeadGraph(nn.Module):
+    """premise_embedding, hypothesis_embedding [B,D] -> class probabilities [B,K] (float32).
+
+    The [u; v; u-v; u*v] combination is inside (NLIModel.classify), not in the caller.
+    """
+
+    graph = "nli_head"
+    input_names = GRAPHS["nli_head"].inputs
+    output_names = GRAPHS["nli_head"].outputs
+
+    def __init__(self, model: NLIModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, u: Tensor, v: Tensor) -> Tensor:
+        # softmax in float32 so the fp16 variant still returns well-normalised probabilities
+        return torch.softmax(self.model.classify(u, v).float(), dim=-1)
+
+    def examples(self, vocab_size: int) -> tuple[tuple[Tensor, ...], tuple[dict, ...]]:
+        gen = torch.Generator().manual_seed(0)
+        dim = self.model.encoder.out_dim
+        batch = torch.export.Dim("batch")
+        return (torch.randn(EXAMPLE_BATCH, dim, generator=gen),
+                torch.randn(EXAMPLE_BATCH, dim, generator=gen)), ({0: batch}, {0: batch})
+
+
 class NLIGraph(nn.Module):
-    """premise/hypothesis ids+mask -> class probabilities [B,K] (float32)."""
+    """The whole NLI model: premise/hypothesis ids+mask -> probs [B,K]. Not a bundle graph since
+    format 2 (encoder + nli_head instead); the reference for their composition, and the graph
+    of format-1 bundles (model_export.recover)."""
 
     input_names = ("premise_ids", "premise_mask", "hypothesis_ids", "hypothesis_mask")
     output_names = ("probs",)
@@ -57,15 +117,20 @@ class NLIGraph(nn.Module):
         self.model = model
 
     def forward(self, p_ids: Tensor, p_mask: Tensor, h_ids: Tensor, h_mask: Tensor) -> Tensor:
-        # softmax in float32 so the fp16 variant still returns well-normalised probabilities
         return torch.softmax(self.model(p_ids, p_mask, h_ids, h_mask).float(), dim=-1)
 
+    def examples(self, vocab_size: int) -> tuple[tuple[Tensor, ...], tuple[dict, ...]]:
+        batch = torch.export.Dim("batch")
+        s0, s1 = torch.export.Dim("seq0"), torch.export.Dim("seq1")
+        # premise and hypothesis have independent lengths; ids and mask of one text share theirs
+        return example_inputs(4, vocab_size), ({0: batch, 1: s0}, {0: batch, 1: s0},
+                                               {0: batch, 1: s1}, {0: batch, 1: s1})
 
-class SentimentGraph(nn.Module):
-    """ids, mask -> class probabilities [B,K] (float32)."""
 
-    input_names = ("ids", "mask")
-    output_names = ("probs",)
+class SentimentGraph(SentenceGraph):
+    """ids, mask -> class probabilities [B,K]."""
+
+    graph = "sentiment"
 
     def __init__(self, model: SentimentModel):
         super().__init__()
@@ -75,15 +140,14 @@ class SentimentGraph(nn.Module):
         return torch.softmax(self.model(ids, mask).float(), dim=-1)
 
 
-class SentimentExplainGraph(nn.Module):
+class SentimentExplainGraph(SentenceGraph):
     """ids, mask -> probs [B,K], attn_fw, attn_bw [B,n,n], gate_fw, gate_bw, s2t [B,n].
 
     Attention maps are already averaged over features by the encoder; the fusion gates are
     averaged over features here (a display summary, not model math).
     """
 
-    input_names = ("ids", "mask")
-    output_names = ("probs", "attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+    graph = "sentiment_explain"
 
     def __init__(self, model: SentimentModel):
         super().__init__()
@@ -111,25 +175,19 @@ def example_inputs(num_inputs: int, vocab_size: int) -> tuple[Tensor, ...]:
 
 
 def export_graph(module: nn.Module, path: Path, vocab_size: int, opset: int = OPSET) -> Path:
-    """Export `module` (an *Graph wrapper) to a single-file ONNX model with dynamic B and n axes."""
+    """Export `module` (a *Graph wrapper) to a single-file ONNX model with dynamic axes."""
     module = module.eval()
     names: Sequence[str] = module.input_names
-    args = example_inputs(len(names), vocab_size)
-    batch = torch.export.Dim("batch")
-    dyn = []
-    for k in range(len(names) // 2):
-        # premise and hypothesis have independent lengths; ids and mask of one text share theirs
-        seq = torch.export.Dim(f"seq{k}" if len(names) > 2 else "seq")
-        dyn += [{0: batch, 1: seq}, {0: batch, 1: seq}]
+    args, dyn = module.examples(vocab_size)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # exporter chatter (deprecations, axis-name notes)
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
             module, args, None, dynamo=True, opset_version=opset, input_names=list(names),
-            dynamic_shapes=tuple(dyn), external_data=False, verbose=False,
+            dynamic_shapes=dyn, external_data=False, verbose=False,
         )
     _rename_outputs(program.model.graph, module.output_names)
-    # external_data=False: one self-contained file (the graphs are far below the 2 GB limit)
+    # one self-contained file here; the bundle's shared weights file is written afterwards
     program.save(str(path), external_data=False)
     return path
 
@@ -154,67 +212,59 @@ def _rename_outputs(graph, output_names: Sequence[str]) -> None:
         value.name = name
 
 
-def explain_mode(sentiment_model: SentimentModel, wanted: str) -> str:
-    """The explain layout actually possible: 'none' for the mask_kind='none' ablation (no attention)."""
-    if wanted not in EXPLAIN_MODES:
-        raise ValueError(f"explain must be one of {EXPLAIN_MODES}, got {wanted!r}")
-    return "none" if sentiment_model.cfg.mask_kind == "none" else wanted
+def has_attention(model: SentimentModel | NLIModel) -> bool:
+    """Whether the encoder has DiSA blocks (attention maps, fusion gates): not the mask_kind='none'
+    ablation, nor the multi-head / Bi-LSTM baseline encoders."""
+    return model.cfg.mask_kind != "none" and model.cfg.encoder_kind == "disan"
 
 
-def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel,
-                   explain: str = "separate") -> dict[str, nn.Module]:
-    """Graph name -> wrapper module (eval mode) for an explain layout (see EXPLAIN_MODES)."""
-    explain = explain_mode(sentiment_model, explain)
-    sentiment = (SentimentExplainGraph if explain == "merged" else SentimentGraph)(sentiment_model)
+def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel) -> dict[str, nn.Module]:
+    """Bundle graph name -> wrapper module (eval mode): the PyTorch reference of each graph."""
     wrappers: dict[str, nn.Module] = {
         "encoder": EncoderGraph(nli_model.encoder),
-        "nli": NLIGraph(nli_model),
-        "sentiment": sentiment,
+        "encoder_explain": EncoderExplainGraph(nli_model.encoder),
+        "nli_head": NLIHeadGraph(nli_model),
+        "sentiment": SentimentGraph(sentiment_model),
     }
-    if explain == "separate":
+    if has_attention(sentiment_model):
         wrappers["sentiment_explain"] = SentimentExplainGraph(sentiment_model)
-    elif explain == "merged":
-        wrappers["sentiment_explain"] = sentiment
     return {name: w.eval() for name, w in wrappers.items()}
 
 
 def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
-                       files: dict[str, str], explain: str = "separate",
-                       chunk_cells: int | None = None) -> dict[str, Path]:
-    """Write the fp32 graphs into `out` (names from `files`): three exports plus one extraction.
+                       chunk_cells: int) -> dict[str, Path]:
+    """Self-contained fp32 graphs in `out`, keyed by bundle file name.
 
-    sentiment.onnx is cut out of the explain graph (same inputs, a subset of the outputs). The
-    encoder is NOT cut out of the NLI graph: there the exporter reads the shared batch size
-    from the hypothesis inputs, so the premise branch is not self-contained. The attention is
-    exported in query-row chunks of `chunk_cells` pairs (default ATTENTION_CHUNK_CELLS; 0: none).
+    Unchunked (the GPU set; the explain graphs serve both sets): encoder_explain.onnx,
+    sentiment_explain.onnx, nli_head.onnx, and encoder.onnx / sentiment.onnx cut out of the
+    explain graphs (onnx.utils.Extractor keeps exactly the nodes an output needs: the same
+    computation without the explain outputs, and one export less each). Chunked (the CPU set,
+    when chunk_cells > 0 and the model has packed attention): encoder.chunked.onnx,
+    sentiment.chunked.onnx. Returns {file name: path}.
     """
     vocab_size = nli_model.cfg.vocab_size
-    for model in (nli_model, sentiment_model):  # the PyTorch reference stays unchunked
-        model.encoder.chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
-    try:
-        return _export_fp32_graphs(nli_model, sentiment_model, out, files, explain, vocab_size)
-    finally:
-        for model in (nli_model, sentiment_model):
-            model.encoder.chunk_cells = 0
+    paths: dict[str, Path] = {}
 
+    def save(name: str, module: nn.Module) -> None:
+        paths[name] = export_graph(module, out / name, vocab_size)
 
-def _export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
-                        files: dict[str, str], explain: str, vocab_size: int) -> dict[str, Path]:
-    paths = {
-        "encoder": export_graph(EncoderGraph(nli_model.encoder), out / files["encoder"], vocab_size),
-        "nli": export_graph(NLIGraph(nli_model), out / files["nli"], vocab_size),
-    }
-    explain = explain_mode(sentiment_model, explain)
-    if explain == "none":  # no attention maps to explain: plain graph only
-        paths["sentiment"] = export_graph(SentimentGraph(sentiment_model), out / files["sentiment"],
-                                          vocab_size)
-    elif explain == "merged":  # one file serves both: sentiment.onnx with the explain outputs
-        paths["sentiment"] = paths["sentiment_explain"] = export_graph(
-            SentimentExplainGraph(sentiment_model), out / files["sentiment"], vocab_size)
+    save("encoder_explain.onnx", EncoderExplainGraph(nli_model.encoder))
+    paths["encoder.onnx"] = extract(paths["encoder_explain.onnx"], out / "encoder.onnx",
+                                    SENTENCE, ("embedding",))
+    save("nli_head.onnx", NLIHeadGraph(nli_model))
+    if has_attention(sentiment_model):
+        save("sentiment_explain.onnx", SentimentExplainGraph(sentiment_model))
+        paths["sentiment.onnx"] = extract(paths["sentiment_explain.onnx"], out / "sentiment.onnx",
+                                          SENTENCE, ("probs",))
     else:
-        explain = export_graph(SentimentExplainGraph(sentiment_model), out / files["sentiment_explain"],
-                               vocab_size)
-        paths["sentiment"] = extract(explain, out / files["sentiment"], SentimentGraph.input_names,
-                                     SentimentGraph.output_names)
-        paths["sentiment_explain"] = explain
+        save("sentiment.onnx", SentimentGraph(sentiment_model))
+    chunked = {"encoder.chunked.onnx": (nli_model, EncoderGraph(nli_model.encoder)),
+               "sentiment.chunked.onnx": (sentiment_model, SentimentGraph(sentiment_model))}
+    for name, (model, wrapper) in chunked.items():
+        if chunk_cells > 0 and model.encoder.packed:
+            model.encoder.chunk_cells = chunk_cells  # the PyTorch reference stays unchunked
+            try:
+                save(name, wrapper)
+            finally:
+                model.encoder.chunk_cells = 0
     return paths

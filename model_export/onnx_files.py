@@ -46,6 +46,7 @@ def convert_fp16(src: Path, dst: Path) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "values truncated to fp16 range" chatter for tiny weights
         model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+    sort_nodes(model.graph)  # the converter appends the casts of float inputs after their users
     onnx.save(model, str(dst))
     return dst
 

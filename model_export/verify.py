@@ -1,17 +1,24 @@
-"""`disan verify DIR`: check a bundle's hashes and its graphs against PyTorch (or itself).
+"""`disan verify DIR`: check a bundle's hashes, then every graph set against PyTorch (or itself).
 
-Parity cases: random-id and real-sentence batches at lengths 1, 2, 7, 33, 100 (capped at the
-bundle's max_len) and batch sizes 1 and 16; batch-16 rows get mixed lengths (padding), with one
-row at full length. fp32 graphs must match PyTorch within 1e-5 and predict identical labels.
+fp32 graphs of every set must match PyTorch within 1e-5 and predict identical labels, graph by
+graph and for NLI as served (encoder on both sentences, then nli_head) against the whole PyTorch
+NLI model. Parity cases: random-id and real-sentence batches at lengths 1, 2, 7, 33, 100
+(capped at the bundle's max_len) and batch sizes 1 and 16, batch-16 rows with mixed lengths.
 
-When the source checkpoints recorded in the manifest are gone (or changed), `verify` falls back
-to internal consistency: each row of a padded batch must equal the same text run alone, the
-explain graph must agree with sentiment.onnx, and variants are compared with fp32.
+The PyTorch reference comes from, in order:
+1. `--checkpoints DIR`: the source checkpoints, found by the sha256 the manifest records;
+2. the bundle's own fp32 weights (its initializers are named after the parameters): checks that
+   every graph computes `disan.model` with the weights it carries, on any machine with torch;
+3. without torch: internal consistency (padded rows vs the same rows alone, CPU vs GPU set,
+   each explain graph vs its plain graph).
+fp16/int8 variants are compared with their set's fp32 graphs on the staged dev sets
+(`--dev-data`, with accuracy against the gold labels) or on generated sentences.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +27,26 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from disan.manifest import BundleError, load_manifest, sha256_file, write_manifest
+from disan.manifest import (
+    GRAPHS,
+    TOKEN_AXES,
+    BundleError,
+    available_variants,
+    load_manifest,
+    sha256_file,
+    variant_files,
+    write_manifest,
+)
+from disan.recipes import DEV_FILES
 from disan.text import Vocab
 
 LENGTHS = (1, 2, 7, 33, 100)
 BATCH_SIZES = (1, 16)
 FP32_TOL = 1e-5
+NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check
+# A reduced-precision variant that misses these is broken (an overflow, a wrong op), not just
+# imprecise: the set's default variant must meet them for `verify` to pass.
+VARIANT_BARS = {"label_agreement": 0.95, "min_cosine": 0.99}
 # Stand-in "real" sentences when no dev data is given: ordinary English, so token ids follow
 # a natural word distribution (repeats, function words) unlike uniform random ids.
 SAMPLE_TEXTS = (
@@ -48,11 +69,15 @@ class Case:
     ids: np.ndarray
     mask: np.ndarray
 
+    def tiled(self, batch: int) -> Case:
+        """This case's rows repeated to `batch` rows (hypotheses for a premise batch)."""
+        reps = -(-batch // self.ids.shape[0])
+        return Case(self.name, np.tile(self.ids, (reps, 1))[:batch], np.tile(self.mask, (reps, 1))[:batch])
+
 
 def token_stream(vocab: Vocab, texts: list[str]) -> list[int]:
     """All texts' token ids concatenated (UNKs included): the pool real-sentence cases cut from."""
-    stream = [i for t in texts for i in vocab.encode([t]).ids[0].tolist()]
-    return stream or [1]
+    return [i for t in texts for i in vocab.text_ids(t)]
 
 
 def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, seed: int = 0) -> list[Case]:
@@ -77,19 +102,6 @@ def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, see
     return cases
 
 
-def feeds_for(graph: dict[str, Any], case: Case, other: Case | None = None) -> dict[str, np.ndarray]:
-    """Input dict for a graph: (ids, mask) or the NLI premise/hypothesis quadruple."""
-    names = graph["inputs"]
-    if len(names) == 2:
-        return {names[0]: case.ids, names[1]: case.mask}
-    hyp = other or case
-    if hyp.ids.shape[0] != case.ids.shape[0]:  # hypotheses must match the premise batch size
-        reps = -(-case.ids.shape[0] // hyp.ids.shape[0])
-        hyp = Case(hyp.name, np.tile(hyp.ids, (reps, 1))[: case.ids.shape[0]],
-                   np.tile(hyp.mask, (reps, 1))[: case.ids.shape[0]])
-    return {names[0]: case.ids, names[1]: case.mask, names[2]: hyp.ids, names[3]: hyp.mask}
-
-
 def session(path: Path):
     """A CPU onnxruntime session (verification is always done on CPU, single-threaded)."""
     opts = ort.SessionOptions()
@@ -98,182 +110,371 @@ def session(path: Path):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _torch_outputs(module, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import torch  # only the parity mode needs torch (see load_references)
+def run_graph(sess, graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
+    """Run a graph session with inputs in contract order."""
+    return sess.run(None, dict(zip(GRAPHS[graph].inputs, arrays, strict=True)))
+
+
+def trim(output: str, arr: np.ndarray, n: int) -> np.ndarray:
+    """One row's output cut to its own `n` tokens on its token axes (TOKEN_AXES)."""
+    axes = TOKEN_AXES.get(output, 0)
+    return arr[tuple(slice(0, n) for _ in range(axes))] if axes else arr
+
+
+def _torch_outputs(module, *arrays: np.ndarray) -> list[np.ndarray]:
+    import torch  # only the parity modes need torch (see references_from_*)
 
     with torch.no_grad():
-        out = module(*(torch.from_numpy(v) for v in feeds.values()))
+        out = module(*(torch.from_numpy(a) for a in arrays))
     out = out if isinstance(out, tuple) else (out,)
     return [o.numpy() for o in out]
 
 
+def _compare(report: dict[str, Any], got: list[np.ndarray], want: list[np.ndarray], probs: bool) -> None:
+    for g, w in zip(got, want, strict=True):
+        report["finite"] &= bool(np.isfinite(g).all())
+        report["max_abs_diff"] = max(report["max_abs_diff"], float(np.abs(g - w).max()) if g.size else 0.0)
+    if probs:
+        report["labels_identical"] &= bool((got[0].argmax(-1) == want[0].argmax(-1)).all())
+
+
+def _new_report(cases: int) -> dict[str, Any]:
+    return {"max_abs_diff": 0.0, "labels_identical": True, "finite": True, "cases": cases}
+
+
+def _close(report: dict[str, Any]) -> dict[str, Any]:
+    report["passed"] = report["max_abs_diff"] <= FP32_TOL and report["labels_identical"] and report["finite"]
+    return report
+
+
 def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[str, Any],
-                 texts: list[str] | None = None) -> dict[str, Any]:
-    """ORT (CPU) vs PyTorch for every fp32 graph over all parity cases."""
+                 files: dict[str, str], texts: list[str] | None = None,
+                 done: dict[str, dict] | None = None) -> dict[str, Any]:
+    """ORT (CPU) vs PyTorch for the graphs of one fp32 variant (`files`: graph -> file), and NLI
+    as served (encoder on premise and hypothesis, then nli_head) vs the whole NLI model.
+
+    `done` (file -> report) skips files another set already checked (the shared graphs).
+    """
     vocab = Vocab.load(bundle_dir / manifest["vocab"])
     cases = parity_cases(vocab, manifest["max_len"], texts)
+    pairs = [(case, cases[-1 - k].tiled(case.ids.shape[0])) for k, case in enumerate(cases)]
     report: dict[str, Any] = {}
-    for name, graph in manifest["graphs"].items():
-        if name not in references:
+    for graph, file in files.items():
+        if graph not in references:
             continue
-        sess = session(bundle_dir / graph["file"])
-        worst, labels_ok, finite = 0.0, True, True
-        for k, case in enumerate(cases):
-            feeds = feeds_for(graph, case, cases[-1 - k])
-            got = sess.run(None, feeds)
-            want = _torch_outputs(references[name], feeds)
-            for g, w in zip(got, want, strict=True):
-                finite &= bool(np.isfinite(g).all())
-                worst = max(worst, float(np.abs(g - w).max()) if g.size else 0.0)
-            if graph["outputs"][0] == "probs":
-                labels_ok &= bool((got[0].argmax(-1) == want[0].argmax(-1)).all())
-        report[name] = {"max_abs_diff": worst, "labels_identical": labels_ok, "finite": finite,
-                        "cases": len(cases), "passed": worst <= FP32_TOL and labels_ok and finite}
+        if done is not None and file in done:
+            report[graph] = done[file]
+            continue
+        sess, entry = session(bundle_dir / file), _new_report(len(cases))
+        for prem, hyp in pairs:
+            if graph == "nli_head":  # the head alone, fed the PyTorch encoder's vectors
+                arrays = (_torch_outputs(references["encoder"], prem.ids, prem.mask)[0],
+                          _torch_outputs(references["encoder"], hyp.ids, hyp.mask)[0])
+            else:
+                arrays = (prem.ids, prem.mask)
+            _compare(entry, run_graph(sess, graph, *arrays), _torch_outputs(references[graph], *arrays),
+                     GRAPHS[graph].outputs[0] == "probs")
+        report[graph] = _close(entry)
+        if done is not None:
+            done[file] = report[graph]
+    enc, head = session(bundle_dir / files["encoder"]), session(bundle_dir / files["nli_head"])
+    entry = _new_report(len(cases))
+    for prem, hyp in pairs:
+        u = run_graph(enc, "encoder", prem.ids, prem.mask)[0]
+        v = run_graph(enc, "encoder", hyp.ids, hyp.mask)[0]
+        _compare(entry, run_graph(head, "nli_head", u, v),
+                 _torch_outputs(references["nli"], prem.ids, prem.mask, hyp.ids, hyp.mask), True)
+    report[NLI] = _close(entry)
     return report
 
 
 def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[str] | None = None
                       ) -> dict[str, Any]:
-    """Without PyTorch: padded-batch rows vs the same rows alone, explain vs sentiment probs."""
+    """Without PyTorch: every sentence graph's padded rows vs the same rows alone; the CPU and
+    GPU fp32 sets against each other; each explain graph's first output vs its plain graph."""
     vocab = Vocab.load(bundle_dir / manifest["vocab"])
     cases = [c for c in parity_cases(vocab, manifest["max_len"], texts) if c.ids.shape[0] > 1]
+    fp32 = {s: variant_files(manifest, s, v) for s, v in available_variants(manifest) if v == "fp32"}
     report: dict[str, Any] = {}
-    for name, graph in manifest["graphs"].items():
-        sess = session(bundle_dir / graph["file"])
-        worst = 0.0
-        for case in cases:
-            batch_out = sess.run(None, feeds_for(graph, case))[0]
-            for r in range(0, case.ids.shape[0], 5):  # a few rows each: keeps verify quick
-                n = int(case.mask[r].sum())
-                alone = Case(case.name, case.ids[r: r + 1, :n], case.mask[r: r + 1, :n])
-                out = sess.run(None, feeds_for(graph, alone))[0]
-                ref = batch_out[r: r + 1]
-                if out.shape != ref.shape:  # explain maps [1,n,n] vs padded [1,N,N]: crop
-                    ref = ref[(slice(None),) + tuple(slice(0, s) for s in out.shape[1:])]
-                worst = max(worst, float(np.abs(out - ref).max()))
-        report[name] = {"padding_invariance_max_abs_diff": worst, "passed": worst <= FP32_TOL}
-    if "sentiment_explain" in manifest["graphs"]:
-        a = session(bundle_dir / manifest["graphs"]["sentiment"]["file"])
-        b = session(bundle_dir / manifest["graphs"]["sentiment_explain"]["file"])
-        diff = max(float(np.abs(a.run(["probs"], {"ids": c.ids, "mask": c.mask})[0]
-                                - b.run(["probs"], {"ids": c.ids, "mask": c.mask})[0]).max())
-                   for c in cases)
-        report["sentiment_explain"]["probs_vs_sentiment_max_abs_diff"] = diff
-        report["sentiment_explain"]["passed"] &= diff <= FP32_TOL
+    checked: set[str] = set()
+    for set_name, files in fp32.items():
+        for graph, file in files.items():
+            if graph == "nli_head" or file in checked:
+                continue
+            checked.add(file)
+            sess, worst = session(bundle_dir / file), 0.0
+            for case in cases:
+                batch_out = run_graph(sess, graph, case.ids, case.mask)
+                for r in range(0, case.ids.shape[0], 5):  # a few rows each: keeps verify quick
+                    n = int(case.mask[r].sum())
+                    alone = run_graph(sess, graph, case.ids[r: r + 1, :n], case.mask[r: r + 1, :n])
+                    for name, a, b in zip(GRAPHS[graph].outputs, alone, batch_out, strict=True):
+                        worst = max(worst, float(np.abs(trim(name, a[0], n) - trim(name, b[r], n)).max()))
+            report[f"{set_name}/{graph}"] = {"padding_invariance_max_abs_diff": worst,
+                                             "passed": worst <= FP32_TOL}
+    pairs = [(("cpu", g), ("gpu", g)) for g in ("encoder", "sentiment")]
+    pairs += [((s, "encoder_explain"), (s, "encoder")) for s in fp32]
+    pairs += [((s, "sentiment_explain"), (s, "sentiment")) for s in fp32]
+    for (set_a, graph_a), (set_b, graph_b) in pairs:
+        file_a, file_b = fp32.get(set_a, {}).get(graph_a), fp32.get(set_b, {}).get(graph_b)
+        if not file_a or not file_b:
+            continue
+        a, b = session(bundle_dir / file_a), session(bundle_dir / file_b)
+        diff = max(float(np.abs(run_graph(a, graph_a, c.ids, c.mask)[0]
+                                - run_graph(b, graph_b, c.ids, c.mask)[0]).max()) for c in cases)
+        report[f"{set_a}/{graph_a} vs {set_b}/{graph_b}"] = {"max_abs_diff": diff, "passed": diff <= FP32_TOL}
     return report
 
 
-def _batches(vocab: Vocab, texts: list[str], max_len: int, size: int = 64):
+# ---- reduced-precision variants vs fp32 ----
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a .jsonl or .jsonl.gz file."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
+    """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
+    if dev_root is not None:
+        paths = {task: dev_root / rel for task, rel in DEV_FILES.items()}
+        missing = [str(p) for p in paths.values() if not p.is_file()]
+        if missing:
+            raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
+        nli = read_jsonl(paths["nli"])[:limit]
+        sst = read_jsonl(paths["sentiment"])[:limit]
+        # named by the staged layout, never by this machine's paths
+        return {"source": f"dev sets: {DEV_FILES['nli']} and {DEV_FILES['sentiment']} "
+                          f"(first {limit} rows each)",
+                "pairs": [(r["sentence1"], r["sentence2"]) for r in nli],
+                "texts": [r["text"] for r in sst],
+                # gold labels, so the manifest can state each variant's accuracy delta vs fp32
+                "pair_labels": [str(r["gold_label"]) for r in nli],
+                "text_labels": [int(r["label"]) for r in sst]}
+    # No dev data: random vocabulary words, lengths 3..40. Weaker evidence than a dev set
+    # (label agreement on near-uniform random inputs is pessimistic); the manifest says which.
+    rng = np.random.default_rng(seed)
+    words = vocab.itos[2:] or ["<unk>"]
+
+    def sentence() -> str:
+        return " ".join(words[i] for i in rng.integers(0, len(words), int(rng.integers(3, 41))))
+
+    n = min(limit, 500)
+    return {"source": f"generated: {n} random word sequences per task (no --dev-data given)",
+            "pairs": [(sentence(), sentence()) for _ in range(n)], "texts": [sentence() for _ in range(n)]}
+
+
+def _run_rows(sess, graph: str, vocab: Vocab, texts: list[str], max_len: int, size: int = 64
+              ) -> list[list[np.ndarray]]:
+    """Every output of a sentence graph per text (token axes cut to the text), in input order."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # less padding per batch
+    out: list[list[np.ndarray]] = [[] for _ in texts]
     for s in range(0, len(order), size):
         idx = order[s: s + size]
-        yield idx, vocab.encode([texts[i] for i in idx], max_len=max_len)
+        enc = vocab.encode([texts[i] for i in idx], max_len=max_len)
+        res = run_graph(sess, graph, enc.ids, enc.mask)
+        for j, i in enumerate(idx):
+            n = int(enc.mask[j].sum())
+            out[i] = [trim(name, r[j], n) for name, r in zip(GRAPHS[graph].outputs, res, strict=True)]
+    return out
 
 
-def _run_all(sess, graph: dict[str, Any], vocab: Vocab, data: dict[str, list], max_len: int) -> np.ndarray:
-    """First output of a graph over the whole agreement set, in the original order."""
-    texts = data["pairs"] if len(graph["inputs"]) == 4 else data["texts"]
-    out: list[np.ndarray | None] = [None] * len(texts)
-    if len(graph["inputs"]) == 4:
-        prem = [p for p, _ in texts]
-        for idx, enc in _batches(vocab, prem, max_len):
-            hyp = vocab.encode([texts[i][1] for i in idx], max_len=max_len)
-            res = sess.run(None, feeds_for(graph, Case("", enc.ids, enc.mask), Case("", hyp.ids, hyp.mask)))
-            for j, i in enumerate(idx):
-                out[i] = res[0][j]
+def _agreement(ref: np.ndarray, got: np.ndarray, probs: bool, gold: np.ndarray | None = None
+               ) -> dict[str, Any]:
+    """Label agreement (+ accuracy vs gold) for probabilities, cosine for vectors."""
+    entry: dict[str, Any] = {"n": len(ref), "finite": bool(np.isfinite(got).all())}
+    if probs:
+        entry["label_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
+        if gold is not None:
+            acc_ref, acc = float((ref.argmax(-1) == gold).mean()), float((got.argmax(-1) == gold).mean())
+            entry.update(accuracy_fp32=acc_ref, accuracy=acc, accuracy_delta=acc - acc_ref)
     else:
-        for idx, enc in _batches(vocab, texts, max_len):
-            res = sess.run(None, feeds_for(graph, Case("", enc.ids, enc.mask)))
-            for j, i in enumerate(idx):
-                out[i] = res[0][j]
-    return np.stack(out)
+        cos = (got * ref).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1) + 1e-12)
+        entry["min_cosine"], entry["mean_cosine"] = float(cos.min()), float(cos.mean())
+    return entry
 
 
-def _gold_indices(name: str, graph: dict[str, Any], data: dict[str, Any]) -> np.ndarray | None:
-    """Gold label ids for a probs graph's dev rows, if the agreement data carries labels."""
-    if name == "nli" and "pair_labels" in data:
-        return np.array([graph["labels"].index(lab) for lab in data["pair_labels"]])
-    if name.startswith("sentiment") and "text_labels" in data:
-        return np.array(data["text_labels"])
-    return None
-
-
-def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], variant: str,
+def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str, variant: str,
                       data: dict[str, Any]) -> dict[str, Any]:
-    """Label agreement (probs graphs) or cosine similarity (encoder) of a variant vs fp32."""
+    """A variant of a set vs the set's fp32 graphs: each sentence graph on the sentiment texts
+    (first output: labels or cosine; every output: max |diff|), and NLI as served on the pairs."""
     vocab = Vocab.load(bundle_dir / manifest["vocab"])
+    max_len = manifest["max_len"]
+    ref_files, files = variant_files(manifest, set_name, "fp32"), variant_files(manifest, set_name, variant)
     report: dict[str, Any] = {"data": data["source"]}
-    for name, graph in manifest["graphs"].items():
-        file = graph.get("variants", {}).get(variant)
-        if not file:
+    gold_texts = np.array(data["text_labels"]) if "text_labels" in data else None
+    for graph, file in files.items():
+        if graph == "nli_head" or graph not in ref_files:
             continue
-        try:
-            ref = _run_all(session(bundle_dir / graph["file"]), graph, vocab, data, manifest["max_len"])
-            got = _run_all(session(bundle_dir / file), graph, vocab, data, manifest["max_len"])
-        except Exception as exc:  # e.g. an fp16 op with no CPU kernel: record it, keep going
-            report[name] = {"error": f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"}
-            continue
-        entry: dict[str, Any] = {"n": len(ref), "max_abs_diff": float(np.abs(got - ref).max())}
-        if graph["outputs"][0] == "probs":
-            entry["label_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
-            gold = _gold_indices(name, graph, data)
-            if gold is not None:
-                acc_ref = float((ref.argmax(-1) == gold).mean())
-                acc_got = float((got.argmax(-1) == gold).mean())
-                entry.update(accuracy_fp32=acc_ref, accuracy=acc_got, accuracy_delta=acc_got - acc_ref)
-        else:
-            cos = (got * ref).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1) + 1e-12)
-            entry["min_cosine"], entry["mean_cosine"] = float(cos.min()), float(cos.mean())
-        report[name] = entry
+        ref = _run_rows(session(bundle_dir / ref_files[graph]), graph, vocab, data["texts"], max_len)
+        got = _run_rows(session(bundle_dir / file), graph, vocab, data["texts"], max_len)
+        probs = GRAPHS[graph].outputs[0] == "probs"
+        entry = _agreement(np.stack([r[0] for r in ref]), np.stack([g[0] for g in got]), probs,
+                           gold_texts if probs else None)
+        entry["max_abs_diff"] = max(float(np.abs(a - b).max()) for r, g in zip(ref, got, strict=True)
+                                    for a, b in zip(r, g, strict=True))
+        report[graph] = entry
+    labels = manifest["graphs"]["nli_head"].get("labels")
+    gold = (np.array([labels.index(lab) if lab in labels else -1 for lab in data["pair_labels"]])
+            if "pair_labels" in data and labels else None)
+    nli_probs = []
+    for names in (ref_files, files):
+        enc, head = session(bundle_dir / names["encoder"]), session(bundle_dir / names["nli_head"])
+        u = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [p for p, _ in data["pairs"]], max_len)])
+        v = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [h for _, h in data["pairs"]], max_len)])
+        nli_probs.append(run_graph(head, "nli_head", u, v)[0])
+    report[NLI] = _agreement(nli_probs[0], nli_probs[1], True, gold)
+    report[NLI]["max_abs_diff"] = float(np.abs(nli_probs[0] - nli_probs[1]).max())
     return report
 
 
-def load_references(manifest: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """Wrappers rebuilt from the source checkpoints named in the manifest, or (None, why not)."""
-    sources = manifest.get("sources", {})
+def meets_bars(report: dict[str, Any]) -> bool:
+    """Whether every graph of a variant agreement report meets VARIANT_BARS and is finite."""
+    entries = [e for k, e in report.items() if isinstance(e, dict)]
+    return all(e.get("finite", True) and all(e.get(k, bar) >= bar for k, bar in VARIANT_BARS.items())
+               for e in entries)
+
+
+# ---- where the PyTorch reference comes from ----
+
+def references_from_models(nli, sent) -> dict[str, Any]:
+    """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph."""
+    # torch: only the parity modes need it
+    from model_export.graphs import NLIGraph, build_wrappers
+
+    return {**build_wrappers(nli, sent), "nli": NLIGraph(nli).eval()}
+
+
+def references_from_checkpoints(manifest: dict[str, Any], places: list[Path]) -> dict[str, Any]:
+    """Wrappers from the source checkpoints among `places` (.pt files, or directories of them),
+    found by the sha256 the manifest records."""
+    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
+
+    models = {}
+    candidates = [f for p in map(Path, places) for f in (sorted(p.glob("*.pt")) if p.is_dir() else [p])]
+    hashes = {p: sha256_file(p) for p in candidates if p.is_file()}
     for task in ("nli", "sentiment"):
-        src = sources.get(task, {})
-        path = Path(src.get("path", ""))
-        if not src.get("path") or not path.is_file():
-            return None, f"source checkpoint for {task} not found ({src.get('path')})"
-        if sha256_file(path) != src.get("sha256"):
-            return None, f"source checkpoint {path} changed since export (sha256 differs)"
-    # torch: only the parity mode needs it (`disan verify` checks consistency without torch)
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint
-    from model_export.graphs import build_wrappers
-
-    nli, _, _ = model_from_checkpoint(load_checkpoint(sources["nli"]["path"]))
-    sent, _, _ = model_from_checkpoint(load_checkpoint(sources["sentiment"]["path"]))
-    explain = manifest.get("explain", "separate")
-    return build_wrappers(nli, sent, explain), "source checkpoints found, sha256 match"
+        src = (manifest.get("sources") or {}).get(task) or {}
+        match = next((p for p, h in hashes.items() if h == src.get("sha256")), None)
+        if match is None:
+            raise ValueError(f"--checkpoints: no .pt file with sha256 {src.get('sha256')} among "
+                             f"{[str(p) for p in places]} (the {task} source, exported from a file "
+                             f"named {src.get('file')!r})")
+        models[task] = model_from_checkpoint(load_checkpoint(match))[0]
+    return references_from_models(models["nli"], models["sentiment"])
 
 
-def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None) -> dict[str, Any]:
-    """Hashes (via load_manifest), then parity vs PyTorch if the sources exist, else consistency."""
+def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
+    """(nli_model, sentiment_model) rebuilt from the parameter-named weights of the fp32 graphs."""
+    from disan.model import DiSANConfig, build_model  # torch, as above
+    from model_export.weights import state_dicts_from_graphs
+
+    files = {f for s, v in available_variants(manifest) if v == "fp32"
+             for f in variant_files(manifest, s, v).values()}
+    found = state_dicts_from_graphs((bundle_dir / f for f in sorted(files)),
+                                    (manifest.get("weights") or {}).get("aliases"))
+    return tuple(load_state(build_model(DiSANConfig.from_dict(manifest["models"][task]["config"])),
+                            found.get(task, {}), task) for task in ("nli", "sentiment"))
+
+
+def load_state(model, arrays: dict[str, np.ndarray], task: str):
+    """Load named arrays into `model` (eval mode); every parameter must be there."""
+    import torch  # torch, as above
+
+    state = model.state_dict()
+    missing = [k for k in state if k not in arrays and not k.endswith("trainable_rows")]
+    if missing:
+        raise BundleError(f"{task}: the graphs hold no weights for {missing[:5]}"
+                          f"{' ...' if len(missing) > 5 else ''}")
+    # trainable_rows only steers training (which embedding rows get gradients): not in graphs
+    state.update({k: torch.from_numpy(np.array(arrays[k])).to(state[k].dtype) for k in state if k in arrays})
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def references_from_bundle(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Wrappers around the PyTorch models rebuilt from the bundle's own fp32 weights."""
+    return references_from_models(*models_from_bundle(bundle_dir, manifest))
+
+
+def _how_to_get_checkpoint_parity(manifest: dict[str, Any]) -> str:
+    sources = manifest.get("sources") or {}
+    named = ", ".join(f"{t}: {s.get('file')} (sha256 {str(s.get('sha256'))[:12]}...)"
+                      for t, s in sources.items() if isinstance(s, dict))
+    return ("source checkpoints not given: `disan verify --checkpoints PATH...` with "
+            f"{named or 'the source checkpoints'} compares against them")
+
+
+def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
+                  checkpoints: list[Path] | Path | None = None,
+                  dev_data: Path | None = None, dev_limit: int = 2000) -> dict[str, Any]:
+    """Hashes (via load_manifest), fp32 parity (or consistency) for every set, variant agreement."""
     bundle_dir = Path(bundle_dir)
     manifest = load_manifest(bundle_dir)  # raises BundleError on bad hashes / version
     result: dict[str, Any] = {"hashes": "ok"}
-    refs, why = load_references(manifest)
-    result["mode"] = "parity_vs_pytorch" if refs else "internal_consistency"
-    result["mode_reason"] = why
-    result["graphs"] = (check_parity(bundle_dir, manifest, refs, texts) if refs
-                        else check_consistency(bundle_dir, manifest, texts))
-    result["passed"] = all(g["passed"] for g in result["graphs"].values())
+    refs = None
+    if checkpoints:
+        places = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+        refs = references_from_checkpoints(manifest, places)
+        result["mode"], result["mode_reason"] = "parity_vs_checkpoints", "source checkpoints found by sha256"
+    else:
+        try:
+            refs = references_from_bundle(bundle_dir, manifest)
+            result["mode"] = "parity_vs_bundle_weights"
+            result["mode_reason"] = (_how_to_get_checkpoint_parity(manifest) + "; this run rebuilt the "
+                                     "PyTorch models from the bundle's own weights")
+        except ModuleNotFoundError as exc:  # no torch: the service's environment
+            result["mode"] = "internal_consistency"
+            result["mode_reason"] = f"{exc.name} is not installed (the `train` extra has it); " \
+                                    + _how_to_get_checkpoint_parity(manifest)
+    sets: dict[str, Any] = {}
+    passed = True
+    if refs is not None:
+        done: dict[str, dict] = {}
+        for set_name, variant in available_variants(manifest):
+            if variant == "fp32":
+                report = check_parity(bundle_dir, manifest, refs, variant_files(manifest, set_name, variant),
+                                      texts, done)
+                sets.setdefault(set_name, {})[variant] = report
+                passed &= all(g["passed"] for g in report.values())
+    else:
+        report = check_consistency(bundle_dir, manifest, texts)
+        result["consistency"] = report
+        passed &= all(g["passed"] for g in report.values())
+    vocab = Vocab.load(bundle_dir / manifest["vocab"])
+    data = None
+    for set_name, variant in available_variants(manifest):
+        if variant == "fp32":
+            continue
+        data = data or agreement_data(dev_data, vocab, dev_limit)
+        agreement = variant_agreement(bundle_dir, manifest, set_name, variant, data)
+        ok = meets_bars(agreement)
+        sets.setdefault(set_name, {})[variant] = {"agreement_vs_fp32": agreement, "meets_bars": ok}
+        if manifest["sets"][set_name].get("default_variant") == variant:
+            passed &= ok
+    result["sets"], result["passed"] = sets, bool(passed)
     return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `disan verify`."""
     parser.add_argument("bundle", type=Path, help="bundle directory (with manifest.json)")
+    parser.add_argument("--checkpoints", type=Path, nargs="+", metavar="PATH",
+                        help="the source checkpoints (.pt files or directories of them, found by the "
+                        "sha256 in the manifest): parity against them")
+    parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
+                        "sst/sst5_dev.jsonl.gz): variants' agreement and accuracy on the dev sets")
+    parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task")
     parser.add_argument("--update-manifest", action="store_true",
                         help="store the result under 'reverification' in manifest.json")
 
 
 def run(args: argparse.Namespace) -> int:
     """Verify a bundle; print a JSON report; exit 0 if everything passed, 1 otherwise."""
-
     try:
-        result = verify_bundle(args.bundle)
+        result = verify_bundle(args.bundle, checkpoints=args.checkpoints, dev_data=args.dev_data,
+                               dev_limit=args.dev_limit)
     except BundleError as exc:
         print(f"disan verify: bundle rejected: {exc}")
         return 1

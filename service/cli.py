@@ -74,7 +74,7 @@ def export_to_env(settings: Settings, given: dict) -> None:
         value = getattr(settings, name)
         if name == "api_key":
             value = value.get_secret_value() if value is not None else ""
-        elif name == "cors_origins":
+        elif isinstance(value, list):  # cors_origins, model_aliases: the comma form the settings read
             value = ",".join(value)
         os.environ[env_name(name)] = str(value)
 

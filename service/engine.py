@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
+from service.batching_defaults import Batching, resolve_batching
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.metrics import Metrics, multiprocess_dir
 from service.settings import Settings
@@ -28,12 +30,16 @@ from service.workers import WorkerReadiness
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
 _INLINE_CHARS = 20_000
+# How to get an over-long text cut, where a request field has no `truncate` flag (/v1's `input`).
+_TRUNCATE_HINTS = {"input": "a server started with --openai-truncate true cuts such inputs"}
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
 # After the drain deadline, how long the batchers may take to finish the onnxruntime calls already
 # running (their callers were answered 503 at the deadline).
 STOP_GRACE_S = 2.0
+# Explain graphs: their answers and memory grow with tokens^2 (attention maps, leave-one-out rows).
+_EXPLAIN_GRAPHS = ("encoder_explain", "sentiment_explain")
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Tokenized:
 
     tokens: list[str]
     ids: list[int]
+    truncated: bool = False  # cut to max_tokens (truncate=true)
 
 
 def polarity_of(label: str) -> str:
@@ -60,8 +67,11 @@ class Engine:
         self.detail: str | None = None
         self.runtime: Runtime | None = None
         self.batchers: dict[str, MicroBatcher] = {}
+        self.batching: Batching | None = None  # resolved for the provider that loaded (/info)
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
+        # Called with the reason when loading fails; `disan serve` sets it to end the process.
+        self.on_load_failure: Callable[[str], None] | None = None
         self.draining = False
         self._drain_timer: asyncio.TimerHandle | None = None
         self.workers = WorkerReadiness(multiprocess_dir(), settings.workers)
@@ -82,16 +92,23 @@ class Engine:
             runtime = await loop.run_in_executor(None, self._load_sync)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", FAILED_DETAIL
-            log.error("cannot load the bundle: %s: %s", type(exc).__name__, exc)
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("cannot load the bundle: %s", reason)
+            if self.on_load_failure is not None:
+                self.on_load_failure(reason)
             return
         self.runtime = runtime
         s = self.settings
         self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
                                             thread_name_prefix="ort")
         stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+        self.batching = b = resolve_batching(s.max_batch_size, s.max_batch_cells, runtime.provider,
+                                             s.batch_concurrency)
         runners: dict[str, tuple[Any, Any]] = {
             "encoder": (runtime.embed, len),
-            "nli": (runtime.nli, lambda pair: max(len(pair[0]), len(pair[1]))),
+            "encoder_explain": (runtime.embed_explain, len),
+            # a head payload is one pair (vectors) or an explained pair's rows (matrices)
+            "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
             "sentiment": (runtime.sentiment, len),
             "sentiment_explain": (runtime.explain, len),
         }
@@ -99,26 +116,31 @@ class Engine:
             fn, length = runners[name]
             # Explain calls are rare and each one's memory is large (attention maps): one at a time
             # bounds what onnxruntime's arena grows to for them (bench/RESULTS.md, chaos).
-            concurrency = 1 if name == "sentiment_explain" else runtime.batch_concurrency
+            concurrency = 1 if name in _EXPLAIN_GRAPHS else runtime.batch_concurrency
             self.batchers[name] = MicroBatcher(
-                name, fn, length=length, max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
-                max_batch_cells=s.max_batch_cells, queue_limit=s.queue_limit,
+                name, fn, length=length, max_batch_size=b.max_batch_size, max_wait_ms=s.max_wait_ms,
+                max_batch_cells=b.max_batch_cells, queue_limit=s.queue_limit,
                 concurrency=concurrency, executor=self._executor,
                 stats=stats)
             await self.batchers[name].start()
         self.state = "ready"
         if not self.draining:
             self.workers.mark_ready()
-        log.info("ready: %s (dim %d) on %s", runtime.name, runtime.dim, runtime.providers)
+        log.info("ready: %s (dim %d), graph set %s/%s on %s", runtime.name, runtime.dim, runtime.graph_set,
+                 runtime.variant, runtime.providers)
 
     def _load_sync(self) -> Runtime:
         runtime = Runtime(self.settings.bundle, self.settings.runtime_options())
         runtime.warmup()
+        # The explain graphs' memory grows with the square of the longest sentence (attention
+        # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
+        # a ready worker's RSS by that much (the other graphs need little more at max_tokens:
+        # bench/RESULTS.md).
+        longest = [[1] * runtime.max_tokens]
         if runtime.has_explain:
-            # The explain graph's memory grows with the square of the longest sentence (attention
-            # maps); one call at max_tokens takes it now, so no request grows a ready worker's RSS
-            # by that much (the other graphs need little more at max_tokens: bench/RESULTS.md).
-            runtime.explain([[1] * runtime.max_tokens])
+            runtime.explain(longest)
+        if runtime.has_embed_explain:
+            runtime.embed_explain(longest)
         return runtime
 
     def begin_drain(self) -> None:
@@ -177,62 +199,55 @@ class Engine:
         return self.runtime
 
     # ---- input checks ----
-    def prepare(self, texts: list[str], truncate: bool, field: str = "texts", member: str = "",
-                max_tokens: int | None = None) -> list[Tokenized]:
-        """Enforce limits cheaply first (count, characters), then tokenize and check tokens.
+    def check_sizes(self, texts: list[str], field: str, max_items: int | None = None,
+                    member: str = "") -> None:
+        """The cheap limits, before any tokenizing: item count (default max_texts_per_request), characters.
 
         Locations in errors read ``{field}[i]{member}`` (``texts[0]``, ``pairs[2].premise``), the
-        API's one notation; `max_tokens` lowers the bundle's limit (explain requests)."""
-        runtime = self.require_ready()
-        t0 = time.perf_counter()
-        limit = min(runtime.max_tokens, max_tokens or runtime.max_tokens)
+        API's one notation."""
         s = self.settings
+        limit = max_items or s.max_texts_per_request
         if not texts:
             raise InvalidRequest(f"{field}: the list is empty")
-        if len(texts) > s.max_texts_per_request:
-            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {s.max_texts_per_request} "
-                                  "per request")
+        if len(texts) > limit:
+            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {limit} per request")
         for i, text in enumerate(texts):
             if len(text) > s.max_chars_per_text:
                 raise RequestTooLarge(f"{field}[{i}]{member}: {len(text)} characters, at most "
                                       f"{s.max_chars_per_text}")
+
+    def prepare(self, texts: list[str], truncate: bool, field: str = "texts",
+                max_items: int | None = None, member: str = "") -> list[Tokenized]:
+        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
+        runtime = self.require_ready()
+        t0 = time.perf_counter()
+        self.check_sizes(texts, field, max_items, member)
         out = []
         for i, text in enumerate(texts):
             tokens = tokenize(text)
             if not tokens:
                 raise InvalidRequest(f"{field}[{i}]{member}: contains no tokens (only spaces or control "
                                      "characters)")
-            if len(tokens) > limit:
+            cut = len(tokens) > runtime.max_tokens
+            if cut:
                 if not truncate:
-                    raise InvalidRequest(f"{field}[{i}]{member}: {len(tokens)} tokens, at most {limit} "
-                                         "(send truncate=true to cut it)")
-                tokens = tokens[:limit]
-            out.append(Tokenized(tokens, runtime.vocab.ids(tokens)))
+                    hint = _TRUNCATE_HINTS.get(field, "send truncate=true to cut it")
+                    raise InvalidRequest(f"{field}[{i}]{member}: {len(tokens)} tokens, at most "
+                                         f"{runtime.max_tokens} ({hint})")
+                tokens = tokens[: runtime.max_tokens]
+            out.append(Tokenized(tokens, runtime.vocab.ids(tokens), truncated=cut))
         timing = CURRENT.get()
         if timing is not None:
             timing.tokenize_s += time.perf_counter() - t0
             timing.tokens += sum(len(t.ids) for t in out)
         return out
 
-    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts", member: str = "",
-                            max_tokens: int | None = None) -> list[Tokenized]:
+    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts",
+                            max_items: int | None = None, member: str = "") -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
         if sum(map(len, texts)) > _INLINE_CHARS:
-            return await asyncio.to_thread(self.prepare, texts, truncate, field, member, max_tokens)
-        return self.prepare(texts, truncate, field, member, max_tokens)
-
-    def check_explain(self, texts: list[str], field: str = "texts") -> None:
-        """Explain answers grow with texts x tokens^2 (attention maps): bounded before any work."""
-        if len(texts) > self.settings.max_explain_texts:
-            raise RequestTooLarge(f"{field}: {len(texts)} items with explain=true, at most "
-                                  f"{self.settings.max_explain_texts}")
-
-    def check_explain_tokens(self, items: list[Tokenized]) -> None:
-        """The tokens of an explain request, after tokenizing and before inference."""
-        tokens = sum(len(t.ids) for t in items)
-        if tokens > self.settings.max_explain_tokens:
-            raise RequestTooLarge(f"explain: {tokens} tokens in the request, at most "
-                                  f"{self.settings.max_explain_tokens} with explain=true")
+            return await asyncio.to_thread(self.prepare, texts, truncate, field, max_items, member)
+        return self.prepare(texts, truncate, field, max_items, member)
 
     async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
         try:
@@ -242,38 +257,87 @@ class Engine:
         except Exception as exc:  # ORT failures etc.: logged in full, reported generically
             raise InferenceError(f"{graph}: {type(exc).__name__}: {exc}") from exc
 
+    async def _run_sides(self, graph: str, first: list[Any], second: list[Any]) -> tuple[list, list]:
+        """Premise and hypothesis rows through one batcher: in one submission when the queue can
+        hold both (the settings only promise room for one request's count of items), else one
+        side after the other."""
+        if len(first) + len(second) <= self.settings.queue_limit:
+            out = await self._run(graph, first + second)
+            return out[:len(first)], out[len(first):]
+        return await self._run(graph, first), await self._run(graph, second)
+
+    def check_explain(self, count: int, field: str, graph: str) -> None:
+        """Refuse an explain request the bundle cannot serve or that is over the limit (cheap,
+        before tokenizing)."""
+        runtime = self.require_ready()
+        if graph not in runtime.graphs:
+            raise InvalidRequest(f"explain: this bundle has no {graph} graph")
+        limit = self.settings.max_explain_texts
+        if count > limit:
+            raise RequestTooLarge(f"{field}: {count} items with explain=true, at most {limit} per request")
+
+    def check_explain_tokens(self, *sides: list[Tokenized]) -> None:
+        """The tokens of an explain request, after tokenizing and before inference."""
+        tokens = sum(len(t.ids) for items in sides for t in items)
+        if tokens > self.settings.max_explain_tokens:
+            raise RequestTooLarge(f"explain: {tokens} tokens in the request, at most "
+                                  f"{self.settings.max_explain_tokens} with explain=true")
+
     # ---- tasks ----
     async def embed(self, texts: list[str], normalize: bool, truncate: bool,
                     field: str = "texts") -> tuple[np.ndarray, int]:
         """Sentence vectors float32 [B, D] and the token count."""
         items = await self.prepare_async(texts, truncate, field)
         rows = await self._run("encoder", [t.ids for t in items])
-        vectors = np.stack(rows).astype(np.float32, copy=False)
-        if normalize:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, 1e-12)
-        return vectors, sum(len(t.ids) for t in items)
+        return _vectors(rows, normalize), sum(len(t.ids) for t in items)
 
-    async def nli(self, pairs: list[tuple[str, str]], truncate: bool) -> tuple[list[dict], int]:
-        """Per pair {label, scores} and the token count."""
+    async def embed_explained(self, texts: list[str], normalize: bool, truncate: bool
+                              ) -> tuple[np.ndarray, int, list[dict]]:
+        """`embed` plus, per text, its tokens and source2token weights (one explain-graph call)."""
+        self.check_explain(len(texts), "texts", "encoder_explain")
+        items = await self.prepare_async(texts, truncate)
+        self.check_explain_tokens(items)
+        outs = await self._run("encoder_explain", [t.ids for t in items])
+        explanations = [_token_weights(item, out) for item, out in zip(items, outs, strict=True)]
+        vectors = _vectors([o["embedding"] for o in outs], normalize)
+        return vectors, sum(len(t.ids) for t in items), explanations
+
+    async def nli(self, pairs: list[tuple[str, str]], truncate: bool, explain: bool = False
+                  ) -> tuple[list[dict], int]:
+        """Per pair {label, scores[, explanation]} and the token count: the encoder on both
+        sentences (the /embed batches), then the head on the vector pairs."""
         runtime = self.require_ready()
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
-        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs", ".premise")
-        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs", ".hypothesis")
-        probs = await self._run("nli", [(p.ids, h.ids) for p, h in zip(premises, hypotheses, strict=True)])
+        if explain:
+            self.check_explain(len(pairs), "pairs", "encoder_explain")
+        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs", member=".premise")
+        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs", member=".hypothesis")
+        if explain:
+            self.check_explain_tokens(premises, hypotheses)
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
-        return [self._prediction(row, labels) for row in probs], tokens
+        sides = list(zip(*await self._run_sides("encoder_explain" if explain else "encoder",
+                                                [t.ids for t in premises], [t.ids for t in hypotheses]),
+                         strict=True))
+        if not explain:
+            probs = await self._run("nli_head", sides)
+            return [self._prediction(row, labels) for row in probs], tokens
+        rows = await self._run("nli_head", [_leave_one_out_rows(p, h) for p, h in sides])
+        results = []
+        for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
+                                                           rows, strict=True):
+            pred = self._prediction(probs[0], labels)
+            pred["explanation"] = _nli_explanation(p_item, h_item, p_out, h_out, probs)
+            results.append(pred)
+        return results, tokens
 
     async def sentiment(self, texts: list[str], truncate: bool, explain: bool) -> tuple[list[dict], int]:
         """Per text {label, polarity, scores[, explanation]} and the token count."""
         runtime = self.require_ready()
-        if explain and not runtime.has_explain:
-            raise InvalidRequest("explain: this bundle has no sentiment_explain graph")
         if explain:
-            self.check_explain(texts)
+            self.check_explain(len(texts), "texts", "sentiment_explain")
         items = await self.prepare_async(texts, truncate)
         labels = runtime.labels["sentiment"]
         results = []
@@ -301,6 +365,63 @@ class Engine:
             coarse[polarity_of(label)] += p
         pred["polarity"] = max(coarse, key=coarse.__getitem__)
         return pred
+
+    # ---- long lists (/v1/embeddings, /similarity) and tokenizing alone (/tokenize) ----
+    async def embed_chunked(self, texts: list[str], truncate: bool, field: str,
+                            max_items: int, member: str = "") -> tuple[np.ndarray, int, int]:
+        """L2-normalised vectors of up to `max_items` texts, the token count and how many texts
+        were truncated. The encoder gets max_texts_per_request texts at a time, one chunk after
+        the other, so no request holds more of the queue than any other route's can."""
+        items = await self.prepare_async(texts, truncate, field, max_items, member)
+        step = self.settings.max_texts_per_request
+        rows: list[np.ndarray] = []
+        for start in range(0, len(items), step):
+            rows += await self._run("encoder", [t.ids for t in items[start:start + step]])
+        vectors = np.stack(rows).astype(np.float32, copy=False)
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors, sum(len(t.ids) for t in items), sum(t.truncated for t in items)
+
+    async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
+        """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
+        vocab = self.require_ready().vocab
+        self.check_sizes(texts, field)
+
+        def run() -> list[Tokenized]:
+            return [Tokenized(tokens, vocab.ids(tokens)) for tokens in map(tokenize, texts)]
+
+        return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
+
+
+def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:
+    vectors = np.stack(rows).astype(np.float32, copy=False)
+    if normalize:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.maximum(norms, 1e-12)
+    return vectors
+
+
+def _token_weights(item: Tokenized, out: dict[str, np.ndarray]) -> dict:
+    return {"tokens": item.tokens, "token_weights": out["s2t"].astype(float).tolist()}
+
+
+def _leave_one_out_rows(p: dict[str, np.ndarray], h: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Head inputs of one explained pair: the pair itself, then the premise with each of its
+    tokens left out of the pooling, then the hypothesis likewise: ([m, D], [m, D])."""
+    n_p, n_h = len(p["loo_embedding"]), len(h["loo_embedding"])
+    u = np.concatenate([p["embedding"][None], p["loo_embedding"], np.repeat(p["embedding"][None], n_h, 0)])
+    v = np.concatenate([h["embedding"][None], np.repeat(h["embedding"][None], n_p, 0), h["loo_embedding"]])
+    return u, v
+
+
+def _nli_explanation(p_item: Tokenized, h_item: Tokenized, p_out: dict[str, np.ndarray],
+                     h_out: dict[str, np.ndarray], probs: np.ndarray) -> dict:
+    """Per side: tokens, source2token weights and each token's attribution, the drop in the
+    predicted label's probability when the token is left out of its sentence's pooling."""
+    label = int(np.argmax(probs[0]))
+    drop = probs[0, label] - probs[1:, label]
+    n_p = len(p_item.ids)
+    return {"premise": {**_token_weights(p_item, p_out), "attribution": drop[:n_p].astype(float).tolist()},
+            "hypothesis": {**_token_weights(h_item, h_out), "attribution": drop[n_p:].astype(float).tolist()}}
 
 
 def _per_token(a: np.ndarray) -> list[float]:

@@ -21,7 +21,7 @@ log = logging.getLogger("disan.service")
 ERROR_TABLE: dict[str, tuple[int, str]] = {
     "malformed_json": (400, "the body is not valid JSON, or nests deeper than the JSON depth limit"),
     "unauthorized": (401, "missing or wrong API key (Authorization: Bearer <key>)"),
-    "not_found": (404, "no such route"),
+    "not_found": (404, "no such route; on /v1, a `model` not served here (code model_not_found)"),
     "method_not_allowed": (405, "the route does not accept this method"),
     "request_timeout": (408, "the request's body did not arrive within the read timeout"),
     "request_too_large": (413, "too many texts, a text over max_chars_per_text, too many JSON "
@@ -42,6 +42,10 @@ class ServiceError(Exception):
     """Base of every error the API reports; `type` selects the row of ERROR_TABLE."""
 
     type = "internal_error"
+    # OpenAI's two other error fields, sent when set (its clients read them): the request field
+    # at fault and a machine-readable code.
+    param: str | None = None
+    code: str | None = None
 
     def __init__(self, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -86,6 +90,14 @@ class Overloaded(ServiceError):
         super().__init__(message, {"Retry-After": str(retry_after)})
 
 
+class ModelNotFound(ServiceError):
+    """A /v1 request named a model this server does not serve (OpenAI's 404 `model_not_found`)."""
+
+    type = "not_found"
+    param = "model"
+    code = "model_not_found"
+
+
 class ClientClosed(ServiceError):
     type = "client_closed_request"
 
@@ -103,14 +115,18 @@ class InferenceError(ServiceError):
     type = "internal_error"
 
 
-def error_body(etype: str, message: str) -> dict[str, Any]:
-    """The stable error JSON body."""
-    return {"error": {"type": etype, "message": message}}
+def error_body(etype: str, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The stable error JSON body; with a `code`, OpenAI's full shape (`param` and `code` added)."""
+    if code is None:
+        return {"error": {"type": etype, "message": message}}
+    return {"error": {"type": etype, "message": message, "param": param, "code": code}}
 
 
-def error_response(etype: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(etype: str, message: str, headers: dict[str, str] | None = None,
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
     """A JSONResponse for one row of the table."""
-    return JSONResponse(error_body(etype, message), status_code=ERROR_TABLE[etype][0], headers=headers)
+    return JSONResponse(error_body(etype, message, param, code), status_code=ERROR_TABLE[etype][0],
+                        headers=headers)
 
 
 # Type tags pydantic puts in an error's location for a union member ("input.constrained-str.0"):
@@ -156,7 +172,7 @@ def public_message(exc: ServiceError, path: str) -> str:
 
 async def _on_service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    return error_response(exc.type, public_message(exc, request.url.path), exc.headers)
+    return error_response(exc.type, public_message(exc, request.url.path), exc.headers, exc.param, exc.code)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:

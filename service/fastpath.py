@@ -158,7 +158,7 @@ class InferenceFastPath:
             payload = await unless_disconnected(receive, handler(request, self.engine))
         except ServiceError as exc:
             message = public_message(exc, path)
-            return exc.status, orjson.dumps(error_body(exc.type, message)), exc.headers
+            return exc.status, orjson.dumps(error_body(exc.type, message, exc.param, exc.code)), exc.headers
         except Exception:  # same answer as the app's catch-all handler
             log.exception("unhandled error on %s", path)
             return (ERROR_TABLE["internal_error"][0],

@@ -10,14 +10,23 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
+import numpy as np
 import orjson
 from pydantic import BaseModel
 
 from service.engine import Engine
-from service.errors import InvalidRequest
-from service.schemas import EmbedRequest, NLIRequest, OpenAIEmbeddingsRequest, SentimentRequest
+from service.errors import InvalidRequest, ModelNotFound, RequestTooLarge
+from service.schemas import (
+    EmbedRequest,
+    NLIRequest,
+    OpenAIEmbeddingsRequest,
+    SentimentRequest,
+    SimilarityRequest,
+    TokenizeRequest,
+)
 
 
 def api_key_ok(engine: Engine, credentials: str | None) -> bool:
@@ -34,17 +43,35 @@ def encode_json(payload: dict[str, Any]) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def encode_embeddings(vectors: Any, encoding_format: str) -> Any:
+    """float32 [B, D] as sent: the array itself (orjson writes the floats), or one base64 string
+    of little-endian float32 per row (bench/stages.py measures both encodings)."""
+    if encoding_format != "base64":
+        return vectors
+    little = vectors.astype("<f4", copy=False)
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+
+
 async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
-    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them."""
-    vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
+    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them; `explain` adds
+    each text's tokens and source2token weights."""
+    if body.explain:
+        vectors, tokens, explanations = await engine.embed_explained(body.texts, body.normalize,
+                                                                     body.truncate)
+    else:
+        vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
     runtime = engine.require_ready()
-    return {"model": runtime.name, "dim": runtime.dim, "embeddings": vectors, "usage": {"tokens": tokens}}
+    result = {"model": runtime.name, "dim": runtime.dim,
+              "embeddings": encode_embeddings(vectors, body.encoding_format), "usage": {"tokens": tokens}}
+    if body.explain:
+        result["explanations"] = explanations
+    return result
 
 
 async def nli_result(body: NLIRequest, engine: Engine) -> dict[str, Any]:
     """POST /nli: a label and class probabilities per premise-hypothesis pair."""
     pairs = [(p.premise, p.hypothesis) for p in body.pairs]
-    results, tokens = await engine.nli(pairs, body.truncate)
+    results, tokens = await engine.nli(pairs, body.truncate, body.explain)
     return {"model": engine.require_ready().name, "results": results, "usage": {"tokens": tokens}}
 
 
@@ -54,22 +81,93 @@ async def sentiment_result(body: SentimentRequest, engine: Engine) -> dict[str, 
     return {"model": engine.require_ready().name, "results": results, "usage": {"tokens": tokens}}
 
 
+def served_models(engine: Engine) -> list[str]:
+    """Names /v1 answers to: the served model's, then the aliases from settings."""
+    name = engine.require_ready().name
+    return [name, *(a for a in engine.settings.model_aliases if a != name)]
+
+
+def check_model(engine: Engine, model: str | None) -> None:
+    """OpenAI's 404 `model_not_found` for a `model` this server does not serve (None: the served one)."""
+    names = served_models(engine)
+    if model is not None and model not in names:
+        raise ModelNotFound(f"the model `{model}` is not served here; served: {', '.join(names)} "
+                            "(GET /v1/models). Set `model` to one of them, or add the name to the "
+                            "server's model_aliases (DISAN_MODEL_ALIASES)")
+
+
+def models_result(engine: Engine) -> dict[str, Any]:
+    """GET /v1/models: the served model and its aliases, in OpenAI's list shape."""
+    created = engine.require_ready().manifest.get("created")
+    try:
+        stamp = int(datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        stamp = 0
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": stamp,
+                                        "owned_by": "disan-serve"} for name in served_models(engine)]}
+
+
 async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine) -> dict[str, Any]:
     """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64)."""
     texts = [body.input] if isinstance(body.input, str) else body.input
     runtime = engine.require_ready()
+    check_model(engine, body.model)
     if body.dimensions is not None and body.dimensions != runtime.dim:
         raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
                              f"got {body.dimensions}")
-    vectors, tokens = await engine.embed(texts, normalize=True, truncate=False, field="input")
-    if body.encoding_format == "base64":
-        little = vectors.astype("<f4", copy=False)
-        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        data = list(vectors)
+    s = engine.settings
+    vectors, tokens, truncated = await engine.embed_chunked(texts, s.openai_truncate, "input",
+                                                            s.openai_max_inputs)
+    data = list(encode_embeddings(vectors, body.encoding_format))
     return {"object": "list", "model": runtime.name,
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}}
+
+
+async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, Any]:
+    """POST /tokenize: the model's tokens and ids per text, and whether each fits max_tokens."""
+    items = await engine.tokenize_only(body.texts)
+    runtime = engine.require_ready()
+    limit = runtime.max_tokens
+    return {"model": runtime.name, "max_tokens": limit,
+            "results": [{"tokens": t.tokens, "ids": t.ids, "count": len(t.tokens),
+                         "over_limit": len(t.tokens) > limit} for t in items]}
+
+
+async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str, Any]:
+    """POST /similarity: cosine of `pairs`, of `texts` ranked against `query`, or of all `texts`."""
+    limit = engine.settings.max_texts_per_request
+
+    async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, int]:
+        vecs, tokens, _ = await engine.embed_chunked(texts, body.truncate, field, limit, member)
+        return vecs, tokens
+
+    out: dict[str, Any] = {"model": engine.require_ready().name}
+    if body.pairs is not None:
+        if len(body.pairs) > limit:  # both sides would pass the per-list check on their own
+            raise RequestTooLarge(f"pairs: {len(body.pairs)} items, at most {limit} per request")
+        a, tokens_a = await vectors([p.a for p in body.pairs], "pairs", ".a")
+        b, tokens_b = await vectors([p.b for p in body.pairs], "pairs", ".b")
+        out["scores"] = _cosine((a * b).sum(axis=1)).tolist()
+        tokens = tokens_a + tokens_b
+    else:
+        assert body.texts is not None  # the request model allows no other form
+        docs, tokens = await vectors(body.texts, "texts")
+        if body.query is None:
+            out["matrix"] = _cosine(docs @ docs.T).tolist()
+        else:
+            query, query_tokens = await vectors([body.query], "query")
+            scores = _cosine(docs @ query[0])
+            order = np.argsort(-scores, kind="stable")[: body.top_k]
+            out["ranking"] = [{"index": int(i), "score": float(scores[i])} for i in order]
+            tokens += query_tokens
+    out["usage"] = {"tokens": tokens}
+    return out
+
+
+def _cosine(dots: np.ndarray) -> np.ndarray:
+    """Dot products of unit vectors as float64 cosines (rounding can leave them just past +-1)."""
+    return np.clip(dots.astype(np.float64), -1.0, 1.0)
 
 
 # path -> (request model, handler): what service.fastpath serves without FastAPI's routing.
@@ -78,6 +176,8 @@ HANDLERS: dict[str, tuple[type[BaseModel], Callable[[Any, Engine], Awaitable[dic
     "/nli": (NLIRequest, nli_result),
     "/sentiment": (SentimentRequest, sentiment_result),
     "/v1/embeddings": (OpenAIEmbeddingsRequest, openai_embeddings_result),
+    "/tokenize": (TokenizeRequest, tokenize_result),
+    "/similarity": (SimilarityRequest, similarity_result),
 }
 
 

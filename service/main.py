@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,10 +33,12 @@ from service.fastpath import InferenceFastPath, bearer_credentials, header_value
 from service.handlers import HANDLERS, api_key_ok
 from service.metrics import Metrics, MetricsMiddleware, RouteLabels
 from service.protocol import HOOKS_KEY, HttpHooks
-from service.routes import AUTH, inference, router
+from service.routes import AUTH, DOCS_PAGES, inference, install_pages, router
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
+# uvicorn's STARTUP_FAILURE: with several workers, its supervisor (uvicorn >= 0.50) stops on it.
+LOAD_FAILURE_STATUS = 3
 
 DESCRIPTION = """DiSAN sentence embeddings, NLI and sentiment over onnxruntime with dynamic
 micro-batching. Errors always have the body `{"error": {"type", "message"}}`."""
@@ -60,8 +63,7 @@ class DisanApp(FastAPI):
 
     @property
     def docs_paths(self) -> frozenset[str]:
-        paths = (self.openapi_url, self.docs_url, self.redoc_url, self.swagger_ui_oauth2_redirect_url)
-        return frozenset(p for p in paths if p)
+        return frozenset((self.openapi_url, *DOCS_PAGES) if self.openapi_url else DOCS_PAGES)
 
     def _key_ok(self, scope: Scope) -> bool:
         assert self.engine is not None
@@ -105,8 +107,9 @@ def create_app(settings: Settings | None = None) -> DisanApp:
         finally:
             await engine.stop()
 
+    # docs_url/redoc_url None: FastAPI's pages load from a CDN; install_pages serves local copies.
     app = DisanApp(title="disan-serve", version=disan.__version__, description=DESCRIPTION,
-                   lifespan=lifespan)
+                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.engine = engine
     app.state.settings = settings
     app.state.engine = engine
@@ -115,6 +118,7 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(inference, **(AUTH if settings.api_key is not None else {}))
+    install_pages(app)
     # Added innermost first: CORS applies to everything, metrics count everything. The fast path
     # does the gate (admission, body policy) and the metrics itself, and leaves requests with a
     # CORS Origin to CORS.
@@ -130,9 +134,22 @@ def create_app(settings: Settings | None = None) -> DisanApp:
     return app
 
 
+def exit_unloadable(detail: str) -> None:
+    """End a `disan serve` process whose bundle cannot load (the reason is already logged).
+
+    Loading fails the same way on every retry (bad files, `providers=cuda` where CUDA does not
+    load), and a server that stays up unready forever looks alive to `docker compose up`. The
+    status is uvicorn's start-up failure code, on which its worker supervisor stops as well.
+    """
+    logging.shutdown()  # flush the log line that says why
+    os._exit(LOAD_FAILURE_STATUS)
+
+
 def create_app_from_env() -> DisanApp:
     """uvicorn factory used by `disan serve` (settings come from DISAN_* variables)."""
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return create_app(settings)
+    app = create_app(settings)
+    app.state.engine.on_load_failure = exit_unloadable
+    return app

@@ -6,22 +6,30 @@ is off; the handlers they call are the same as the fast path's.
 
 from __future__ import annotations
 
+from importlib.resources import files
+from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 
 from service.asgi import unless_disconnected
 from service.engine import Engine
 from service.errors import ERROR_TABLE, Unauthorized
 from service.handlers import (
     api_key_ok,
+    check_model,
     embed_result,
     encode_json,
+    models_result,
     nli_result,
     openai_embeddings_result,
     sentiment_result,
+    similarity_result,
+    tokenize_result,
 )
 from service.schemas import (
     EmbedRequest,
@@ -32,9 +40,15 @@ from service.schemas import (
     NLIResponse,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
+    OpenAIModel,
+    OpenAIModelList,
     SentimentRequest,
     SentimentResponse,
+    SimilarityRequest,
+    SimilarityResponse,
     Status,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 
 _bearer = HTTPBearer(auto_error=False, description="required only when the server sets an API key")
@@ -100,13 +114,44 @@ async def sentiment(body: SentimentRequest, request: Request, engine: EngineDep)
 
 
 @inference.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse,
-                summary="OpenAI-compatible embeddings")
+                responses=_errors("not_found"), summary="OpenAI-compatible embeddings")
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request,
                             engine: EngineDep) -> Response:
-    """OpenAI `POST /v1/embeddings`: vectors are L2-normalised like OpenAI's; texts over the
-    token limit are rejected (OpenAI does the same), `base64` is little-endian float32."""
+    """OpenAI `POST /v1/embeddings`: up to `openai_max_inputs` inputs (2,048), vectors
+    L2-normalised like OpenAI's, `base64` is little-endian float32. Inputs over the token limit
+    get a 422 unless the server runs with `openai_truncate` (then `usage.truncated_inputs` counts
+    them). An unknown `model` is a 404 with OpenAI's `param` and `code` (`model_not_found`)."""
     return json_response(await unless_disconnected(request.receive,
                                                    openai_embeddings_result(body, engine)))
+
+
+@inference.get("/v1/models", response_model=OpenAIModelList, summary="OpenAI-compatible model list")
+async def openai_models(engine: EngineDep) -> dict:
+    """The served model and the aliases /v1 accepts as `model`."""
+    return models_result(engine)
+
+
+@inference.get("/v1/models/{model}", response_model=OpenAIModel, responses=_errors("not_found"),
+               summary="One model (OpenAI-compatible)")
+async def openai_model(model: str, engine: EngineDep) -> dict:
+    """One entry of `GET /v1/models`, or 404 `model_not_found`."""
+    check_model(engine, model)
+    return next(m for m in models_result(engine)["data"] if m["id"] == model)
+
+
+@inference.post("/tokenize", response_model=TokenizeResponse, summary="The model's tokens")
+async def tokenize(body: TokenizeRequest, request: Request, engine: EngineDep) -> Response:
+    """Tokens and vocabulary ids as the model sees them, and whether each text is over
+    `max_tokens` (our tokens are not tiktoken's: chunk long documents with these counts)."""
+    return json_response(await unless_disconnected(request.receive, tokenize_result(body, engine)))
+
+
+@inference.post("/similarity", response_model=SimilarityResponse, response_model_exclude_none=True,
+                summary="Cosine similarity of sentences")
+async def similarity(body: SimilarityRequest, request: Request, engine: EngineDep) -> Response:
+    """`pairs` -> a cosine per pair; `query` + `texts` -> texts ranked by cosine (best first,
+    `top_k` keeps the best k); `texts` alone -> the matrix of all pairs."""
+    return json_response(await unless_disconnected(request.receive, similarity_result(body, engine)))
 
 
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
@@ -117,18 +162,20 @@ async def info(engine: EngineDep) -> dict:
     m = rt.manifest
     return {
         "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
-        "variant": s.variant, "labels": rt.labels, "explain": rt.has_explain,
+        "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain,
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
                    "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit,
                    "max_explain_texts": s.max_explain_texts, "max_explain_tokens": s.max_explain_tokens,
                    "max_concurrent_requests": s.max_concurrent_requests,
                    "max_json_items": s.max_json_items, "max_header_bytes": s.max_header_bytes},
-        "batching": {"max_batch_size": s.max_batch_size, "max_wait_ms": s.max_wait_ms,
-                     "max_batch_cells": s.max_batch_cells, "batch_concurrency": rt.batch_concurrency},
+        "batching": {"max_batch_size": engine.batching.max_batch_size, "max_wait_ms": s.max_wait_ms,
+                     "max_batch_cells": engine.batching.max_batch_cells,
+                     "batch_concurrency": rt.batch_concurrency, "source": engine.batching.source},
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
                     if isinstance(v, dict)},
-        "bundle": {k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
+        "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
+                   "graph_set": rt.graph_set},
     }
 
 
@@ -159,3 +206,58 @@ async def metrics(request: Request) -> Response:
     """Prometheus text exposition format."""
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)
+
+
+# ---- pages: offline API docs and the playground (no CDN: they work on an air-gapped host) ----
+DOCS_ASSETS = "/docs-assets"
+# The API documentation pages: behind the API key when one is set (service.main), like the schema.
+DOCS_PAGES = ("/docs", "/docs/oauth2-redirect", "/redoc")
+# Swagger UI and ReDoc builds shipped inside the fastapi-offline wheel (a serve dependency).
+DOCS_ASSETS_DIR = Path(str(files("fastapi_offline") / "static"))
+WEB_DIR = Path(__file__).resolve().parent / "web"
+pages = APIRouter(include_in_schema=False)
+
+
+@pages.get("/")
+async def home() -> RedirectResponse:
+    """The playground."""
+    return RedirectResponse("ui/")
+
+
+@pages.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    """Swagger UI from local assets (FastAPI's custom-docs recipe)."""
+    root = request.scope.get("root_path", "")
+    return get_swagger_ui_html(
+        openapi_url=f"{root}{request.app.openapi_url}", title=f"{request.app.title} - Swagger UI",
+        oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+        swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+        # no spec validation badge: it would call swagger.io's online validator
+        swagger_ui_parameters={**(request.app.swagger_ui_parameters or {}), "validatorUrl": None})
+
+
+@pages.get("/docs/oauth2-redirect")
+async def swagger_ui_redirect() -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
+@pages.get("/redoc")
+async def redoc(request: Request) -> HTMLResponse:
+    """ReDoc from local assets, without Google Fonts."""
+    root = request.scope.get("root_path", "")
+    return get_redoc_html(
+        openapi_url=f"{root}{request.app.openapi_url}", title=f"{request.app.title} - ReDoc",
+        redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+        redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+
+
+def install_pages(app: FastAPI) -> None:
+    """Mount /docs, /redoc (with their assets) and the playground at /ui (`/` redirects there).
+
+    The app must be created with docs_url=None and redoc_url=None (FastAPI's own pages load
+    Swagger UI and ReDoc from a CDN)."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")
+    app.mount("/ui", StaticFiles(directory=WEB_DIR, html=True), name="ui")
+    app.include_router(pages)

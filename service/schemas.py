@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 Text = Annotated[str, StringConstraints(min_length=1)]
 TextList = Annotated[list[Text], Field(min_length=1)]
@@ -31,6 +32,17 @@ class EmbedRequest(BaseModel):
     texts: list[Text] = Field(min_length=1, description="sentences to embed")
     normalize: bool = Field(False, description="L2-normalise each vector (cosine = dot product)")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: lists of numbers; base64: each vector as base64 of little-endian "
+        "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
+    explain: bool = Field(False, description="also return each text's tokens and source2token "
+                          "weights (at most max_explain_texts texts; needs the encoder_explain graph)")
+
+
+class TokenWeights(BaseModel):
+    tokens: list[str] = Field(description="the tokens the model saw")
+    token_weights: list[float] = Field(description="source2token attention per token (mean over "
+                                       "features; sums to 1): each token's share of the sentence vector")
 
 
 class EmbedResponse(BaseModel):
@@ -38,8 +50,10 @@ class EmbedResponse(BaseModel):
         {"model": "default", "dim": 4, "embeddings": [[0.1, -0.2, 0.3, 0.0]], "usage": {"tokens": 7}}]})
     model: str
     dim: int
-    embeddings: list[list[float]]
+    embeddings: list[list[float]] | list[str] = Field(
+        description="one vector per text: floats, or base64 strings with encoding_format=base64")
     usage: Usage
+    explanations: list[TokenWeights] | None = Field(None, description="per text, with explain=true")
 
 
 class NLIPair(BaseModel):
@@ -53,11 +67,29 @@ class NLIRequest(BaseModel):
                                          "hypothesis": "A man is performing music."}]})
     pairs: list[NLIPair] = Field(min_length=1, description="premise/hypothesis pairs")
     truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    explain: bool = Field(False, description="also return which premise/hypothesis tokens drive the "
+                          "label (at most max_explain_texts pairs; needs the encoder_explain graph)")
 
 
 class Prediction(BaseModel):
     label: str = Field(description="the most probable class")
     scores: dict[str, float] = Field(description="probability of every class")
+
+
+class NLISide(TokenWeights):
+    attribution: list[float] = Field(
+        description="per token: the predicted label's probability minus its probability with the "
+        "token left out of its sentence's source2token pooling (positive: the token supports the "
+        "label; computed by the head on the graph's leave-one-out vectors, no gradients)")
+
+
+class NLIExplanation(BaseModel):
+    premise: NLISide
+    hypothesis: NLISide
+
+
+class NLIPrediction(Prediction):
+    explanation: NLIExplanation | None = None
 
 
 class NLIResponse(BaseModel):
@@ -66,7 +98,7 @@ class NLIResponse(BaseModel):
         "results": [{"label": "entailment",
                      "scores": {"entailment": 0.91, "neutral": 0.07, "contradiction": 0.02}}]}]})
     model: str
-    results: list[Prediction]
+    results: list[NLIPrediction]
     usage: Usage
 
 
@@ -103,17 +135,43 @@ class SentimentResponse(BaseModel):
     usage: Usage
 
 
+# What a client that pre-tokenizes with tiktoken (LangChain's OpenAIEmbeddings by default) is told.
+TOKEN_IDS_MESSAGE = (
+    "token-id arrays are not supported: this server tokenizes text itself, and its tokens are not "
+    "tiktoken's (POST /tokenize shows them). Send strings; with LangChain set "
+    "OpenAIEmbeddings(check_embedding_ctx_length=False). Texts over the token limit get a 422 "
+    "unless the server runs with --openai-truncate true")
+
+
+def _is_token_ids(value: object) -> bool:
+    """An OpenAI token-id input: a list of ints, or a list of such lists."""
+    def ints(v: object) -> bool:
+        return isinstance(v, list) and bool(v) and all(type(i) is int for i in v)
+    return ints(value) or (isinstance(value, list) and bool(value) and all(ints(v) for v in value))
+
+
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI `POST /v1/embeddings` request; unknown fields are ignored like OpenAI's own clients."""
 
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"examples": [
-        {"input": ["The food was delicious.", "The waiter was friendly."], "model": "default"},
+        # no `model`: an example must work against any server, whatever name it serves
+        {"input": ["The food was delicious.", "The waiter was friendly."]},
         {"input": "hello world", "encoding_format": "base64"}]})
-    input: Text | TextList = Field(description="a string or a non-empty list of strings")
-    model: str | None = Field(None, description="accepted for compatibility; the loaded model answers")
+    input: Text | TextList = Field(
+        description="a string or a non-empty list of strings (up to openai_max_inputs, 2,048 by "
+        "default); token-id arrays are refused with a 422 saying what to set instead")
+    model: str | None = Field(None, description="the served model's name (GET /v1/models) or an alias "
+                              "from the server's model_aliases; omitted: the served model")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="must equal the model's dim if given")
     user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value: object) -> object:
+        if _is_token_ids(value):
+            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE)
+        return value
 
 
 class OpenAIEmbedding(BaseModel):
@@ -125,6 +183,8 @@ class OpenAIEmbedding(BaseModel):
 class OpenAIUsage(BaseModel):
     prompt_tokens: int
     total_tokens: int
+    truncated_inputs: int = Field(0, description="inputs cut to max_tokens (server setting "
+                                  "openai_truncate; otherwise over-long inputs get a 422)")
 
 
 class OpenAIEmbeddingsResponse(BaseModel):
@@ -156,10 +216,92 @@ class Info(BaseModel):
     dim: int
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
-    variant: str
+    variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")
     labels: dict[str, list[str]]
     explain: bool = Field(description="whether /sentiment can return explanations")
     limits: dict[str, int]
-    batching: dict[str, int | float]
+    batching: dict[str, int | float | dict[str, str]] = Field(
+        description="limits in use (auto ones resolved for the provider) and `source`: why each")
     metrics: dict[str, dict] = Field(description="evaluation metrics recorded in the bundle manifest")
     bundle: dict[str, object] = Field(description="manifest facts: created, max_len, versions")
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="bundle creation time (Unix seconds; 0 if the manifest has none)")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
+class TokenizeRequest(BaseModel):
+    model_config = _examples({"texts": ["A man isn't playing the guitar."]})
+    texts: list[Text] = Field(min_length=1, description="texts to tokenize (nothing is run)")
+
+
+class TokenizedText(BaseModel):
+    tokens: list[str] = Field(description="the model's tokens (lowercased, PTB-style), uncut")
+    ids: list[int] = Field(description="vocabulary ids of the tokens (1 = unknown word)")
+    count: int = Field(description="number of tokens")
+    over_limit: bool = Field(description="count > max_tokens: 422 unless truncated to max_tokens")
+
+
+class TokenizeResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "model": "default", "max_tokens": 128, "results": [{
+            "tokens": ["a", "man", "is", "n't", "playing", "the", "guitar", "."],
+            "ids": [5, 21, 9, 880, 310, 2, 954, 4], "count": 8, "over_limit": False}]}]})
+    model: str
+    max_tokens: int = Field(description="the most tokens a text may have (the served limit)")
+    results: list[TokenizedText]
+
+
+class TextPair(BaseModel):
+    model_config = _STRICT
+    a: Text
+    b: Text
+
+
+class SimilarityRequest(BaseModel):
+    """One of three forms: `pairs`; `query` + `texts` (ranked); `texts` alone (the full matrix)."""
+
+    model_config = _examples(
+        {"query": "A man is playing a guitar.",
+         "texts": ["Someone plays music.", "A dog runs in the park.", "A man performs a song."]},
+        {"pairs": [{"a": "A man is playing a guitar.", "b": "Someone plays music."}]},
+        {"texts": ["A man is playing a guitar.", "Someone plays music.", "A dog runs."]})
+    pairs: list[TextPair] | None = Field(None, min_length=1, description="cosine of each pair, in order")
+    query: Text | None = Field(None, description="rank `texts` by cosine to this text")
+    texts: list[Text] | None = Field(None, min_length=1,
+                                     description="with `query`: the candidates; alone: all pairs")
+    top_k: int | None = Field(None, ge=1, description="with `query`: keep the best k")
+    truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> SimilarityRequest:
+        one_form = (self.pairs is None) != (self.texts is None) and (self.pairs is None or self.query is None)
+        if not one_form:
+            raise PydanticCustomError("similarity_form", "give `pairs`, or `texts` with an optional `query`")
+        if self.top_k is not None and self.query is None:
+            raise PydanticCustomError("similarity_form", "top_k needs `query`")
+        return self
+
+
+class RankedText(BaseModel):
+    index: int = Field(description="position in `texts`")
+    score: float = Field(description="cosine similarity to the query")
+
+
+class SimilarityResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "model": "default", "usage": {"tokens": 21},
+        "ranking": [{"index": 2, "score": 0.83}, {"index": 0, "score": 0.71}, {"index": 1, "score": 0.12}]}]})
+    model: str
+    scores: list[float] | None = Field(None, description="`pairs`: cosine of each pair, in order")
+    ranking: list[RankedText] | None = Field(None, description="`query`: texts by cosine, best first")
+    matrix: list[list[float]] | None = Field(None, description="`texts` alone: cosine of every pair")
+    usage: Usage

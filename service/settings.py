@@ -16,10 +16,17 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from disan.runtime import RuntimeOptions
+from service.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE_REL = Path("models") / "default"
+
+
+def _auto(knob: str) -> str:
+    """The auto values of a batching knob per provider, for its help text ("64 on CPU, ...")."""
+    return ", ".join(f"{getattr(limits, knob)} on {provider.removesuffix('ExecutionProvider')}"
+                     for provider, limits in PROVIDER_DEFAULTS.items())
 
 
 def default_bundle_dir() -> Path:
@@ -60,8 +67,9 @@ class Settings(BaseSettings):
         False, description="let onnxruntime's idle threads spin (lowest latency when the CPU is "
         "otherwise idle; off by default: spinning steals the cores the HTTP layer needs)")
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
-    variant: Literal["fp32", "fp16", "int8"] = Field(
-        "fp32", description="which exported graph variant to load (fp16 is meant for CUDA)")
+    variant: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="graph variant to load; auto: the default of the graph set of the "
+        "provider that loaded (gpu set: fp16, cpu set: fp32)")
 
     # --- request limits (checked before tokenizing) ---
     max_texts_per_request: int = Field(256, ge=1, le=100_000)
@@ -73,15 +81,17 @@ class Settings(BaseSettings):
 
     # --- micro-batching ---
     queue_limit: int = Field(4096, ge=1, description="max sentences waiting per graph; more -> 429")
-    max_batch_size: int = Field(64, ge=1, le=4096, description="sentences collected per batch")
+    # 0 = auto: chosen per execution provider once the runtime has loaded (batching_defaults).
+    max_batch_size: int = Field(0, ge=0, le=4096, description="sentences per ORT call; 0 = auto: "
+                                f"{_auto('max_batch_size')} (/info says which)")
     # 0 = continuous batching: a batch takes whatever queued while the previous call ran; waiting
     # to fill a batch cost throughput at low concurrency and gained nothing at high (RESULTS.md).
     max_wait_ms: float = Field(0.0, ge=0.0, le=1000.0,
                                description="how long a batch waits to fill (0: take what is queued)")
     # On a CPU, past a few thousand cells the [B,n,n,d] attention tensors leave the caches and a
-    # bigger call is slower per sentence (bench/cells.py).
-    max_batch_cells: int = Field(4096, ge=1,
-                                 description="padded-cells budget per ORT call: batch x max_len^2")
+    # bigger call is slower per sentence (bench/cells.py); a GPU needs far bigger calls (bench/gpu.py).
+    max_batch_cells: int = Field(0, ge=0, description="padded-cells budget per ORT call: batch x "
+                                 f"max_len^2; 0 = auto: {_auto('max_batch_cells')}")
     # Several single-threaded ORT calls at once beat one call with as many intra-op threads on a
     # CPU (intra-op threads scale poorly on small batches; bench/service.py).
     batch_concurrency: int = Field(
@@ -125,16 +135,32 @@ class Settings(BaseSettings):
     # of `[1,1,...]` would cost gigabytes; items are counted before parsing (strings excluded).
     max_json_items: int = Field(16_384, ge=64, description="commas, brackets and braces outside "
                                 "strings per request body; more -> 413 before parsing")
-    max_explain_texts: int = Field(16, ge=1, le=100_000,
-                                   description="texts per request with explain=true; more -> 413")
-    max_explain_tokens: int = Field(1024, ge=1, le=10_000_000, description="tokens (after truncation) "
-                                    "per request with explain=true; more -> 413, checked before inference")
     drain_timeout_s: float = Field(
         30.0, ge=1, le=3600, description="after SIGTERM, requests still unanswered this long are "
         "answered 503 (JSON) and the worker exits; compose's stop_grace_period and Kubernetes' "
         "terminationGracePeriodSeconds allow for it (service.cli.shutdown_deadline_s)")
 
-    @field_validator("cors_origins", mode="before")
+    # --- OpenAI compatibility (/v1) ---
+    # OpenAI accepts 2,048 inputs per embeddings call and LangChain sends 1,000 by default; the
+    # engine runs them max_texts_per_request at a time, so the queue bound still holds.
+    openai_max_inputs: int = Field(2048, ge=1, le=100_000,
+                                   description="inputs per /v1/embeddings call (other routes: "
+                                   "max_texts_per_request)")
+    openai_truncate: bool = Field(False, description="cut /v1/embeddings inputs over max_tokens "
+                                  "instead of a 422 (counted in usage.truncated_inputs)")
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="more names /v1 accepts as `model` (e.g. "
+        "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
+
+    # --- explanations (bundle graph sets; /embed, /nli and /sentiment with explain=true) ---
+    # An explained text runs the unchunked attention with its maps, and on /nli one head row per
+    # token: bounded per request (texts before tokenizing, tokens before inference).
+    max_explain_texts: int = Field(16, ge=1, le=4096,
+                                   description="texts (or pairs) per request with explain=true; more -> 413")
+    max_explain_tokens: int = Field(1024, ge=1, le=10_000_000, description="tokens (after truncation) "
+                                    "per request with explain=true; more -> 413, checked before inference")
+
+    @field_validator("cors_origins", "model_aliases", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         """Accept a JSON list or a comma-separated string (friendlier in env files and compose)."""

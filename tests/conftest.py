@@ -6,17 +6,20 @@ in an environment without torch (the service's), and the fixtures skip cleanly t
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from disan.manifest import NLI_LABELS
+from disan.manifest import SST5_LABELS as SENTIMENT_LABELS
 from disan.text import Vocab
 
-NLI_LABELS = ["entailment", "neutral", "contradiction"]
-SENTIMENT_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]
 # Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
 WORDS = """a an the man woman men women child children dog dogs cat people person is are was
 were be not no and or but of in on at to with for from by this that it he she they there
@@ -77,7 +80,8 @@ def tiny_checkpoints(tmp_path_factory, tiny_vocab) -> TinyCheckpoints:
 
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
-    """Bundle directory exported (fp32 graphs + fp16 and int8 variants) from `tiny_checkpoints`.
+    """Bundle exported from `tiny_checkpoints`: the cpu graph set (chunked; fp32 + int8) and the
+    gpu set (unchunked; fp16 + fp32), weights shared, verified.
 
     Session-scoped and shared: tests must not modify it (copy it first, see `bundle_copy`).
     """
@@ -118,3 +122,29 @@ def wait_ready(get: Callable, base: str = "", timeout: float = 30.0,
             pass
         assert time.monotonic() < deadline, f"not ready after {timeout:.0f} s"
         time.sleep(0.02)
+
+
+@contextmanager
+def serve_in_thread(settings) -> Iterator[str]:
+    """A real uvicorn server for `settings` on a free 127.0.0.1 port, in a thread of this process
+    (clients that open their own connections: openai, LangChain, a browser). Yields the base URL."""
+    import httpx
+    import uvicorn
+
+    from service.main import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(lambda url: httpx.get(url, timeout=2), base, timeout=60, alive=thread.is_alive,
+                   retry=(httpx.TransportError,))
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -89,9 +89,96 @@ def test_sentiment_explain_matches_plain_graph(client):
     assert len(ex["attention_fw"]) == n and all(len(row) == n for row in ex["attention_bw"])
 
 
+def test_embed_explain(client):
+    texts = ["a man is playing guitar", "bad"]
+    plain = embed(client, texts)
+    r = client.post("/embed", json={"texts": texts, "explain": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    np.testing.assert_allclose(np.asarray(body["embeddings"]), plain, atol=1e-5)  # the same vectors
+    first, second = body["explanations"]
+    assert first["tokens"] == ["a", "man", "is", "playing", "guitar"] and second["tokens"] == ["bad"]
+    assert len(first["token_weights"]) == 5 and second["token_weights"] == [pytest.approx(1.0)]
+    assert abs(sum(first["token_weights"]) - 1) < 1e-4 and min(first["token_weights"]) > 0
+    assert "explanations" not in client.post("/embed", json={"texts": texts}).json()
+
+
+def test_nli_explain(client):
+    pairs = [{"premise": "a man is playing guitar", "hypothesis": "a man plays music"},
+             {"premise": "dog", "hypothesis": "the cat is not sleeping"}]
+    plain = client.post("/nli", json={"pairs": pairs}).json()["results"]
+    r = client.post("/nli", json={"pairs": pairs, "explain": True})
+    assert r.status_code == 200, r.text
+    explained = r.json()["results"]
+    for p, e in zip(plain, explained, strict=True):
+        assert e["label"] == p["label"]
+        assert all(abs(e["scores"][k] - p["scores"][k]) < 1e-5 for k in p["scores"])
+        assert "explanation" not in p
+    ex = explained[0]["explanation"]
+    assert ex["premise"]["tokens"] == ["a", "man", "is", "playing", "guitar"]
+    assert ex["hypothesis"]["tokens"] == ["a", "man", "plays", "music"]
+    for side in ("premise", "hypothesis"):
+        n = len(ex[side]["tokens"])
+        assert len(ex[side]["token_weights"]) == len(ex[side]["attribution"]) == n
+        assert abs(sum(ex[side]["token_weights"]) - 1) < 1e-4
+        assert all(-1 <= a <= 1 for a in ex[side]["attribution"])
+    # A one-token premise left out is an empty sentence (a zero vector): its attribution is
+    # the predicted label's probability minus the head's on (0, hypothesis vector).
+    runtime = client.app.state.engine.runtime
+    one = explained[1]
+    v = runtime.embed([runtime.text_ids("the cat is not sleeping")])[0]
+    without = runtime.nli_head([(np.zeros_like(v), v)])[0]
+    label = runtime.labels["nli"].index(one["label"])
+    want = one["scores"][one["label"]] - float(without[label])
+    assert one["explanation"]["premise"]["attribution"] == [pytest.approx(want, abs=1e-5)]
+
+
+def test_explain_is_bounded_before_any_work(tiny_bundle, fast_path):
+    """explain=true costs an unchunked pass (and on /nli a head row per token): at most
+    max_explain_texts texts or pairs per request, refused before tokenizing."""
+    app = create_app(Settings(bundle=tiny_bundle, max_explain_texts=2, fast_path=fast_path))
+    with TestClient(app) as c:
+        wait_ready(c.get)
+        pair = {"premise": "a", "hypothesis": "b"}
+        for path, body in (("/embed", {"texts": ["a"] * 3}), ("/sentiment", {"texts": ["a"] * 3}),
+                           ("/nli", {"pairs": [pair] * 3})):
+            r = c.post(path, json={**body, "explain": True})
+            assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
+            assert "explain" in r.json()["error"]["message"]
+            assert c.post(path, json=body).status_code == 200  # the same request unexplained is fine
+        assert c.post("/nli", json={"pairs": [pair] * 2, "explain": True}).status_code == 200
+
+
+def test_nli_fits_a_queue_sized_for_one_request(tiny_bundle):
+    """/nli queues two sentences per pair on the encoder: a full request must still fit when
+    the queue only holds max_texts_per_request items (the settings allow that)."""
+    app = create_app(Settings(bundle=tiny_bundle, max_texts_per_request=4, queue_limit=4))
+    with TestClient(app) as c:
+        wait_ready(c.get)
+        pairs = [{"premise": "a man", "hypothesis": "a dog"}] * 4
+        for explain in (False, True):
+            r = c.post("/nli", json={"pairs": pairs, "explain": explain})
+            assert r.status_code == 200, r.text
+
+
+def test_embed_base64_decodes_to_the_float_vectors(client):
+    texts = ["a man is playing", "the movie was great"]
+    floats = embed(client, texts, normalize=True)
+    r = client.post("/embed", json={"texts": texts, "normalize": True, "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert all(isinstance(e, str) for e in body["embeddings"]) and body["usage"]["tokens"] == 8
+    decoded = np.stack([np.frombuffer(base64.b64decode(e), dtype="<f4") for e in body["embeddings"]])
+    assert decoded.shape == (2, body["dim"])
+    np.testing.assert_array_equal(decoded, floats.astype(np.float32))  # float32 round-trips exactly
+    bad = client.post("/embed", json={"texts": texts, "encoding_format": "hex"})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request"
+
+
 def test_openai_embeddings_float_and_base64(client):
     texts = ["a man is playing", "the movie was great"]
-    f = client.post("/v1/embeddings", json={"input": texts, "model": "anything"}).json()
+    name = client.get("/v1/models").json()["data"][0]["id"]  # `model` is checked (test_openai_compat.py)
+    f = client.post("/v1/embeddings", json={"input": texts, "model": name}).json()
     assert f["object"] == "list" and isinstance(f["model"], str)
     assert [d["index"] for d in f["data"]] == [0, 1]
     assert all(d["object"] == "embedding" for d in f["data"])
@@ -144,7 +231,7 @@ def test_metrics_exposed(client):
     assert 'disan_requests_total{method="POST",route="/embed",status="422"}' in text
     for family in ("disan_request_duration_seconds_bucket", 'disan_queue_depth{graph="encoder"}',
                    'disan_batch_size_bucket{graph="encoder"', 'disan_batch_padded_cells_bucket',
-                   'disan_inference_seconds_bucket{graph="nli"'):
+                   'disan_inference_seconds_bucket{graph="nli_head"'):
         assert family in text, family
 
 
@@ -172,7 +259,13 @@ def test_batching_never_changes_results(client, texts):
     ("/nli", {"pairs": [{"premise": "a man is playing", "hypothesis": "a man"}]}, "NLIResponse"),
     ("/sentiment", {"texts": ["the movie was great"]}, "SentimentResponse"),
     ("/sentiment", {"texts": ["the movie was bad"], "explain": True}, "SentimentResponse"),
+    ("/embed", {"texts": ["a man is playing"], "explain": True}, "EmbedResponse"),
+    ("/nli", {"pairs": [{"premise": "a man", "hypothesis": "a dog"}], "explain": True}, "NLIResponse"),
     ("/v1/embeddings", {"input": ["a man", "the movie"]}, "OpenAIEmbeddingsResponse"),
+    ("/tokenize", {"texts": ["a man isn't", "zebra"]}, "TokenizeResponse"),
+    ("/similarity", {"pairs": [{"a": "a man", "b": "the movie"}]}, "SimilarityResponse"),
+    ("/similarity", {"query": "a man", "texts": ["a", "the movie"]}, "SimilarityResponse"),
+    ("/similarity", {"texts": ["a man", "the movie"]}, "SimilarityResponse"),
 ])
 def test_responses_match_their_declared_models(client, path, body, model):
     """The routes serialise with orjson, bypassing FastAPI's response validation: every

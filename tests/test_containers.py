@@ -1,12 +1,11 @@
-"""Containers cannot drift from the code.
+"""Containers cannot drift from the code (statically; tests/test_containers_live.py runs them).
 
-No Docker engine runs in CI, so instead of building images this lints the Dockerfiles (hadolint)
-and compose files (check-jsonschema, compose-spec schema), then checks what they *use* against
-the code: every CMD parses with the real `disan` CLI, every DISAN_* variable is a field of
-`service.settings.Settings` and its value validates, the health probe hits a real route and
-behaves, ports and paths agree across Dockerfiles, compose and nginx, and the CUDA base image
-matches the onnxruntime-gpu pin. A linter missing from PATH skips its test; CI installs both
-through the `dev` extra.
+This lints the Dockerfiles (hadolint) and compose files (check-jsonschema, compose-spec schema),
+then checks what they *use* against the code: every CMD parses with the real `disan` CLI, every
+DISAN_* variable is a field of `service.settings.Settings` and its value validates, the health
+probe hits a real route and behaves, ports and paths agree across Dockerfiles, compose and nginx,
+and the CUDA base image matches the onnxruntime-gpu pin. A linter missing from PATH skips its
+test; CI installs both through the `dev` extra.
 """
 
 from __future__ import annotations
@@ -282,8 +281,15 @@ def test_scale_out_wiring() -> None:
         assert host in scale[name]["networks"]["default"]["aliases"]
         assert port == str(base[name]["environment"]["DISAN_PORT"])
     assert str(scale["lb"]["ports"][0]).endswith(f":{listen}")
+    # nginx.conf is a template: the image's entrypoint (the official one, or
+    # docker/nginx-entrypoint.sh) fills in the container's DNS server, Docker's or podman's.
     mounted = {v["source"].removeprefix("./"): v["target"] for v in scale["lb"]["volumes"]}
-    assert mounted == {"docker/nginx.conf": "/etc/nginx/conf.d/default.conf"}
+    assert mounted == {"docker/nginx.conf": "/etc/nginx/templates/default.conf.template"}
+    assert set(re.findall(r"\$\{(\w+)\}", nginx)) == {"NGINX_LOCAL_RESOLVERS"}
+    assert re.search(r"^\s*resolver \$\{NGINX_LOCAL_RESOLVERS\} ", nginx, re.M)
+    assert scale["lb"]["environment"]["NGINX_ENTRYPOINT_LOCAL_RESOLVERS"] == "1"
+    entrypoint = (DOCKER / "nginx-entrypoint.sh").read_text()
+    assert "NGINX_ENTRYPOINT_LOCAL_RESOLVERS" in entrypoint and "/etc/nginx/templates" in entrypoint
     max_body = re.search(r"client_max_body_size\s+(\d+)m;", nginx).group(1)
     assert int(max_body) * 2**20 >= Settings.model_fields["max_request_bytes"].default
 
@@ -293,7 +299,9 @@ def test_every_disan_variable_exists() -> None:
     files = [*DOCKERFILES, COMPOSE, SCALE, DOCKER / "nginx.conf", DOCKER / "healthcheck.py",
              ROOT / "docs" / "containers.md"]
     used = {m for f in files if f.is_file() for m in ENV_NAME.findall(f.read_text(encoding="utf-8"))}
-    known = SETTINGS_ENV | CODE_ENV
+    # docker/ci-containers.sh's own knobs (DISAN_CONTAINERS_*), documented with it.
+    script_env = set(ENV_NAME.findall((DOCKER / "ci-containers.sh").read_text(encoding="utf-8")))
+    known = SETTINGS_ENV | CODE_ENV | script_env
     assert used and used <= known, f"unknown DISAN_* variables: {sorted(used - known)}"
 
 

@@ -187,3 +187,84 @@ def test_nli_model_has_the_papers_parameter_count() -> None:
     model = NLIModel(DiSANConfig(vocab_size=10, embed_dim=300, d_h=300))
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("encoder.embed."))
     assert math.isclose(n, 2.35e6, rel_tol=0.02), n
+
+
+def test_pooled_without_each_masks_one_token_out_of_source2token() -> None:
+    """Row i of pooled_without_each = source2token pooling with token i masked out (the token
+    vectors u held fixed); a sentence's only token left out gives 0, like an empty sentence."""
+    from disan.model import pooled_without_each
+
+    enc = encoder()
+    ids = torch.randint(2, V, (3, 6))
+    mask = torch.arange(6)[None, :] < torch.tensor([6, 4, 1])[:, None]
+    sent, ex = enc(ids * mask, mask, return_tokens=True)
+    loo = pooled_without_each(ex["u"], ex["s2t_probs"], mask)
+    assert loo.shape == (3, 6, enc.out_dim)
+    torch.testing.assert_close((ex["s2t_probs"] * ex["u"]).sum(1), sent)
+    for b in range(2):
+        for i in range(int(mask[b].sum())):
+            keep = mask[b: b + 1].clone()
+            keep[0, i] = False
+            want, _ = enc.s2t(ex["u"][b: b + 1], keep)
+            torch.testing.assert_close(loo[b, i], want[0])
+    assert torch.equal(loo[2, 0], torch.zeros(enc.out_dim, dtype=loo.dtype))
+
+
+def test_nli_head_alone_matches_the_model() -> None:
+    torch.manual_seed(0)
+    model = NLIModel(DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, head_dim=5)).eval()
+    p, h = torch.randint(2, V, (2, 5)), torch.randint(2, V, (2, 3))
+    pm, hm = torch.ones_like(p, dtype=torch.bool), torch.ones_like(h, dtype=torch.bool)
+    u, v = model.encoder(p, pm), model.encoder(h, hm)
+    torch.testing.assert_close(model.classify(u, v), model(p, pm, h, hm))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "directional"])
+def test_additive_source2token_weights_tokens_not_features(mask_kind: str) -> None:
+    """s2t_kind="additive" (the word + additive attention ablation): one softmax weight per token,
+    shared by all features, as a loop over positions computes it; padding changes nothing."""
+    enc = encoder(mask_kind=mask_kind, s2t_kind="additive")
+    assert enc.s2t.map2.linear.out_features == 1
+    ids = torch.randint(2, V, (2, 6))
+    ids[1, 4:] = 0
+    mask = ids != 0
+    sent, tok = enc(ids, mask, return_tokens=True)
+    u = (enc.token_map(enc.embed(ids)) if mask_kind == "none"
+         else torch.cat([tok["u_fw"], tok["u_bw"]], -1))
+    for b in range(2):
+        valid = [i for i in range(6) if mask[b, i]]
+        scores = torch.stack([enc.s2t.map2.linear(F.elu(enc.s2t.map1.linear(u[b, i])))[0] for i in valid])
+        probs = torch.softmax(scores, 0)
+        torch.testing.assert_close(sent[b], sum(p * u[b, i] for p, i in zip(probs, valid, strict=True)),
+                                   rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(tok["s2t"][b, valid], probs, rtol=1e-9, atol=1e-10)
+    padded = torch.cat([ids, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    multi = encoder(mask_kind=mask_kind)  # same seed, same weights but map2: a different model
+    assert not torch.allclose(multi(ids, mask), sent)
+
+
+@pytest.mark.parametrize("encoder_kind", ["multi_head", "bilstm"])
+def test_baseline_encoders_ignore_padding_see_order_and_stay_finite(encoder_kind: str) -> None:
+    """The paper's multi-head and Bi-LSTM (+ source2token) baselines: padding changes nothing,
+    word order matters (positions / recurrence), short and empty rows stay finite with gradients."""
+    enc = encoder(encoder_kind=encoder_kind)
+    assert not hasattr(enc, "fw") and not enc.packed
+    ids = torch.randint(2, V, (3, 6))
+    ids[1, 4:] = 0
+    ids[2, 1:] = 0
+    mask = ids != 0
+    sent = enc(ids, mask)
+    padded = torch.cat([ids, torch.zeros(3, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(enc(padded, padded != 0), sent, rtol=1e-9, atol=1e-10)
+    for b, length in ((0, 6), (1, 4), (2, 1)):  # each sentence alone, unpadded: the same vector
+        torch.testing.assert_close(enc(ids[b:b + 1, :length], mask[b:b + 1, :length])[0], sent[b],
+                                   rtol=1e-9, atol=1e-10)
+    flipped = ids[:1].flip(1)
+    assert not torch.allclose(enc(flipped, flipped != 0), sent[:1])
+    enc.train()
+    ids[2, :] = 0  # an all-padding row
+    out = enc(ids, ids != 0)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)

@@ -41,3 +41,107 @@ def test_service_settings_map_onto_runtime_options(monkeypatch):
     monkeypatch.setenv("DISAN_MAX_TOKENS", "5")
     opts = Settings(variant="int8", batch_concurrency=2).runtime_options()
     assert (opts.max_tokens, opts.variant, opts.batch_concurrency) == (5, "int8", 2)
+
+
+# ---- graph sets: which set and variant load, by provider and by option ----
+
+def fake_cuda(monkeypatch, loads: bool) -> list[str]:
+    """Pretend this onnxruntime has CUDA, whose sessions do (or do not) really come up on it.
+    Returns the list preload_cuda calls are recorded in."""
+    calls: list[str] = []
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
+    monkeypatch.setattr(runtime, "cuda_active", lambda session: loads)
+    monkeypatch.setattr(runtime, "preload_cuda", lambda: calls.append("preload"))
+    return calls
+
+
+def loaded_files(rt) -> dict[str, str]:
+    return {name: g.file for name, g in rt.graphs.items()}
+
+
+def test_cpu_provider_loads_the_cpu_set(tiny_bundle):
+    from disan.manifest import variant_files
+
+    rt = load_offline(tiny_bundle)
+    assert (rt.graph_set, rt.variant) == ("cpu", "fp32")
+    assert loaded_files(rt) == variant_files(rt.manifest, "cpu", "fp32")
+    assert rt.graphs["encoder"].file.endswith(".chunked.onnx")
+    assert rt.has_explain and rt.has_embed_explain
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # ORT: "CUDAExecutionProvider not available"
+def test_cuda_that_loads_picks_the_gpu_set_in_fp16(monkeypatch, tiny_bundle):
+    from disan.manifest import variant_files
+
+    calls = fake_cuda(monkeypatch, loads=True)
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions())
+    assert (rt.graph_set, rt.variant) == ("gpu", "fp16")
+    assert loaded_files(rt) == variant_files(rt.manifest, "gpu", "fp16")
+    assert calls == ["preload"]  # CUDA/cuDNN from their wheels, before the first CUDA session
+    assert rt.batch_concurrency == 1  # the CUDA call layout
+    # --variant overrides the set's default; a variant the set lacks comes from the other set
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions(variant="fp32"))
+    assert (rt.graph_set, rt.variant) == ("gpu", "fp32") and "chunked" not in rt.graphs["encoder"].file
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions(variant="int8"))
+    assert (rt.graph_set, rt.variant) == ("cpu", "int8")
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions(graph_set="cpu"))
+    assert (rt.graph_set, rt.variant) == ("cpu", "fp32")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cuda_that_does_not_load_falls_back_to_the_cpu_set(monkeypatch, tiny_bundle, caplog):
+    fake_cuda(monkeypatch, loads=False)
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions())
+    assert (rt.graph_set, rt.variant) == ("cpu", "fp32")
+    assert "CUDA was requested but unavailable" in caplog.text
+    assert rt.provider == runtime.CPU
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_providers_cuda_fails_loudly(monkeypatch, tiny_bundle):
+    """providers=cuda never serves on a silent CPU fallback."""
+    from disan.manifest import BundleError
+
+    with pytest.raises(BundleError, match="no CUDAExecutionProvider"):
+        runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cuda"))  # this CPU-only onnxruntime
+    fake_cuda(monkeypatch, loads=False)
+    with pytest.raises(BundleError, match="providers=cuda but the session runs on CPUExecutionProvider"):
+        runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cuda"))
+
+
+def test_variant_overrides_on_cpu(tiny_bundle):
+    from disan.manifest import BundleError
+
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cpu", variant="fp16"))
+    assert (rt.graph_set, rt.variant) == ("gpu", "fp16")  # fp16 graphs run on CPU too (slowly)
+    rt = runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cpu", graph_set="gpu"))
+    assert (rt.graph_set, rt.variant) == ("gpu", "fp16")
+    with pytest.raises(BundleError, match="no int8 graphs"):
+        runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cpu", graph_set="gpu", variant="int8"))
+
+
+def test_preload_cuda_is_guarded(monkeypatch):
+    """preload_dlls only where onnxruntime has it (onnxruntime-gpu >= 1.21), once per process."""
+    calls: list[int] = []
+    monkeypatch.setattr(runtime, "_preloaded", False)
+    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: calls.append(1), raising=False)
+    runtime.preload_cuda()
+    runtime.preload_cuda()
+    assert calls == [1]
+    monkeypatch.setattr(runtime, "_preloaded", False)
+    monkeypatch.delattr(runtime.ort, "preload_dlls")
+    runtime.preload_cuda()  # an onnxruntime without it: nothing to do, no error
+
+
+def test_nli_runs_as_encoder_then_head(tiny_bundle):
+    import numpy as np
+
+    rt = load_offline(tiny_bundle)
+    pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])]
+    probs = rt.nli(pairs)
+    u, v = rt.embed([p for p, _ in pairs]), rt.embed([h for _, h in pairs])
+    np.testing.assert_allclose(probs, np.stack(rt.nli_head(list(zip(u, v, strict=True)))), atol=1e-6)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    rows = rt.nli_head([(np.stack([u[0], u[1]]), np.stack([v[0], v[1]])), (u[1], v[1])])
+    assert rows[0].shape == (2, 3) and rows[1].shape == (3,)
+    np.testing.assert_allclose(rows[0], probs, atol=1e-6)

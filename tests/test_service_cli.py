@@ -140,6 +140,22 @@ def test_real_server_serves_and_drains_on_sigterm(tiny_bundle):
             proc.wait()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_server_exits_when_the_bundle_cannot_load(tiny_bundle, workers):
+    """A load that fails (here providers=cuda on CPU-only onnxruntime) ends `disan serve`, so a
+    container stops instead of staying up unready; with workers, uvicorn's supervisor stops too."""
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu installed: providers=cuda may load here")
+    proc = subprocess.run([sys.executable, "-m", "disan.cli", "serve", "--bundle", str(tiny_bundle),
+                           "--port", str(free_port()), "--providers", "cuda", "--workers", str(workers)],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert "cannot load the bundle" in proc.stderr and "providers=cuda" in proc.stderr, proc.stderr
+    # One worker: the process is the worker and exits with uvicorn's start-up failure status.
+    # Several: the worker does, and the supervisor then stops (its own status is 0).
+    assert proc.returncode == (3 if workers == 1 else 0), proc.stderr
+
+
 def test_load_generator_refuses_remote_hosts():
     check_loopback("http://127.0.0.1:8000")
     with pytest.raises(ValueError, match="127.0.0.1"):
@@ -178,6 +194,6 @@ def test_serve_help_shows_every_default():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert "(default: 64; env DISAN_MAX_BATCH_SIZE)" in text
+    assert "(default: 0; env DISAN_MAX_BATCH_SIZE)" in text
     assert "(default: auto; env DISAN_PROVIDERS)" in text
     assert "(default: unset; env DISAN_API_KEY)" in text

@@ -290,19 +290,18 @@ def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle, fast_path):
 
 def test_bundle_variants(tiny_bundle, tmp_path, caplog):
     manifest = json.loads((tiny_bundle / "manifest.json").read_text())
-    variants = {v for g in manifest["graphs"].values() for v in (g.get("variants") or {})}
-    for variant in sorted(variants):  # whatever the shared fixture exported (int8, fp16)
+    variants = {v for graph_set in manifest["sets"].values() for v in graph_set["variants"]}
+    for variant in sorted(variants):  # whatever the shared fixture exported (fp32, int8, fp16)
         with serve(tiny_bundle, variant=variant) as c:
             assert c.get("/info").json()["variant"] == variant
             assert c.post("/embed", json={"texts": ["a man is playing"]}).status_code == 200
-    # A bundle without variants refuses --variant int8 with a clear reason.
+    # A bundle without an int8 variant refuses --variant int8 with a clear reason.
     plain = tmp_path / "plain"
     plain.mkdir()
     for f in tiny_bundle.iterdir():
-        if f.name != "manifest.json" and ".int8." not in f.name and ".fp16." not in f.name:
+        if f.name != "manifest.json" and ".int8." not in f.name:
             (plain / f.name).write_bytes(f.read_bytes())
-    for g in manifest["graphs"].values():
-        g["variants"] = {}
+    del manifest["sets"]["cpu"]["variants"]["int8"]
     write_manifest(plain, {k: v for k, v in manifest.items() if k != "files"})
     with serve(plain, ready=False, variant="int8") as c:
         deadline = time.monotonic() + 10
@@ -314,4 +313,4 @@ def test_bundle_variants(tiny_bundle, tmp_path, caplog):
         for route in ("/health", "/ready"):
             detail = c.get(route).json()["detail"]
             assert str(plain) not in detail and "variant" not in detail and "server log" in detail
-        assert any("no int8 variant" in rec.getMessage() for rec in caplog.records)
+        assert any("no int8 graphs" in rec.getMessage() for rec in caplog.records)

@@ -1,0 +1,125 @@
+"""OpenAI compatibility that real clients need: 2,048 inputs, truncation, token-id arrays,
+/v1/models and the `model` check with OpenAI's error shape (both front ends)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import wait_ready
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
+
+ALIAS = "text-embedding-3-small"
+LONG = " ".join(["the man is playing"] * 50)  # 200 tokens, over the tiny bundle's 128
+
+
+@pytest.fixture(scope="module")
+def client(tiny_bundle, fast_path):
+    app = create_app(Settings(bundle=tiny_bundle, fast_path=fast_path, model_aliases=[ALIAS]))
+    with TestClient(app) as c:
+        wait_ready(c.get)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def small(tiny_bundle, fast_path):
+    """A server whose queue holds only 4 sentences, with /v1 truncation on."""
+    settings = Settings(bundle=tiny_bundle, fast_path=fast_path, max_texts_per_request=4, queue_limit=4,
+                        openai_max_inputs=10, openai_truncate=True)
+    with TestClient(create_app(settings)) as c:
+        wait_ready(c.get)
+        yield c
+
+
+def vectors(response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.asarray([d["embedding"] for d in response.json()["data"]])
+
+
+def test_v1_takes_2048_inputs_in_order_while_other_routes_keep_their_limit(client):
+    texts = [f"the man is playing {'a guitar ' * (i % 5)}".strip() for i in range(2048)]
+    r = client.post("/v1/embeddings", json={"input": texts})
+    got = vectors(r)
+    assert [d["index"] for d in r.json()["data"]] == list(range(2048))
+    # the chunks come back in order: spot-check rows against /embed of the same texts
+    ref = client.post("/embed", json={"texts": texts[:5], "normalize": True}).json()["embeddings"]
+    np.testing.assert_allclose(got[:5], ref, atol=1e-6)
+    tail = client.post("/v1/embeddings", json={"input": texts[2045:]})
+    np.testing.assert_allclose(got[2045:], vectors(tail), atol=1e-6)
+    too_many = client.post("/v1/embeddings", json={"input": texts + ["one more"]})
+    assert too_many.status_code == 413
+    assert too_many.json()["error"]["message"] == "input: 2049 items, at most 2048 per request"
+    assert client.post("/embed", json={"texts": texts[:257]}).status_code == 413
+
+
+def test_v1_splits_a_long_list_so_the_queue_bound_holds(small):
+    """10 inputs on a server whose queue holds 4: run 4 at a time, never one 10-sentence submit."""
+    texts = [f"a dog {'runs ' * i}".strip() for i in range(10)]
+    got = vectors(small.post("/v1/embeddings", json={"input": texts}))
+    assert got.shape[0] == 10
+    ref = small.post("/embed", json={"texts": texts[8:], "normalize": True}).json()["embeddings"]
+    np.testing.assert_allclose(got[8:], ref, atol=1e-6)
+    assert small.post("/embed", json={"texts": texts[:5]}).status_code == 413
+
+
+def test_v1_truncation_is_a_server_setting_reported_in_usage(client, small):
+    refused = client.post("/v1/embeddings", json={"input": [LONG, "a man"]})
+    assert refused.status_code == 422
+    assert "--openai-truncate true" in refused.json()["error"]["message"]
+    r = small.post("/v1/embeddings", json={"input": [LONG, "a man"]})
+    got = vectors(r)
+    assert r.json()["usage"] == {"prompt_tokens": 128 + 2, "total_tokens": 130, "truncated_inputs": 1}
+    cut = small.post("/embed", json={"texts": [LONG], "truncate": True, "normalize": True}).json()
+    np.testing.assert_allclose(got[0], cut["embeddings"][0], atol=1e-6)
+    assert client.post("/v1/embeddings", json={"input": "a man"}).json()["usage"]["truncated_inputs"] == 0
+
+
+@pytest.mark.parametrize("token_ids", [[1, 2, 3], [[1, 2, 3], [4, 5]]], ids=["one", "list"])
+def test_token_id_arrays_get_a_422_that_says_what_to_set(client, token_ids):
+    r = client.post("/v1/embeddings", json={"input": token_ids})
+    assert r.status_code == 422
+    message = r.json()["error"]["message"]
+    assert message.startswith("input: token-id arrays are not supported")
+    assert "check_embedding_ctx_length=False" in message and "/tokenize" in message
+
+
+def test_v1_models_lists_the_served_name_and_aliases(client):
+    name = client.get("/info").json()["model"]
+    listing = client.get("/v1/models").json()
+    assert listing["object"] == "list"
+    assert [m["id"] for m in listing["data"]] == [name, ALIAS]
+    assert all(m["object"] == "model" and m["owned_by"] == "disan-serve" and m["created"] > 0
+               for m in listing["data"])
+    assert client.get(f"/v1/models/{ALIAS}").json()["id"] == ALIAS
+    assert client.get("/v1/models/gpt-4").status_code == 404
+
+
+def test_model_is_checked_with_an_openai_shaped_error(client):
+    name = client.get("/info").json()["model"]
+    for model in (name, ALIAS, None):
+        body = {"input": "a man"} | ({"model": model} if model else {})
+        assert client.post("/v1/embeddings", json=body).status_code == 200, model
+    r = client.post("/v1/embeddings", json={"input": "a man", "model": "text-embedding-ada-002"})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert set(error) == {"type", "message", "param", "code"}  # OpenAI's four fields, our type
+    assert (error["type"], error["param"], error["code"]) == ("not_found", "model", "model_not_found")
+    assert "text-embedding-ada-002" in error["message"] and name in error["message"]
+    assert "model_aliases" in error["message"]
+    # every other error keeps the two-field body
+    assert set(client.post("/embed", json={"texts": []}).json()["error"]) == {"type", "message"}
+
+
+def test_openapi_documents_the_new_routes_and_the_404(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/models", "/v1/models/{model}", "/tokenize", "/similarity"} <= set(paths)
+    assert "404" in paths["/v1/embeddings"]["post"]["responses"]
+
+
+def test_model_aliases_from_the_environment(monkeypatch, tiny_bundle):
+    monkeypatch.setenv("DISAN_MODEL_ALIASES", "a, b")
+    assert Settings(bundle=tiny_bundle).model_aliases == ["a", "b"]
+    monkeypatch.setenv("DISAN_MODEL_ALIASES", '["c"]')
+    assert Settings(bundle=tiny_bundle).model_aliases == ["c"]

@@ -1,0 +1,104 @@
+"""The playground (/ui) and /docs in a real headless Chromium (Debian's chromium + chromium-driver,
+driven by Selenium) against a live server: the page loads, requests round-trip, heatmaps render.
+
+Skips when Selenium or Chromium is missing (.ci/run installs both where apt is available).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import serve_in_thread
+
+from service.settings import Settings
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (dev extra)")
+from selenium.webdriver.common.by import By  # noqa: E402 - after the skip above
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER),
+    reason="Chromium is not installed (apt-get install chromium chromium-driver)")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundle):
+    with serve_in_thread(Settings(bundle=tiny_bundle)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1800"):
+        options.add_argument(arg)
+    # An explicit driver path: Selenium Manager never tries to download one.
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def finished(browser, timeout: float = 60) -> None:
+    """Wait for the page's run to end, and require success."""
+    WebDriverWait(browser, timeout).until(
+        lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-state") in ("done", "error"))
+    body = browser.find_element(By.TAG_NAME, "body")
+    assert body.get_attribute("data-state") == "done", browser.find_element(By.ID, "status").text
+
+
+def cells(browser, plot: str) -> list:
+    return browser.find_elements(By.CSS_SELECTOR, f"#{plot} svg rect.cell")
+
+
+def test_playground_round_trips_and_draws_heatmaps(server, browser, tmp_path: Path):
+    browser.get(f"{server}/")  # redirects to /ui/, which analyses its example sentences at once
+    try:
+        finished(browser)
+        assert browser.current_url == f"{server}/ui/"
+        typed = browser.find_element(By.ID, "sentences").get_attribute("value")
+        texts = [t.strip() for t in typed.split("\n") if t.strip()]
+        n = len(texts)
+        # the similarity cells hold what the API answers for the same sentences
+        matrix = httpx.post(f"{server}/similarity", json={"texts": texts, "truncate": True}).json()["matrix"]
+        shown = [float(c.get_attribute("data-value")) for c in cells(browser, "similarity")]
+        assert shown == pytest.approx([v for row in matrix for v in row], abs=1e-5)
+        assert len(cells(browser, "nli")) == n * (n - 1)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#sentiment tbody tr")) == n
+        # heatmaps of the first sentence: token weights + gates, forward and backward attention
+        tokens = httpx.post(f"{server}/tokenize", json={"texts": texts[:1]}).json()["results"][0]["count"]
+        assert len(cells(browser, "token-weights")) == 3 * tokens
+        for plot in ("attention-fw", "attention-bw", "token-weights", "similarity"):
+            fills = {c.get_attribute("fill") for c in cells(browser, plot)}
+            assert len(fills) > 2, (plot, fills)  # a real gradient, not one flat colour
+
+        # type new sentences and run again: a fresh round trip drawn from the new answer
+        box = browser.find_element(By.ID, "sentences")
+        box.clear()
+        box.send_keys("the movie was great\nthe movie was not good at all")
+        browser.find_element(By.ID, "run").click()
+        WebDriverWait(browser, 60).until(lambda d: len(cells(d, "similarity")) == 4)
+        finished(browser)
+        assert len(cells(browser, "attention-fw")) == 4 * 4  # "the movie was great"
+        # picking the second sentence redraws the attention for its 7 tokens
+        browser.find_element(By.CSS_SELECTOR, "#explain-pick option[value='1']").click()
+        WebDriverWait(browser, 10).until(lambda d: len(cells(d, "attention-bw")) == 7 * 7)
+    except Exception:
+        browser.save_screenshot(str(tmp_path / "playground.png"))  # look at it when this fails
+        raise
+
+
+def test_docs_render_offline_in_a_browser(server, browser):
+    """Swagger UI builds the operation list from the local assets (this machine has no CDN)."""
+    browser.get(f"{server}/docs")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock"))
+    summaries = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+    paths = {s.replace("\u200b", "") for s in summaries}  # Swagger UI puts zero-width spaces in paths
+    assert {"/embed", "/similarity", "/tokenize", "/v1/models"} <= paths
