@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -263,22 +264,25 @@ async def closed_loop(port: int, row: Row, clients: int, sentences: int, seconds
     await asyncio.gather(*(client(i) for i in range(clients)))
 
 
+async def embed_loop(port: int, row: Row, deadline: float, body: Callable[[], bytes], sentences: int,
+                     timeout: float) -> None:
+    """Background load: /embed requests one after another on one connection until the deadline."""
+    conn = Conn(port)
+    while time.perf_counter() < deadline:
+        try:
+            status, _ = await conn.request("POST", "/embed", body(), timeout=timeout)
+        except NO_ANSWER:
+            row.count("err")
+            continue
+        row.count(str(status))
+        row.sentences_ok += sentences if status == 200 else 0
+    conn.close()
+
+
 async def big_and_small(port: int, row: Row, seconds: float) -> None:
     rng = random.Random(1)
     big = embed_body(256, rng, " ".join(["word"] * 200))  # 256 x 128 tokens after truncation
     deadline = time.perf_counter() + seconds
-
-    async def bigs() -> None:
-        conn = Conn(port)
-        while time.perf_counter() < deadline:
-            try:
-                status, _ = await conn.request("POST", "/embed", big, timeout=120)
-            except NO_ANSWER:
-                row.count("err")
-                continue
-            row.count(str(status))
-            row.sentences_ok += 256 if status == 200 else 0
-        conn.close()
 
     async def small() -> None:
         conn = Conn(port)
@@ -297,7 +301,7 @@ async def big_and_small(port: int, row: Row, seconds: float) -> None:
             await asyncio.sleep(0.02)
         conn.close()
 
-    await asyncio.gather(*(bigs() for _ in range(4)), small())
+    await asyncio.gather(*(embed_loop(port, row, deadline, lambda: big, 256, 120) for _ in range(4)), small())
 
 
 async def health_probe(port: int, row: Row, until: asyncio.Event, fresh: bool = False) -> int:
@@ -457,18 +461,6 @@ async def metrics_scrapes(port: int, row: Row, seconds: float) -> None:
     names = ("disan_requests_total", "disan_sentences_total", "disan_request_tokens_count")
     seen: dict[str, list[float]] = {name: [] for name in names}
 
-    async def load() -> None:
-        conn = Conn(port)
-        while time.perf_counter() < deadline:
-            try:
-                status, _ = await conn.request("POST", "/embed", embed_body(4, rng), timeout=30)
-            except NO_ANSWER:
-                row.count("err")
-                continue
-            row.count(str(status))
-            row.sentences_ok += 4 if status == 200 else 0
-        conn.close()
-
     async def scrape() -> None:
         while time.perf_counter() < deadline:
             conn = Conn(port)  # a fresh connection: the kernel picks the worker
@@ -485,7 +477,8 @@ async def metrics_scrapes(port: int, row: Row, seconds: float) -> None:
                 seen[name].append(metric_sum(text.decode(), name))
             await asyncio.sleep(0.05)
 
-    await asyncio.gather(*(load() for _ in range(16)), scrape())
+    load = [embed_loop(port, row, deadline, lambda: embed_body(4, rng), 4, 30) for _ in range(16)]
+    await asyncio.gather(*load, scrape())
     backwards = {name: sum(b < a for a, b in zip(v, v[1:], strict=False)) for name, v in seen.items()}
     row.note = (f"{len(seen[names[0]])} scrapes; counters going backwards: "
                 + ", ".join(f"{name} {n}" for name, n in backwards.items()))

@@ -148,3 +148,18 @@ def serve_in_thread(settings) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def block_runner(batcher) -> tuple[threading.Event, threading.Event]:
+    """Make `batcher`'s onnxruntime calls wait: returns (gate, entered). `entered` is set when a
+    call starts; the call proceeds once `gate` is set (or after 10 s)."""
+    gate, entered = threading.Event(), threading.Event()
+    real = batcher.runner
+
+    def blocked(rows):
+        entered.set()
+        gate.wait(10)
+        return real(rows)
+
+    batcher.runner = blocked
+    return gate, entered

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import wait_ready
+from conftest import block_runner, wait_ready
 from fastapi.testclient import TestClient
 
 from service.errors import ERROR_TABLE, format_loc
@@ -55,15 +54,7 @@ def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_pat
         await engine.start()
         await engine.wait_ready()
         batcher = engine.batchers["encoder"]
-        gate, entered = threading.Event(), threading.Event()
-        real = batcher.runner
-
-        def blocked(rows):
-            entered.set()
-            gate.wait(10)
-            return real(rows)
-
-        batcher.runner = blocked
+        gate, entered = block_runner(batcher)
 
         async def call(reads: list[int]):
             sent: list[dict] = []

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import wait_ready
+from conftest import block_runner, wait_ready
 from fastapi.testclient import TestClient
 
 from disan.manifest import write_manifest
@@ -135,15 +135,7 @@ def test_queue_full_is_429_with_retry_after(tiny_bundle, fast_path):
     with serve(tiny_bundle, fast_path=fast_path, max_texts_per_request=4, queue_limit=4, max_batch_size=4,
                max_wait_ms=0, batch_concurrency=1) as c:
         batcher = c.app.state.engine.batchers["encoder"]
-        gate, entered = threading.Event(), threading.Event()
-        real = batcher.runner
-
-        def blocked(rows):
-            entered.set()
-            gate.wait(10)
-            return real(rows)
-
-        batcher.runner = blocked
+        gate, entered = block_runner(batcher)
         results: list[int] = []
         workers = [threading.Thread(target=lambda: results.append(
             c.post("/embed", json={"texts": ["a", "b", "c", "d"]}).status_code)) for _ in range(2)]
