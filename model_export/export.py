@@ -192,15 +192,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                  chunk_cells: int | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
+    from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.graphs import ATTENTION_CHUNK_CELLS
-    from model_export.verify import (
-        FP32_TOL,
-        agreement_data,
-        check_parity,
-        meets_bars,
-        references_from_models,
-        variant_agreement,
-    )
+    from model_export.verify import FP32_TOL, check_parity, references_from_models
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):

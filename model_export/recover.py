@@ -29,7 +29,8 @@ from disan.manifest import read_manifest_json, sha256_file, verify_files
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
 from model_export.graphs import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
-from model_export.verify import FP32_TOL, load_state, parity_cases, session
+from model_export.sessions import session
+from model_export.verify import FP32_TOL, load_state, parity_cases
 from model_export.weights import TRANSPOSED, name_by_parameters
 
 PREFIX = "model."  # the wrappers of format-1 graphs hold the model as `self.model`

@@ -18,18 +18,15 @@ fp16/int8 variants are compared with their set's fp32 graphs on the staged dev s
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from disan.manifest import (
     GRAPHS,
-    TOKEN_AXES,
     BundleError,
     available_variants,
     load_manifest,
@@ -37,16 +34,13 @@ from disan.manifest import (
     variant_files,
     write_manifest,
 )
-from disan.recipes import DEV_FILES
 from disan.text import Vocab
+from model_export.agreement import NLI, agreement_data, meets_bars, variant_agreement
+from model_export.sessions import run_graph, session, trim
 
 LENGTHS = (1, 2, 7, 33, 100)
 BATCH_SIZES = (1, 16)
 FP32_TOL = 1e-5
-NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check
-# A reduced-precision variant that misses these is broken (an overflow, a wrong op), not just
-# imprecise: the set's default variant must meet them for `verify` to pass.
-VARIANT_BARS = {"label_agreement": 0.95, "min_cosine": 0.99}
 # Stand-in "real" sentences when no dev data is given: ordinary English, so token ids follow
 # a natural word distribution (repeats, function words) unlike uniform random ids.
 SAMPLE_TEXTS = (
@@ -100,25 +94,6 @@ def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, see
                 enc = Vocab.pad(rows)
                 cases.append(Case(f"{kind}/n={n}/B={b}", enc.ids, enc.mask))
     return cases
-
-
-def session(path: Path):
-    """A CPU onnxruntime session (verification is always done on CPU, single-threaded)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def run_graph(sess, graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
-    """Run a graph session with inputs in contract order."""
-    return sess.run(None, dict(zip(GRAPHS[graph].inputs, arrays, strict=True)))
-
-
-def trim(output: str, arr: np.ndarray, n: int) -> np.ndarray:
-    """One row's output cut to its own `n` tokens on its token axes (TOKEN_AXES)."""
-    axes = TOKEN_AXES.get(output, 0)
-    return arr[tuple(slice(0, n) for _ in range(axes))] if axes else arr
 
 
 def _torch_outputs(module, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -224,116 +199,6 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
                                 - run_graph(b, graph_b, c.ids, c.mask)[0]).max()) for c in cases)
         report[f"{set_a}/{graph_a} vs {set_b}/{graph_b}"] = {"max_abs_diff": diff, "passed": diff <= FP32_TOL}
     return report
-
-
-# ---- reduced-precision variants vs fp32 ----
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a .jsonl or .jsonl.gz file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
-    """Texts for variant agreement: staged dev sets if given, else generated word sequences."""
-    if dev_root is not None:
-        paths = {task: dev_root / rel for task, rel in DEV_FILES.items()}
-        missing = [str(p) for p in paths.values() if not p.is_file()]
-        if missing:
-            raise ValueError(f"--dev-data {dev_root}: missing {', '.join(missing)}")
-        nli = read_jsonl(paths["nli"])[:limit]
-        sst = read_jsonl(paths["sentiment"])[:limit]
-        # named by the staged layout, never by this machine's paths
-        return {"source": f"dev sets: {DEV_FILES['nli']} and {DEV_FILES['sentiment']} "
-                          f"(first {limit} rows each)",
-                "pairs": [(r["sentence1"], r["sentence2"]) for r in nli],
-                "texts": [r["text"] for r in sst],
-                # gold labels, so the manifest can state each variant's accuracy delta vs fp32
-                "pair_labels": [str(r["gold_label"]) for r in nli],
-                "text_labels": [int(r["label"]) for r in sst]}
-    # No dev data: random vocabulary words, lengths 3..40. Weaker evidence than a dev set
-    # (label agreement on near-uniform random inputs is pessimistic); the manifest says which.
-    rng = np.random.default_rng(seed)
-    words = vocab.itos[2:] or ["<unk>"]
-
-    def sentence() -> str:
-        return " ".join(words[i] for i in rng.integers(0, len(words), int(rng.integers(3, 41))))
-
-    n = min(limit, 500)
-    return {"source": f"generated: {n} random word sequences per task (no --dev-data given)",
-            "pairs": [(sentence(), sentence()) for _ in range(n)], "texts": [sentence() for _ in range(n)]}
-
-
-def _run_rows(sess, graph: str, vocab: Vocab, texts: list[str], max_len: int, size: int = 64
-              ) -> list[list[np.ndarray]]:
-    """Every output of a sentence graph per text (token axes cut to the text), in input order."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # less padding per batch
-    out: list[list[np.ndarray]] = [[] for _ in texts]
-    for s in range(0, len(order), size):
-        idx = order[s: s + size]
-        enc = vocab.encode([texts[i] for i in idx], max_len=max_len)
-        res = run_graph(sess, graph, enc.ids, enc.mask)
-        for j, i in enumerate(idx):
-            n = int(enc.mask[j].sum())
-            out[i] = [trim(name, r[j], n) for name, r in zip(GRAPHS[graph].outputs, res, strict=True)]
-    return out
-
-
-def _agreement(ref: np.ndarray, got: np.ndarray, probs: bool, gold: np.ndarray | None = None
-               ) -> dict[str, Any]:
-    """Label agreement (+ accuracy vs gold) for probabilities, cosine for vectors."""
-    entry: dict[str, Any] = {"n": len(ref), "finite": bool(np.isfinite(got).all())}
-    if probs:
-        entry["label_agreement"] = float((got.argmax(-1) == ref.argmax(-1)).mean())
-        if gold is not None:
-            acc_ref, acc = float((ref.argmax(-1) == gold).mean()), float((got.argmax(-1) == gold).mean())
-            entry.update(accuracy_fp32=acc_ref, accuracy=acc, accuracy_delta=acc - acc_ref)
-    else:
-        cos = (got * ref).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1) + 1e-12)
-        entry["min_cosine"], entry["mean_cosine"] = float(cos.min()), float(cos.mean())
-    return entry
-
-
-def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str, variant: str,
-                      data: dict[str, Any]) -> dict[str, Any]:
-    """A variant of a set vs the set's fp32 graphs: each sentence graph on the sentiment texts
-    (first output: labels or cosine; every output: max |diff|), and NLI as served on the pairs."""
-    vocab = Vocab.load(bundle_dir / manifest["vocab"])
-    max_len = manifest["max_len"]
-    ref_files, files = variant_files(manifest, set_name, "fp32"), variant_files(manifest, set_name, variant)
-    report: dict[str, Any] = {"data": data["source"]}
-    gold_texts = np.array(data["text_labels"]) if "text_labels" in data else None
-    for graph, file in files.items():
-        if graph == "nli_head" or graph not in ref_files:
-            continue
-        ref = _run_rows(session(bundle_dir / ref_files[graph]), graph, vocab, data["texts"], max_len)
-        got = _run_rows(session(bundle_dir / file), graph, vocab, data["texts"], max_len)
-        probs = GRAPHS[graph].outputs[0] == "probs"
-        entry = _agreement(np.stack([r[0] for r in ref]), np.stack([g[0] for g in got]), probs,
-                           gold_texts if probs else None)
-        entry["max_abs_diff"] = max(float(np.abs(a - b).max()) for r, g in zip(ref, got, strict=True)
-                                    for a, b in zip(r, g, strict=True))
-        report[graph] = entry
-    labels = manifest["graphs"]["nli_head"].get("labels")
-    gold = (np.array([labels.index(lab) if lab in labels else -1 for lab in data["pair_labels"]])
-            if "pair_labels" in data and labels else None)
-    nli_probs = []
-    for names in (ref_files, files):
-        enc, head = session(bundle_dir / names["encoder"]), session(bundle_dir / names["nli_head"])
-        u = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [p for p, _ in data["pairs"]], max_len)])
-        v = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [h for _, h in data["pairs"]], max_len)])
-        nli_probs.append(run_graph(head, "nli_head", u, v)[0])
-    report[NLI] = _agreement(nli_probs[0], nli_probs[1], True, gold)
-    report[NLI]["max_abs_diff"] = float(np.abs(nli_probs[0] - nli_probs[1]).max())
-    return report
-
-
-def meets_bars(report: dict[str, Any]) -> bool:
-    """Whether every graph of a variant agreement report meets VARIANT_BARS and is finite."""
-    entries = [e for k, e in report.items() if isinstance(e, dict)]
-    return all(e.get("finite", True) and all(e.get(k, bar) >= bar for k, bar in VARIANT_BARS.items())
-               for e in entries)
 
 
 # ---- where the PyTorch reference comes from ----

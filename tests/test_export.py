@@ -25,8 +25,9 @@ ort = pytest.importorskip("onnxruntime")
 
 from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main as cli_main  # noqa: E402
+from model_export.agreement import NLI  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
-from model_export.verify import NLI, check_parity, references_from_models, verify_bundle  # noqa: E402
+from model_export.verify import check_parity, references_from_models, verify_bundle  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -351,7 +352,7 @@ def test_variant_accuracy_delta_on_labelled_dev_data(tiny_bundle, tmp_path):
     import gzip
 
     from disan.text import Vocab
-    from model_export.verify import agreement_data, variant_agreement
+    from model_export.agreement import agreement_data, variant_agreement
 
     (tmp_path / "snli").mkdir()
     (tmp_path / "sst").mkdir()
