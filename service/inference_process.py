@@ -128,7 +128,7 @@ class InferenceServer:
                 timing = RequestTiming()
                 results = await batcher.run(payloads, timing)
                 frame = wire.reply_ok(request_id, results, (timing.queue_s, timing.inference_s,
-                                                            batcher.queued_seconds()))
+                                                            batcher.queued_seconds(), batcher.item_seconds()))
         except asyncio.CancelledError:
             raise
         except Overloaded as exc:

@@ -56,7 +56,9 @@ class InferenceClient:
         self._reader, self._writer = reader, writer
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self.queued_s = 0.0  # the shared queue's estimate in the last reply (admission control)
+        # From the last reply, for admission control: the shared queue's estimated seconds, and
+        # what one more waiting sentence adds (MicroBatcher's prior until the first reply).
+        self.queued_s, self.item_s = 0.0, 0.005
         self.lost: str | None = None
         self.on_lost: Callable[[str], None] | None = None
         self._reader_task = asyncio.create_task(self._read_replies(), name="inference-replies")
@@ -97,8 +99,8 @@ class InferenceClient:
 
     async def run(self, graph: str, payloads: Sequence[Any], timing: RequestTiming | None) -> list[Any]:
         buf, sent = await self._call(wire.RUN, graph, payloads)
-        results, (queue_s, inference_s, queued_s) = wire.parse_run_reply(buf)
-        self.queued_s = queued_s
+        results, (queue_s, inference_s, queued_s, item_s) = wire.parse_run_reply(buf)
+        self.queued_s, self.item_s = queued_s, item_s
         if timing is not None:
             # The hop (both ways) counts as queueing: the inference time is the model's alone.
             timing.queue_s += max(0.0, time.perf_counter() - sent - inference_s)
@@ -187,14 +189,13 @@ class RemoteBatcher:
         self.client = client
         self.name = name
         self.queue_limit = queue_limit  # this worker's share, as with its own batcher
-        self.item_s = 0.005  # seconds per sentence, from replies (as MicroBatcher's prior)
         self._closing = False
 
     def queued_seconds(self) -> float:
         """This worker's sentences still waiting, or the shared queue's estimate from the last
         reply while any are (never a stale estimate once this worker has nothing waiting)."""
         waiting = self.client.pending_items(self.name)
-        return max(waiting * self.item_s, self.client.queued_s) if waiting else 0.0
+        return max(waiting * self.client.item_s, self.client.queued_s) if waiting else 0.0
 
     async def run(self, payloads: Sequence[Any], timing: RequestTiming | None = None) -> list[Any]:
         if self._closing:
@@ -203,14 +204,7 @@ class RemoteBatcher:
         if waiting + len(payloads) > self.queue_limit:
             raise Overloaded(f"server busy: {waiting} sentences queued for {self.name} "
                              f"(limit {self.queue_limit})", retry_after=1)
-        local = RequestTiming()
-        results = await self.client.run(self.name, payloads, local)
-        self.item_s = 0.8 * self.item_s + 0.2 * local.inference_s / max(1, len(payloads))
-        if timing is not None:
-            timing.queue_s += local.queue_s
-            timing.inference_s += local.inference_s
-            timing.inferred = True
-        return results
+        return await self.client.run(self.name, payloads, timing)
 
     def abort(self, exc: BaseException) -> int:
         self._closing = True

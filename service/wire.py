@@ -6,8 +6,8 @@ operation and a graph name; a reply carries the id it answers, a status and a bo
 
     request  = u32 id, u8 op, u8 len, graph name, payloads        (op RUN; HELLO and STATS: no payloads)
     reply    = u32 id, u8 status, body
-               OK    -> f32 queue_s, f32 inference_s, f32 queued_s (the shared queue, for
-                        admission), results                        (RUN)
+               OK    -> f32 queue_s, f32 inference_s, f32 queued_s (the shared queue) and
+                        f32 item_s (seconds per queued sentence), for admission; results  (RUN)
                OK    -> JSON                                       (HELLO, STATS)
                ERROR -> u8 kind, u16 retry_after, UTF-8 message
 
@@ -41,7 +41,7 @@ _CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _U32 = struct.Struct("<I")
 _REQUEST = struct.Struct("<IBB")
 _REPLY = struct.Struct("<IB")
-_TIMES = struct.Struct("<fff")
+_TIMES = struct.Struct("<ffff")
 _ERROR = struct.Struct("<BH")
 
 
@@ -160,7 +160,7 @@ def parse_request(buf: memoryview) -> tuple[int, int, str, list[Any]]:
     return request_id, op, graph, payloads
 
 
-def reply_ok(request_id: int, results: Sequence[Any], times: tuple[float, float, float]) -> bytes:
+def reply_ok(request_id: int, results: Sequence[Any], times: tuple[float, float, float, float]) -> bytes:
     body = _REPLY.pack(request_id, OK) + _TIMES.pack(*times) + pack_results(results)
     return _U32.pack(len(body)) + body
 
@@ -180,8 +180,8 @@ def parse_reply_head(buf: memoryview) -> tuple[int, int]:
     return _REPLY.unpack_from(buf, 0)
 
 
-def parse_run_reply(buf: memoryview) -> tuple[list[Any], tuple[float, float, float]]:
-    """Results and (queue_s, inference_s, queued_s) of an OK reply to RUN."""
+def parse_run_reply(buf: memoryview) -> tuple[list[Any], tuple[float, float, float, float]]:
+    """Results and (queue_s, inference_s, queued_s, item_s) of an OK reply to RUN."""
     times = _TIMES.unpack_from(buf, _REPLY.size)
     return unpack_results(buf, _REPLY.size + _TIMES.size), times
 

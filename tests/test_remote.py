@@ -88,8 +88,8 @@ def test_frames_round_trip_payloads_and_results():
             assert np.array_equal(a, c) and np.array_equal(b, d)
     for results in ([u[0], u[1]], [u, u[:2]], [{"embedding": u[0], "s2t": u[1][:2]},
                                                {"embedding": u[2], "s2t": u[1][:5]}]):
-        got, times = wire.parse_run_reply(memoryview(wire.reply_ok(3, results, (0.5, 0.25, 1.0)))[4:])
-        assert times == (0.5, 0.25, 1.0)
+        got, times = wire.parse_run_reply(memoryview(wire.reply_ok(3, results, (0.5, 0.25, 1.0, 2.0)))[4:])
+        assert times == (0.5, 0.25, 1.0, 2.0)
         for a, b in zip(results, got, strict=True):
             pairs = a.items() if isinstance(a, dict) else [(None, a)]
             for key, value in pairs:
