@@ -148,7 +148,7 @@ class Engine:
             if self.inference_mode == "shared":
                 runtime = await self._connect_inference_process()
             else:
-                runtime = await loop.run_in_executor(None, load_runtime, self.settings)
+                runtime = await loop.run_in_executor(None, self._load_sync)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", FAILED_DETAIL
             reason = f"{type(exc).__name__}: {exc}"
@@ -173,6 +173,9 @@ class Engine:
         log.info("ready: %s (dim %d), graph set %s/%s on %s%s", runtime.name, runtime.dim, runtime.graph_set,
                  runtime.variant, runtime.providers,
                  " (in the shared inference process)" if self.inference_mode == "shared" else "")
+
+    def _load_sync(self) -> Runtime:
+        return load_runtime(self.settings)
 
     async def _connect_inference_process(self) -> RemoteRuntime:
         """Shared mode: wait for the inference process `disan serve` started, then route every
