@@ -19,10 +19,12 @@ Parts (each usable alone, so a run fits a time-limited GPU lease):
   there, by hand, with the numbers in RESULTS.md).
 - service: `disan serve` with W workers x R sentences per request under wrk (Debian's package;
   else several bench.load client processes) at --connections, with the auto batching defaults
-  and with the CPU-sized ones (64 / 4096): sentences/s, requests/s, p50/p99, GPU utilisation
-  (nvidia-smi) and the mean batch one worker ran (/metrics). Workers x budgets is the
-  measurement behind the multi-worker design (independent workers, each with its CUDA context,
-  against one worker filling big batches).
+  (each worker its own runtime; and, for --shared-workers, all workers feeding one shared
+  inference process) and with the CPU-sized ones (64 / 4096): sentences/s, requests/s,
+  p50/p99, GPU utilisation (nvidia-smi) and the mean batch (/metrics: one worker's, or the shared
+  process's). Workers x budgets x inference mode is the measurement behind the multi-worker
+  design (independent workers, each with its CUDA context, against one worker filling big
+  batches, against N workers feeding one process) and behind `inference_process=auto` on CUDA.
 
 Without a usable CUDA provider it stops with one line (exit 2). `--smoke` runs every part on
 the CPU provider with tiny sizes, so tests/test_bench_gpu.py keeps the script from rotting.
@@ -475,10 +477,14 @@ def mean_batch(url: str) -> float | None:
 
 
 def service_configs(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
-    """(label, workers, DISAN_* settings) of every server: auto budgets for each of --workers,
-    and the CPU-sized budgets (the defaults before issue 17) for each of --cpu-sized-workers."""
-    out = [("auto batching", w, {}) for w in args.workers]
-    cpu_sized = {"max_batch_size": 64, "max_batch_cells": 4096}
+    """(label, workers, DISAN_* settings) of every server: auto budgets with per-worker runtimes
+    for each of --workers, the same fed to one shared inference process for each of
+    --shared-workers, and the CPU-sized budgets (the defaults before issue 17) for each of
+    --cpu-sized-workers. The mode is set explicitly, so the rows do not depend on what auto picks."""
+    out = [("auto batching", w, {"inference_process": "off"}) for w in args.workers]
+    out += [("auto batching, shared inference process", w, {"inference_process": "shared"})
+            for w in args.shared_workers]
+    cpu_sized = {"max_batch_size": 64, "max_batch_cells": 4096, "inference_process": "off"}
     return out + [("64 / 4096 batching", w, cpu_sized) for w in args.cpu_sized_workers]
 
 
@@ -505,6 +511,7 @@ def service(args: argparse.Namespace, provider: str, sentences: list[str]) -> di
                             stats = client_processes(server.url, sentences, args.connections, args.seconds,
                                                      k, args.client_processes or 4)
                     row = {"config": label, "workers": workers, "texts_per_request": k,
+                           "inference_process": settings["inference_process"],
                            "connections": args.connections,
                            "sentences_per_s": round(stats["sentences_per_s"], 1),
                            "requests_per_s": round(stats["sentences_per_s"] / k, 1),
@@ -595,6 +602,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's choice)")
     p.add_argument("--no-minilm", action="store_true")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 12])
+    p.add_argument("--shared-workers", type=int, nargs="*", default=[4, 8, 12],
+                   help="also serve with these many workers feeding one shared inference process")
     p.add_argument("--cpu-sized-workers", type=int, nargs="*", default=[1, 8],
                    help="also serve with 64 sentences / 4096 cells per call at these worker counts")
     p.add_argument("--texts-per-request", type=int, nargs="+", default=[1, 32])
@@ -610,6 +619,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.cpu_sentences = min(args.cpu_sentences, 48)
         args.repeats, args.threads, args.seconds, args.connections = 1, 1, 1.0, 4
         args.workers, args.cpu_sized_workers, args.texts_per_request = [1], [], [1, 4]
+        args.shared_workers = [2]
     return args
 
 

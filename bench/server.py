@@ -167,3 +167,18 @@ def thread_cpu(pid: int) -> dict[int, float]:
         except OSError:  # the thread ended meanwhile
             continue
     return out
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of process `pid` and all its descendants (uvicorn workers, the shared
+    inference process); processes that ended meanwhile are not counted."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            total += process_cpu(current)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return total

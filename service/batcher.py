@@ -122,6 +122,11 @@ class MicroBatcher(Generic[P, R]):
         """Estimated seconds until the items waiting now have run (admission control)."""
         return self._depth * self._item_s / self.concurrency
 
+    def item_seconds(self) -> float:
+        """What one more waiting item adds to `queued_seconds` (the shared inference process
+        tells its workers, whose admission control estimates their own waiting items with it)."""
+        return self._item_s / self.concurrency
+
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,9 +20,10 @@ import numpy as np
 from disan.runtime import Runtime
 from disan.text import tokenize
 from service.batcher import BatchStats, MicroBatcher
-from service.batching_defaults import Batching, resolve_batching
+from service.batching_defaults import Batching, resolve_batching, resolve_inference_process
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.metrics import Metrics, multiprocess_dir
+from service.remote import InferenceClient, RemoteBatcher, RemoteRuntime
 from service.settings import Settings
 from service.timing import CURRENT
 from service.workers import WorkerReadiness
@@ -38,6 +39,10 @@ FAILED_DETAIL = "the model bundle failed to load; the reason is in the server lo
 # After the drain deadline, how long the batchers may take to finish the onnxruntime calls already
 # running (their callers were answered 503 at the deadline).
 STOP_GRACE_S = 2.0
+# Shared mode: how long a worker waits for the inference process to load the bundle and listen
+# (it exits, and `disan serve` with it, when loading fails; this bounds a hung one).
+INFERENCE_WAIT_S = 600.0
+INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
 # Explain graphs: their answers and memory grow with tokens^2 (attention maps, leave-one-out rows).
 _EXPLAIN_GRAPHS = ("encoder_explain", "sentiment_explain")
 
@@ -57,16 +62,67 @@ def polarity_of(label: str) -> str:
     return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
 
 
+def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
+    """The bundle's sessions, warmed up (`workers`: the processes sharing the cores, for the
+    call layout; the shared inference process is the only one running onnxruntime: 1)."""
+    options = settings.runtime_options()
+    if workers is not None:
+        options = replace(options, workers=workers)
+    runtime = Runtime(settings.bundle, options)
+    runtime.warmup()
+    # The explain graphs' memory grows with the square of the longest sentence (attention
+    # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
+    # a ready worker's RSS by that much (the other graphs need little more at max_tokens:
+    # bench/RESULTS.md).
+    longest = [[1] * runtime.max_tokens]
+    if runtime.has_explain:
+        runtime.explain(longest)
+    if runtime.has_embed_explain:
+        runtime.embed_explain(longest)
+    return runtime
+
+
+def make_batchers(runtime: Runtime, settings: Settings, batching: Batching, executor: ThreadPoolExecutor,
+                  stats: BatchStats, queue_limit: int) -> dict[str, MicroBatcher]:
+    """One micro-batcher per graph of `runtime` (not started): a worker's, or the shared
+    inference process's (which holds every worker's queue: `queue_limit` x workers)."""
+    runners: dict[str, tuple[Any, Any]] = {
+        "encoder": (runtime.embed, len),
+        "encoder_explain": (runtime.embed_explain, len),
+        # a head payload is one pair (vectors) or an explained pair's rows (matrices)
+        "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
+        "sentiment": (runtime.sentiment, len),
+        "sentiment_explain": (runtime.explain, len),
+    }
+    batchers = {}
+    for name in runtime.graphs:
+        fn, length = runners[name]
+        # Explain calls are rare and each one's memory is large (attention maps): one at a time
+        # bounds what onnxruntime's arena grows to for them (bench/RESULTS.md, chaos).
+        concurrency = 1 if name in _EXPLAIN_GRAPHS else runtime.batch_concurrency
+        batchers[name] = MicroBatcher(
+            name, fn, length=length, max_batch_size=batching.max_batch_size, max_wait_ms=settings.max_wait_ms,
+            max_batch_cells=batching.max_batch_cells, queue_limit=queue_limit,
+            concurrency=concurrency, executor=executor, stats=stats)
+    return batchers
+
+
 class Engine:
     """Process-wide state of one app: runtime, batchers, readiness."""
 
-    def __init__(self, settings: Settings, metrics: Metrics):
+    def __init__(self, settings: Settings, metrics: Metrics, inference_socket: str | None = None):
         self.settings = settings
         self.metrics = metrics
         self.state = "loading"
         self.detail: str | None = None
-        self.runtime: Runtime | None = None
-        self.batchers: dict[str, MicroBatcher] = {}
+        self.runtime: Runtime | RemoteRuntime | None = None
+        self.batchers: dict[str, MicroBatcher | RemoteBatcher] = {}
+        # "shared": the batches run in the inference process `disan serve` started (its socket);
+        # "off": this worker runs its own runtime. /info reports the mode and why.
+        self.inference_socket = inference_socket
+        self.inference_mode, self.inference_why = resolve_inference_process(
+            settings.inference_process, settings.workers, settings.providers, inference_socket is not None)
+        self.inference_client: InferenceClient | None = None
         self.batching: Batching | None = None  # resolved for the provider that loaded (/info)
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
@@ -89,7 +145,10 @@ class Engine:
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            runtime = await loop.run_in_executor(None, self._load_sync)
+            if self.inference_mode == "shared":
+                runtime = await self._connect_inference_process()
+            else:
+                runtime = await loop.run_in_executor(None, self._load_sync)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", FAILED_DETAIL
             reason = f"{type(exc).__name__}: {exc}"
@@ -98,50 +157,49 @@ class Engine:
                 self.on_load_failure(reason)
             return
         self.runtime = runtime
-        s = self.settings
-        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
-                                            thread_name_prefix="ort")
-        stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
-        self.batching = b = resolve_batching(s.max_batch_size, s.max_batch_cells, runtime.provider,
-                                             s.batch_concurrency)
-        runners: dict[str, tuple[Any, Any]] = {
-            "encoder": (runtime.embed, len),
-            "encoder_explain": (runtime.embed_explain, len),
-            # a head payload is one pair (vectors) or an explained pair's rows (matrices)
-            "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
-            "sentiment": (runtime.sentiment, len),
-            "sentiment_explain": (runtime.explain, len),
-        }
-        for name in runtime.graphs:
-            fn, length = runners[name]
-            # Explain calls are rare and each one's memory is large (attention maps): one at a time
-            # bounds what onnxruntime's arena grows to for them (bench/RESULTS.md, chaos).
-            concurrency = 1 if name in _EXPLAIN_GRAPHS else runtime.batch_concurrency
-            self.batchers[name] = MicroBatcher(
-                name, fn, length=length, max_batch_size=b.max_batch_size, max_wait_ms=s.max_wait_ms,
-                max_batch_cells=b.max_batch_cells, queue_limit=s.queue_limit,
-                concurrency=concurrency, executor=self._executor,
-                stats=stats)
-            await self.batchers[name].start()
+        if isinstance(runtime, Runtime):
+            self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
+                                                thread_name_prefix="ort")
+            stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+            self.batching = resolve_batching(self.settings.max_batch_size, self.settings.max_batch_cells,
+                                             runtime.provider, self.settings.batch_concurrency)
+            self.batchers.update(make_batchers(runtime, self.settings, self.batching, self._executor, stats,
+                                               self.settings.queue_limit))
+            for batcher in self.batchers.values():
+                await batcher.start()
         self.state = "ready"
         if not self.draining:
             self.workers.mark_ready()
-        log.info("ready: %s (dim %d), graph set %s/%s on %s", runtime.name, runtime.dim, runtime.graph_set,
-                 runtime.variant, runtime.providers)
+        log.info("ready: %s (dim %d), graph set %s/%s on %s%s", runtime.name, runtime.dim, runtime.graph_set,
+                 runtime.variant, runtime.providers,
+                 " (in the shared inference process)" if self.inference_mode == "shared" else "")
 
     def _load_sync(self) -> Runtime:
-        runtime = Runtime(self.settings.bundle, self.settings.runtime_options())
-        runtime.warmup()
-        # The explain graphs' memory grows with the square of the longest sentence (attention
-        # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
-        # a ready worker's RSS by that much (the other graphs need little more at max_tokens:
-        # bench/RESULTS.md).
-        longest = [[1] * runtime.max_tokens]
-        if runtime.has_explain:
-            runtime.explain(longest)
-        if runtime.has_embed_explain:
-            runtime.embed_explain(longest)
+        return load_runtime(self.settings)
+
+    async def _connect_inference_process(self) -> RemoteRuntime:
+        """Shared mode: wait for the inference process `disan serve` started, then route every
+        graph's batches to it (the runtime here is a stand-in: vocab, limits, labels)."""
+        if self.inference_socket is None:
+            raise RuntimeError("inference_process=shared needs the inference process that `disan serve` "
+                               "starts (no socket was given to this worker)")
+        client = await InferenceClient.connect(self.inference_socket, INFERENCE_WAIT_S)
+        client.on_lost = self._inference_lost
+        self.inference_client = client
+        hello = await client.hello()
+        runtime = RemoteRuntime.from_hello(hello, self.settings.bundle)
+        self.batching = Batching(**hello["batching"])
+        for name in runtime.graphs:
+            self.batchers[name] = RemoteBatcher(client, name, self.settings.queue_limit)
         return runtime
+
+    def _inference_lost(self, why: str) -> None:
+        """The inference process went away: every request from now on is a 503 (the waiting
+        ones were answered 503 by the client), /ready and /health say failed."""
+        if self.state == "ready":
+            log.error("the shared inference process is gone (%s): answering 503", why)
+            self.state, self.detail = "failed", INFERENCE_LOST_DETAIL
+            self.workers.mark_gone()
 
     def begin_drain(self) -> None:
         """Shutdown began (SIGTERM): /ready says 503 at once; work in progress goes on until the
@@ -176,6 +234,8 @@ class Engine:
         if self._executor is not None:
             # Calls still running after the batchers' timeout belong to answered requests.
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.inference_client is not None:
+            await self.inference_client.close()
         self.metrics.close()
         log.info("stopped: batchers drained")
 
@@ -192,7 +252,7 @@ class Engine:
         every, why = self.workers.all_ready()
         return ("ready", None) if every else ("loading", why)
 
-    def require_ready(self) -> Runtime:
+    def require_ready(self) -> Runtime | RemoteRuntime:
         """The runtime, or NotReady (503) while loading/draining/failed."""
         if self.state != "ready" or self.runtime is None:
             raise NotReady(f"model not ready ({self.state})")

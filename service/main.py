@@ -33,6 +33,7 @@ from service.fastpath import InferenceFastPath, bearer_credentials, header_value
 from service.handlers import HANDLERS, api_key_ok
 from service.metrics import Metrics, MetricsMiddleware, RouteLabels
 from service.protocol import HOOKS_KEY, HttpHooks
+from service.remote import INFERENCE_SOCKET_ENV
 from service.routes import AUTH, DOCS_PAGES, inference, install_pages, router
 from service.settings import Settings
 
@@ -88,11 +89,12 @@ class DisanApp(FastAPI):
         return patched
 
 
-def create_app(settings: Settings | None = None) -> DisanApp:
-    """Build the ASGI app for `settings` (default: from the environment)."""
+def create_app(settings: Settings | None = None, inference_socket: str | None = None) -> DisanApp:
+    """Build the ASGI app for `settings` (default: from the environment); `inference_socket`:
+    where the shared inference process listens (`inference_process=shared`)."""
     settings = settings or Settings()
     metrics = Metrics()
-    engine = Engine(settings, metrics)
+    engine = Engine(settings, metrics, inference_socket)
     admission = Admission(settings.max_concurrent_requests, settings.admission_wait_s,
                           settings.max_queue_wait_s, engine.queued_seconds, on_change=metrics.on_admission)
     policy = BodyPolicy(settings.max_request_bytes, settings.body_timeout_s, settings.max_json_items)
@@ -150,6 +152,6 @@ def create_app_from_env() -> DisanApp:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    app = create_app(settings, os.environ.get(INFERENCE_SOCKET_ENV))
     app.state.engine.on_load_failure = exit_unloadable
     return app

@@ -176,6 +176,8 @@ async def info(engine: EngineDep) -> dict:
                     if isinstance(v, dict)},
         "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
                    "graph_set": rt.graph_set},
+        "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
+                              **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }
 
 

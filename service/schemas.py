@@ -224,6 +224,9 @@ class Info(BaseModel):
         description="limits in use (auto ones resolved for the provider) and `source`: why each")
     metrics: dict[str, dict] = Field(description="evaluation metrics recorded in the bundle manifest")
     bundle: dict[str, object] = Field(description="manifest facts: created, max_len, versions")
+    inference_process: dict[str, object] = Field(
+        description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
+        "process all workers feed; its `pid`), and `source`: why")
 
 
 class OpenAIModel(BaseModel):
