@@ -25,7 +25,7 @@ EXPORT_HINT = "disan export --nli CKPT --sentiment CKPT --out models/default"
 # own deadline comes this much later, so it never cuts a request off with its plain-text 500 first.
 UVICORN_AFTER_DRAIN_S = 1
 # What the process may take after that: the batchers finish the onnxruntime calls already running
-# (service.engine.STOP_GRACE_S) and the interpreter exits.
+# (service.backend.STOP_GRACE_S) and the interpreter exits.
 EXIT_AFTER_DRAIN_S = 4
 HTTP_PROTOCOL = "service.protocol:DisanHttpToolsProtocol"
 

@@ -12,16 +12,18 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from disan.runtime import Runtime
 from disan.text import tokenize
+from service.backend import STOP_GRACE_S, load_runtime, make_batchers
 from service.batcher import BatchStats, MicroBatcher
 from service.batching_defaults import Batching, resolve_batching, resolve_inference_process
 from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
+from service.explain import leave_one_out_rows, nli_explanation, sentiment_explanation, token_weights
 from service.metrics import Metrics, multiprocess_dir
 from service.remote import InferenceClient, RemoteBatcher, RemoteRuntime
 from service.settings import Settings
@@ -36,15 +38,10 @@ _TRUNCATE_HINTS = {"input": "a server started with --openai-truncate true cuts s
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
-# After the drain deadline, how long the batchers may take to finish the onnxruntime calls already
-# running (their callers were answered 503 at the deadline).
-STOP_GRACE_S = 2.0
 # Shared mode: how long a worker waits for the inference process to load the bundle and listen
 # (it exits, and `disan serve` with it, when loading fails; this bounds a hung one).
 INFERENCE_WAIT_S = 600.0
 INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
-# Explain graphs: their answers and memory grow with tokens^2 (attention maps, leave-one-out rows).
-_EXPLAIN_GRAPHS = ("encoder_explain", "sentiment_explain")
 
 
 @dataclass
@@ -60,51 +57,6 @@ def polarity_of(label: str) -> str:
     """Coarse polarity of a fine sentiment label ('very negative' -> 'negative')."""
     low = label.lower()
     return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
-
-
-def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
-    """The bundle's sessions, warmed up (`workers`: the processes sharing the cores, for the
-    call layout; the shared inference process is the only one running onnxruntime: 1)."""
-    options = settings.runtime_options()
-    if workers is not None:
-        options = replace(options, workers=workers)
-    runtime = Runtime(settings.bundle, options)
-    runtime.warmup()
-    # The explain graphs' memory grows with the square of the longest sentence (attention
-    # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
-    # a ready worker's RSS by that much (the other graphs need little more at max_tokens:
-    # bench/RESULTS.md).
-    longest = [[1] * runtime.max_tokens]
-    if runtime.has_explain:
-        runtime.explain(longest)
-    if runtime.has_embed_explain:
-        runtime.embed_explain(longest)
-    return runtime
-
-
-def make_batchers(runtime: Runtime, settings: Settings, batching: Batching, executor: ThreadPoolExecutor,
-                  stats: BatchStats, queue_limit: int) -> dict[str, MicroBatcher]:
-    """One micro-batcher per graph of `runtime` (not started): a worker's, or the shared
-    inference process's (which holds every worker's queue: `queue_limit` x workers)."""
-    runners: dict[str, tuple[Any, Any]] = {
-        "encoder": (runtime.embed, len),
-        "encoder_explain": (runtime.embed_explain, len),
-        # a head payload is one pair (vectors) or an explained pair's rows (matrices)
-        "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
-        "sentiment": (runtime.sentiment, len),
-        "sentiment_explain": (runtime.explain, len),
-    }
-    batchers = {}
-    for name in runtime.graphs:
-        fn, length = runners[name]
-        # Explain calls are rare and each one's memory is large (attention maps): one at a time
-        # bounds what onnxruntime's arena grows to for them (bench/RESULTS.md, chaos).
-        concurrency = 1 if name in _EXPLAIN_GRAPHS else runtime.batch_concurrency
-        batchers[name] = MicroBatcher(
-            name, fn, length=length, max_batch_size=batching.max_batch_size, max_wait_ms=settings.max_wait_ms,
-            max_batch_cells=batching.max_batch_cells, queue_limit=queue_limit,
-            concurrency=concurrency, executor=executor, stats=stats)
-    return batchers
 
 
 class Engine:
@@ -358,7 +310,7 @@ class Engine:
         items = await self.prepare_async(texts, truncate)
         self.check_explain_tokens(items)
         outs = await self._run("encoder_explain", [t.ids for t in items])
-        explanations = [_token_weights(item, out) for item, out in zip(items, outs, strict=True)]
+        explanations = [token_weights(item.tokens, out) for item, out in zip(items, outs, strict=True)]
         vectors = _vectors([o["embedding"] for o in outs], normalize)
         return vectors, sum(len(t.ids) for t in items), explanations
 
@@ -384,12 +336,12 @@ class Engine:
         if not explain:
             probs = await self._run("nli_head", sides)
             return [self._prediction(row, labels) for row in probs], tokens
-        rows = await self._run("nli_head", [_leave_one_out_rows(p, h) for p, h in sides])
+        rows = await self._run("nli_head", [leave_one_out_rows(p, h) for p, h in sides])
         results = []
         for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
                                                            rows, strict=True):
             pred = self._prediction(probs[0], labels)
-            pred["explanation"] = _nli_explanation(p_item, h_item, p_out, h_out, probs)
+            pred["explanation"] = nli_explanation(p_item.tokens, h_item.tokens, p_out, h_out, probs)
             results.append(pred)
         return results, tokens
 
@@ -406,7 +358,7 @@ class Engine:
             outs = await self._run("sentiment_explain", [t.ids for t in items])
             for item, out in zip(items, outs, strict=True):
                 pred = self._sentiment_prediction(out["probs"], labels)
-                pred["explanation"] = _explanation(item, out)
+                pred["explanation"] = sentiment_explanation(item.tokens, out)
                 results.append(pred)
         else:
             probs = await self._run("sentiment", [t.ids for t in items])
@@ -458,43 +410,3 @@ def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         vectors = vectors / np.maximum(norms, 1e-12)
     return vectors
-
-
-def _token_weights(item: Tokenized, out: dict[str, np.ndarray]) -> dict:
-    return {"tokens": item.tokens, "token_weights": out["s2t"].astype(float).tolist()}
-
-
-def _leave_one_out_rows(p: dict[str, np.ndarray], h: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Head inputs of one explained pair: the pair itself, then the premise with each of its
-    tokens left out of the pooling, then the hypothesis likewise: ([m, D], [m, D])."""
-    n_p, n_h = len(p["loo_embedding"]), len(h["loo_embedding"])
-    u = np.concatenate([p["embedding"][None], p["loo_embedding"], np.repeat(p["embedding"][None], n_h, 0)])
-    v = np.concatenate([h["embedding"][None], np.repeat(h["embedding"][None], n_p, 0), h["loo_embedding"]])
-    return u, v
-
-
-def _nli_explanation(p_item: Tokenized, h_item: Tokenized, p_out: dict[str, np.ndarray],
-                     h_out: dict[str, np.ndarray], probs: np.ndarray) -> dict:
-    """Per side: tokens, source2token weights and each token's attribution, the drop in the
-    predicted label's probability when the token is left out of its sentence's pooling."""
-    label = int(np.argmax(probs[0]))
-    drop = probs[0, label] - probs[1:, label]
-    n_p = len(p_item.ids)
-    return {"premise": {**_token_weights(p_item, p_out), "attribution": drop[:n_p].astype(float).tolist()},
-            "hypothesis": {**_token_weights(h_item, h_out), "attribution": drop[n_p:].astype(float).tolist()}}
-
-
-def _per_token(a: np.ndarray) -> list[float]:
-    """[n] or [n, d] -> one float per token (mean over features)."""
-    return (a.mean(axis=-1) if a.ndim > 1 else a).astype(float).tolist()
-
-
-def _explanation(item: Tokenized, out: dict[str, np.ndarray]) -> dict:
-    return {
-        "tokens": item.tokens,
-        "token_weights": _per_token(out["s2t"]),
-        "gate_fw": _per_token(out["gate_fw"]),
-        "gate_bw": _per_token(out["gate_bw"]),
-        "attention_fw": out["attn_fw"].astype(float).tolist(),
-        "attention_bw": out["attn_bw"].astype(float).tolist(),
-    }

@@ -31,9 +31,9 @@ from typing import Any
 
 from disan.runtime import Runtime
 from service import wire
+from service.backend import STOP_GRACE_S, load_runtime, make_batchers
 from service.batcher import BatchStats, MicroBatcher
 from service.batching_defaults import resolve_batching
-from service.engine import STOP_GRACE_S, load_runtime, make_batchers
 from service.errors import NotReady, Overloaded, ServiceError
 from service.metrics import Metrics
 from service.remote import INFERENCE_SOCKET_ENV
