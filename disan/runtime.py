@@ -199,7 +199,23 @@ def choose_graphs(manifest: dict[str, Any], options: RuntimeOptions, cuda: bool)
                       "--quantize int8 for int8, without --no-fp16 for fp16, or use --variant auto)")
 
 
-class Runtime:
+class ExplainFlags:
+    """Which explanations a runtime's graphs can give (`graphs`: the names of the loaded graphs)."""
+
+    graphs: Any
+
+    @property
+    def has_explain(self) -> bool:
+        """Whether /sentiment can explain (attention maps, gates, token weights)."""
+        return "sentiment_explain" in self.graphs
+
+    @property
+    def has_embed_explain(self) -> bool:
+        """Whether /embed and /nli can explain (token weights, NLI token attribution)."""
+        return "encoder_explain" in self.graphs
+
+
+class Runtime(ExplainFlags):
     """A loaded bundle: vocab, the sessions of one graph set, labels and limits."""
 
     def __init__(self, bundle_dir: str | Path, options: RuntimeOptions | None = None):
@@ -263,16 +279,6 @@ class Runtime:
     def batch_concurrency(self) -> int:
         """ORT calls the batchers keep in flight per graph (see `call_layout`)."""
         return self.graphs["encoder"].concurrency
-
-    @property
-    def has_explain(self) -> bool:
-        """Whether /sentiment can explain (attention maps, gates, token weights)."""
-        return "sentiment_explain" in self.graphs
-
-    @property
-    def has_embed_explain(self) -> bool:
-        """Whether /embed and /nli can explain (token weights, NLI token attribution)."""
-        return "encoder_explain" in self.graphs
 
     @staticmethod
     def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from disan.runtime import ExplainFlags
 from disan.text import Vocab
 from service import wire
 from service.errors import NotReady, Overloaded
@@ -219,7 +220,7 @@ class RemoteBatcher:
 
 
 @dataclass
-class RemoteRuntime:
+class RemoteRuntime(ExplainFlags):
     """What a worker needs of the runtime when the inference process owns it (from its hello)."""
 
     name: str
@@ -235,14 +236,6 @@ class RemoteRuntime:
     manifest: dict
     vocab: Vocab
     pid: int
-
-    @property
-    def has_explain(self) -> bool:
-        return "sentiment_explain" in self.graphs
-
-    @property
-    def has_embed_explain(self) -> bool:
-        return "encoder_explain" in self.graphs
 
     @classmethod
     def from_hello(cls, hello: dict, bundle: Path) -> RemoteRuntime:

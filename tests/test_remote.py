@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -248,20 +250,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(bundle: Path, port: int) -> subprocess.Popen:
-    env = _env(bundle)
-    return subprocess.Popen([sys.executable, "-m", "disan.cli", "serve", "--port", str(port),
-                             "--workers", "2", "--inference-process", "shared", "--drain-timeout-s", "3"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def test_disan_serve_shared_serves_drains_and_exits_when_inference_dies(tiny_bundle):
+@contextmanager
+def _serve(bundle: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`disan serve --workers 2 --inference-process shared`, ready: (process, base URL); killed
+    on the way out if the test left it running."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    server = _serve(tiny_bundle, port)
+    server = subprocess.Popen([sys.executable, "-m", "disan.cli", "serve", "--port", str(port),
+                               "--workers", "2", "--inference-process", "shared", "--drain-timeout-s", "3"],
+                              env=_env(bundle), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready(lambda url: httpx.get(url, timeout=2), base, timeout=90,
                    alive=lambda: server.poll() is None, retry=(httpx.TransportError,))
+        yield server, base
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_disan_serve_shared_serves_drains_and_exits_when_inference_dies(tiny_bundle):
+    with _serve(tiny_bundle) as (server, base):
         info = httpx.get(base + "/info").json()["inference_process"]
         assert info["mode"] == "shared"
         # both workers (fresh connections land on either) answer through the one process
@@ -283,19 +292,10 @@ def test_disan_serve_shared_serves_drains_and_exits_when_inference_dies(tiny_bun
             time.sleep(0.1)
         code = server.wait(15)
         assert code != 0 and "inference process exited" in server.stderr.read().decode()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
 
 
 def test_disan_serve_shared_sigterm_stops_everything(tiny_bundle):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = _serve(tiny_bundle, port)
-    try:
-        wait_ready(lambda url: httpx.get(url, timeout=2), base, timeout=90,
-                   alive=lambda: server.poll() is None, retry=(httpx.TransportError,))
+    with _serve(tiny_bundle) as (server, base):
         pid = httpx.get(base + "/info").json()["inference_process"]["pid"]
         server.send_signal(signal.SIGTERM)
         assert server.wait(3 + 5) == 0  # within the shutdown deadline (drain 3 s + 5)
@@ -303,10 +303,6 @@ def test_disan_serve_shared_sigterm_stops_everything(tiny_bundle):
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(pid), "the inference process outlived disan serve"
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
 
 
 def _alive(pid: int) -> bool:
