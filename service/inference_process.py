@@ -98,18 +98,24 @@ class InferenceServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker's connection: requests run concurrently, replies go back as they finish."""
-        mine: set[asyncio.Task] = set()
+        mine: dict[int, asyncio.Task] = {}  # by request id: what CANCEL names
         try:
             while True:
                 buf = await wire.read_frame(reader)
+                request_id, op = wire.request_head(buf)
+                if op == wire.CANCEL:  # its caller left: the batcher withdraws its items
+                    if (task := mine.get(request_id)) is not None:
+                        task.cancel()
+                    continue
                 task = asyncio.create_task(self._answer(buf, writer))
-                for group in (mine, self._tasks):
-                    group.add(task)
-                    task.add_done_callback(group.discard)
+                mine[request_id] = task
+                task.add_done_callback(lambda _, i=request_id: mine.pop(i, None))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker went away: what it still waits for is withdrawn below
         finally:
-            for task in mine:
+            for task in list(mine.values()):
                 task.cancel()
             writer.close()
 

@@ -95,8 +95,11 @@ class InferenceClient:
                 await self._writer.drain()
             return await future, sent
         finally:
-            # A cancelled caller (client gone) leaves its reply to be dropped on arrival.
             self._pending.pop(request_id, None)
+            if future.cancelled() and self.lost is None and not self._writer.is_closing():
+                # The caller left (client gone): the inference process withdraws its items, as a
+                # worker's own batcher does, instead of running them for nobody.
+                self._writer.write(wire.request(request_id, wire.CANCEL))
 
     async def run(self, graph: str, payloads: Sequence[Any], timing: RequestTiming | None) -> list[Any]:
         buf, sent = await self._call(wire.RUN, graph, payloads)

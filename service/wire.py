@@ -4,7 +4,8 @@ service.inference_process): length-prefixed binary, numpy buffers in and out, no
 A frame is a little-endian u32 byte count and that many bytes. A request carries its id, an
 operation and a graph name; a reply carries the id it answers, a status and a body:
 
-    request  = u32 id, u8 op, u8 len, graph name, payloads        (op RUN; HELLO and STATS: no payloads)
+    request  = u32 id, u8 op, u8 len, graph name, payloads        (op RUN; HELLO, STATS and CANCEL
+                                                                   of a RUN's id: no payloads)
     reply    = u32 id, u8 status, body
                OK    -> f32 queue_s, f32 inference_s, f32 queued_s (the shared queue) and
                         f32 item_s (seconds per queued sentence), for admission; results  (RUN)
@@ -29,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-RUN, HELLO, STATS = 1, 2, 3
+# CANCEL names the id of a RUN whose caller left (client gone): no reply; its items are withdrawn.
+RUN, HELLO, STATS, CANCEL = 1, 2, 3, 4
 OK, ERROR = 0, 1
 # Error kinds: how the worker answers its client (service.errors): 500, 429 or 503.
 FAILED, OVERLOADED, NOT_READY = 0, 1, 2
@@ -150,6 +152,12 @@ def request(request_id: int, op: int, graph: str = "", payloads: Sequence[Any] =
     if op == RUN:
         body += pack_payloads(graph, payloads)
     return _U32.pack(len(body)) + body
+
+
+def request_head(buf: memoryview) -> tuple[int, int]:
+    """(id, op) of one request body, without parsing its payloads."""
+    request_id, op, _ = _REQUEST.unpack_from(buf, 0)
+    return request_id, op
 
 
 def parse_request(buf: memoryview) -> tuple[int, int, str, list[Any]]:

@@ -28,11 +28,11 @@ from fastapi.testclient import TestClient
 from service import batching_defaults, wire
 from service.batching_defaults import resolve_inference_process
 from service.errors import InferenceError, NotReady, Overloaded
-from service.inference_process import start, stop
+from service.inference_process import InferenceServer, start, stop
 from service.main import create_app
 from service.remote import InferenceClient, RemoteBatcher, RemoteInferenceError
 from service.settings import Settings
-from tests.conftest import wait_ready
+from tests.conftest import block_runner, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["a man is playing a guitar .", "the dog runs in the park", "good movie",
@@ -183,6 +183,42 @@ def test_errors_cross_the_socket_and_the_process_survives(inference):
         with pytest.raises(Overloaded):
             await small.run([[1], [2], [3]])
         await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_that_leaves_is_withdrawn_from_the_inference_process(tiny_bundle, tmp_path):
+    """A worker's request cancelled while queued (its client went away) is withdrawn from the
+    shared batcher and never run: the inference process was told (before: it ran it for nobody)."""
+    async def scenario() -> None:
+        server = InferenceServer(Settings(bundle=tiny_bundle, batch_concurrency=1, max_wait_ms=0),
+                                 str(tmp_path / "inference.sock"))
+        await server.start()
+        batcher = server.batchers["encoder"]
+        gate, entered = block_runner(batcher)
+        runs: list[list] = []
+        blocked = batcher.runner
+        batcher.runner = lambda rows: runs.append(rows) or blocked(rows)
+        client = await InferenceClient.connect(server.socket_path, 10)
+        try:
+            first = asyncio.create_task(client.run("encoder", [[5, 6]], None))
+            assert await asyncio.to_thread(entered.wait, 10)  # the one ORT slot is busy
+            leaving = asyncio.create_task(client.run("encoder", [[7]] * 3, None))
+            deadline = time.monotonic() + 10
+            while batcher.depth < 3:
+                assert time.monotonic() < deadline, "the second request never queued"
+                await asyncio.sleep(0.01)
+            leaving.cancel()
+            while batcher.depth:
+                assert time.monotonic() < deadline, "the cancelled request's items stayed queued"
+                await asyncio.sleep(0.01)
+            gate.set()
+            assert len(await first) == 1
+            assert all(len(rows) != 3 and [7] not in rows for rows in runs), runs
+        finally:
+            gate.set()
+            await client.close()
+            await server.stop()
 
     asyncio.run(scenario())
 
