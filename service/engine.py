@@ -44,6 +44,15 @@ INFERENCE_WAIT_S = 600.0
 INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
 
 
+# Request fields that hold one text, not a list: their errors name the field alone.
+_ONE_TEXT_FIELDS = frozenset({"query"})
+
+
+def _location(field: str, i: int, member: str) -> str:
+    """Where an error is, in the API's one notation: ``texts[0]``, ``pairs[2].premise``, ``query``."""
+    return field if field in _ONE_TEXT_FIELDS else f"{field}[{i}]{member}"
+
+
 @dataclass
 class Tokenized:
     """Token strings and ids of one text (already truncated)."""
@@ -225,7 +234,7 @@ class Engine:
             raise RequestTooLarge(f"{field}: {len(texts)} items, at most {limit} per request")
         for i, text in enumerate(texts):
             if len(text) > s.max_chars_per_text:
-                raise RequestTooLarge(f"{field}[{i}]{member}: {len(text)} characters, at most "
+                raise RequestTooLarge(f"{_location(field, i, member)}: {len(text)} characters, at most "
                                       f"{s.max_chars_per_text}")
 
     def prepare(self, texts: list[str], truncate: bool, field: str = "texts",
@@ -238,13 +247,13 @@ class Engine:
         for i, text in enumerate(texts):
             tokens = tokenize(text)
             if not tokens:
-                raise InvalidRequest(f"{field}[{i}]{member}: contains no tokens (only spaces or control "
-                                     "characters)")
+                raise InvalidRequest(f"{_location(field, i, member)}: contains no tokens (only spaces or "
+                                     "control characters)")
             cut = len(tokens) > runtime.max_tokens
             if cut:
                 if not truncate:
                     hint = _TRUNCATE_HINTS.get(field, "send truncate=true to cut it")
-                    raise InvalidRequest(f"{field}[{i}]{member}: {len(tokens)} tokens, at most "
+                    raise InvalidRequest(f"{_location(field, i, member)}: {len(tokens)} tokens, at most "
                                          f"{runtime.max_tokens} ({hint})")
                 tokens = tokens[: runtime.max_tokens]
             out.append(Tokenized(tokens, runtime.vocab.ids(tokens), truncated=cut))

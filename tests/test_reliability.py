@@ -197,6 +197,8 @@ def test_a_body_that_never_finishes_is_408(tiny_bundle, fast_path):
     ("/v1/embeddings", {"input": ["a", 5]}, "input"),
     ("/v1/embeddings", {"input": 5}, "input"),
     ("/v1/embeddings", {"input": ["a", "  "]}, "input[1]"),
+    ("/similarity", {"query": " ", "texts": ["a"]}, "query"),
+    ("/similarity", {"pairs": [{"a": "a", "b": "b"}, {"a": "a", "b": "\t"}]}, "pairs[1].b"),
 ])
 def test_error_locations_use_one_notation(client, path, payload, loc):
     message = assert_error(client.post(path, json=payload), 422, "invalid_request")
