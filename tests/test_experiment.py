@@ -204,3 +204,25 @@ def test_shipped_ablation_rows_build_distinct_models() -> None:
     kinds = {(c.mask_kind, c.attention_kind, c.coda_gate, c.s2t_kind, c.encoder_kind)
              for c in configs.values()}
     assert len(kinds) == len(names) == 8
+
+
+@pytest.mark.parametrize("spec_path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_specs_are_valid_disan_train_commands(tmp_path, spec_path: Path) -> None:
+    """Every row of every shipped grid spec parses as `disan train` flags (choices included) and
+    resolves to a TrainConfig holding the row's options, without training anything."""
+    import argparse
+
+    from disan import train_cli
+
+    spec = X.load_spec(spec_path, X.train_fields())
+    runner = X.Runner(spec, tmp_path / "runs", tmp_path, log=io.StringIO())
+    keys = set()
+    for row in spec.rows:
+        parser = argparse.ArgumentParser()
+        train_cli.add_arguments(parser)
+        args = parser.parse_args(runner.argv(row, spec.seeds[0]))
+        cfg = train_cli.config_from_args(args)
+        for key, value in X.row_options(spec, row).items():
+            assert getattr(cfg, key) == value, (row.name, key)
+        keys.add(X.row_key(spec, row))
+    assert len(keys) == len(spec.rows)
