@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from service.admission import Admission
-from service.asgi import BodyPolicy, content_length, send_json, unless_disconnected
+from service.asgi import BodyPolicy, content_length, send_error, send_json, unless_disconnected
 from service.engine import Engine
 from service.errors import (
     ERROR_TABLE,
@@ -136,7 +136,7 @@ class InferenceFastPath:
                 admitted = True
             except ServiceError as exc:
                 status = exc.status
-                await send_json(send, status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
+                await send_error(send, exc)
                 return
             token = CURRENT.set(timing)
             status, body, headers = await self._answer(path, scope, receive, body)

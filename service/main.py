@@ -19,16 +19,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
 from service.admission import Admission
-from service.asgi import BodyPolicy, GateMiddleware, send_json
+from service.asgi import BodyPolicy, GateMiddleware, send_error
 from service.engine import Engine
-from service.errors import Unauthorized, error_body, install_error_handlers
+from service.errors import Unauthorized, install_error_handlers
 from service.fastpath import InferenceFastPath, bearer_credentials, header_value
 from service.handlers import HANDLERS, api_key_ok
 from service.metrics import Metrics, MetricsMiddleware, RouteLabels
@@ -57,8 +56,7 @@ class DisanApp(FastAPI):
             await self.fast_path(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] in self.docs_paths and not self._key_ok(scope):
-            exc = Unauthorized()
-            await send_json(send, exc.status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
+            await send_error(send, Unauthorized())
             return
         await super().__call__(scope, receive, send)
 
