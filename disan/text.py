@@ -48,8 +48,11 @@ _ASCII_CONTROLS = dict.fromkeys([*range(32), 127], " ")
 
 def tokenize(text: str) -> list[str]:
     """Lowercased PTB-style tokens of raw or already PTB-tokenized `text`."""
-    if text.isascii():
-        return _tokenize_ascii(text)
+    return _tokenize_ascii(text) if text.isascii() else _tokenize_general(text)
+
+
+def _tokenize_general(text: str) -> list[str]:
+    """`tokenize` for any text (the reference the ASCII path must agree with)."""
     text = unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHY)
     if not text.isprintable():  # printable text has no control/format chars: skip the slow scan
         text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
