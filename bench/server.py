@@ -45,6 +45,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(url: str, timeout: float) -> bool:
+    """Poll `url`/ready until it answers 200 (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
 class Server:
     """`disan serve` (or `command`, which must read the same DISAN_* variables) in a subprocess on
     127.0.0.1 with extra DISAN_* settings; ready when /ready says 200."""
@@ -64,16 +77,9 @@ class Server:
         self.proc = subprocess.Popen(command or [sys.executable, "-m", "disan.cli", "serve"], env=env,
                                      cwd=cwd)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("server did not become ready in 120 s")
+        if not wait_until_ready(self.url, 120):
+            self.stop()
+            raise RuntimeError("server did not become ready in 120 s")
 
     def peak_rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -169,16 +175,27 @@ def thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def process_tree_cpu(pid: int) -> float:
-    """CPU seconds of process `pid` and all its descendants (uvicorn workers, the shared
-    inference process); processes that ended meanwhile are not counted."""
-    total, stack = 0.0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """Process `pid` and all its descendants (uvicorn workers, the shared inference process)."""
+    out, stack = [], [pid]
     while stack:
         current = stack.pop()
+        out.append(current)
         try:
-            total += process_cpu(current)
             for task in Path(f"/proc/{current}/task").iterdir():
                 stack += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # it ended meanwhile
+            continue
+    return out
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of process `pid` and all its descendants; processes that ended meanwhile are
+    not counted."""
+    total = 0.0
+    for current in process_tree(pid):
+        try:
+            total += process_cpu(current)
         except OSError:
             continue
     return total
