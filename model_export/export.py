@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=["int8"], help="also write a dynamically quantised cpu set")
     parser.add_argument("--int8-embedding", choices=["int8", "fp32"], default="int8",
                         help="int8 variant: quantise the embedding table too (4x smaller) or keep fp32")
+    parser.add_argument("--embedding-storage", choices=["fp32", "fp16"], default="fp32",
+                        help="how the word-vector tables are stored (in the file and in a running "
+                        "fp32 graph): fp16 halves the largest tensors; the tables are rounded to "
+                        "fp16 before the parity check, so the bundle is checked as shipped")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
@@ -142,17 +146,22 @@ def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_c
     return layout, paths, dict(sorted(aliases.items()))
 
 
-def write_graphs(paths: dict[str, Path], files: set[str], out: Path) -> dict[str, Any]:
-    """Write `files` into `out` with their large initializers in the shared weights file."""
+def write_graphs(paths: dict[str, Path], files: set[str], out: Path, embedding_storage: str = "fp32"
+                 ) -> dict[str, Any]:
+    """Write `files` into `out` with their large initializers in the shared weights file (the
+    word-vector tables in fp16 if `embedding_storage` says so)."""
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx
-    from model_export.weights import SharedWeights
+    from model_export.weights import EMBEDDING, SharedWeights, store_tables_fp16
 
+    tables = {f"{task}/{EMBEDDING}" for task in ("nli", "sentiment")}
     weights = SharedWeights(out / WEIGHTS_FILE)
     try:
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
+            if embedding_storage == "fp16":
+                store_tables_fp16(model, tables)
             weights.externalize(model)
             onnx.save(model, str(out / file))
     finally:
@@ -160,8 +169,11 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path) -> dict[str
     for file in sorted(files):
         check_onnx(out / file)
     return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
+            "embedding_storage": embedding_storage,
             "note": "every initializer of 1 KiB or more of every graph, each distinct tensor once "
-                    "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed)"}
+                    "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed; "
+                    "/half: an fp32 parameter stored in fp16, the word-vector tables with "
+                    "--embedding-storage fp16)"}
 
 
 def versions() -> dict[str, str]:
@@ -189,7 +201,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                  sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
                  force: bool = False, log=print, name: str = "disan",
-                 chunk_cells: int | None = None) -> dict[str, Any]:
+                 chunk_cells: int | None = None, embedding_storage: str = "fp32") -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
@@ -208,8 +220,15 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
+    if embedding_storage not in ("fp32", "fp16"):
+        raise ValueError(f"--embedding-storage: fp32 or fp16, got {embedding_storage!r}")
     payloads, loaded = load_sources(nli_path, sentiment_path)
     (nli_model, vocab, nli_labels), (sent_model, _, sent_labels) = loaded["nli"], loaded["sentiment"]
+    if embedding_storage == "fp16":
+        from model_export.weights import round_embedding_fp16  # onnx, as above
+
+        for model in (nli_model, sent_model):  # the models the graphs and the parity check use
+            round_embedding_fp16(model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -217,7 +236,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
             layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
                                          chunk_cells, int8_embedding, log)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
-            weights = {**write_graphs(paths, files, tmp), "aliases": aliases}
+            weights = {**write_graphs(paths, files, tmp, embedding_storage), "aliases": aliases}
         vocab.save(tmp / "vocab.json")
         present = set().union(*(v["fp32"] for v in layout.values()))
         labels = {"nli": nli_labels, "sentiment": sent_labels}
@@ -284,7 +303,8 @@ def run(args: argparse.Namespace) -> int:
                             fp16=args.fp16, int8=args.quantize == "int8",
                             int8_embedding=args.int8_embedding == "int8", dev_data=args.dev_data,
                             dev_limit=args.dev_limit, force=args.force, name=args.name,
-                            chunk_cells=args.attention_chunk_cells)
+                            chunk_cells=args.attention_chunk_cells,
+                            embedding_storage=args.embedding_storage)
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")

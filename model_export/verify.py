@@ -215,6 +215,7 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path]) ->
     """Wrappers from the source checkpoints among `places` (.pt files, or directories of them),
     found by the sha256 the manifest records."""
     from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
+    from model_export.weights import round_embedding_fp16  # onnx: with torch, in the train extra
 
     models = {}
     candidates = [f for p in map(Path, places) for f in (sorted(p.glob("*.pt")) if p.is_dir() else [p])]
@@ -227,6 +228,8 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path]) ->
                              f"{[str(p) for p in places]} (the {task} source, exported from a file "
                              f"named {src.get('file')!r})")
         models[task] = model_from_checkpoint(load_checkpoint(match))[0]
+        if (manifest.get("weights") or {}).get("embedding_storage") == "fp16":
+            round_embedding_fp16(models[task])  # as the export did: the bundle holds these values
     return references_from_models(models["nli"], models["sentiment"])
 
 

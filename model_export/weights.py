@@ -28,6 +28,9 @@ EXTERNAL_MIN_BYTES = 1024  # smaller tensors (scalars, shape constants) stay ins
 ALIGN = 4096               # page-aligned offsets: onnxruntime can memory-map the tensors
 TRANSPOSED = "/T"
 FP16_SUFFIX = "/fp16"
+HALF_STORED = "/half"  # an fp32 parameter kept on disk in fp16 (see store_tables_fp16)
+EMBEDDING = "encoder.embed.weight"  # the word-vector table: most of a model's bytes
+FP16_MAX = 65504.0
 
 
 def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -132,6 +135,60 @@ def share_fp32_weights(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> int:
     return len(casts)
 
 
+def round_embedding_fp16(model) -> None:
+    """Round `model`'s word-vector table to fp16 values, in place (still an fp32 tensor).
+
+    A bundle that stores the table in fp16 (store_tables_fp16) holds exactly these values, so
+    the PyTorch reference of the parity check and the graphs compute the same model.
+    """
+    table = model.encoder.embed.weight.data
+    if float(table.abs().max()) > FP16_MAX:
+        raise ValueError(f"{model.cfg.task}: word vectors beyond fp16's range ({FP16_MAX}); "
+                         "export with --embedding-storage fp32")
+    table.copy_(table.half().float())
+
+
+def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
+    """Keep the fp32 initializers `names` (word-vector tables) on disk in fp16, half the bytes.
+
+    A Gather reads the fp16 table and casts only the rows it took back to fp32, so the running
+    graph holds the table in fp16 too; any other reader (the fp16 variant's Cast to fp16) reads
+    it through one Cast of the table, which onnxruntime folds when the session loads. The values
+    must already be fp16-exact (round_embedding_fp16) for the graph to equal its reference.
+    Returns how many tables were converted.
+    """
+    graph = model.graph
+    tables = {init.name: init for init in graph.initializer
+              if init.name in names and init.data_type == TensorProto.FLOAT}
+    if not tables:
+        return 0
+    nodes, whole = [], {}
+    for node in graph.node:
+        table = node.input[0] if node.input else None
+        if node.op_type == "Gather" and table in tables:
+            rows = node.output[0] + HALF_STORED
+            gather = helper.make_node("Gather", [table + HALF_STORED, *node.input[1:]], [rows],
+                                      name=node.name, **{a.name: helper.get_attribute_value(a)
+                                                          for a in node.attribute})
+            nodes += [gather, helper.make_node("Cast", [rows], [node.output[0]], to=TensorProto.FLOAT,
+                                               name=f"{node.name}/to_fp32")]
+            continue
+        for x in node.input:
+            if x in tables and x not in whole:
+                whole[x] = helper.make_node("Cast", [x + HALF_STORED], [x], to=TensorProto.FLOAT,
+                                            name=f"{x}/to_fp32")
+        nodes.append(node)
+    kept = [init for init in graph.initializer if init.name not in tables]
+    for name, init in tables.items():
+        kept.append(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
+                                            name + HALF_STORED))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.node[:]
+    graph.node.extend([*whole.values(), *nodes])
+    return len(tables)
+
+
 def _nbytes(init: TensorProto) -> int:
     return int(numpy_helper.to_array(init).nbytes)
 
@@ -172,17 +229,19 @@ class SharedWeights:
 
 def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | None = None
                             ) -> dict[str, dict[str, np.ndarray]]:
-    """{task: {state-dict key: array}} from the parameter-named initializers of fp32 graphs,
-    parameters merged into an equal one read through `aliases` (see name_by_parameters)."""
+    """{task: {state-dict key: array}} from the parameter-named initializers of fp32 graphs (a
+    table stored in fp16 read back as fp32), parameters merged into an equal one read through
+    `aliases` (see name_by_parameters)."""
     found: dict[str, dict[str, np.ndarray]] = {}
     for path in paths:
         model = onnx.load(str(path))  # loads external data from the graph's directory
         for graph in _subgraphs(model.graph):
             for init in graph.initializer:
-                if "/" not in init.name or init.data_type != TensorProto.FLOAT:
+                half = init.data_type == TensorProto.FLOAT16 and init.name.endswith(HALF_STORED)
+                if "/" not in init.name or not (init.data_type == TensorProto.FLOAT or half):
                     continue
-                task, key = init.name.split("/", 1)
-                arr = numpy_helper.to_array(init)
+                task, key = init.name.removesuffix(HALF_STORED).split("/", 1)
+                arr = numpy_helper.to_array(init).astype(np.float32)
                 if key.endswith(TRANSPOSED):
                     key, arr = key.removesuffix(TRANSPOSED), arr.T
                 found.setdefault(task, {})[key] = np.ascontiguousarray(arr)

@@ -384,3 +384,73 @@ def test_write_manifest_rehashes(bundle_copy):
         load_manifest(bundle_copy)
     write_manifest(bundle_copy, manifest)
     assert load_manifest(bundle_copy)["files"]["vocab.json"] == sha256_file(bundle_copy / "vocab.json")
+
+
+@pytest.fixture(scope="module")
+def half_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+    """The tiny bundle exported with --embedding-storage fp16."""
+    out = tmp_path_factory.mktemp("half") / "bundle"
+    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True, int8=True,
+                 log=lambda *_: None, embedding_storage="fp16")
+    return out
+
+
+def test_fp16_embedding_storage_halves_the_tables(half_bundle, tiny_bundle, models):
+    """The word-vector tables are stored once, in fp16: weights.data shrinks by half their fp32
+    bytes, and no graph holds an fp32 copy."""
+    m = load_manifest(half_bundle)
+    assert m["weights"]["embedding_storage"] == "fp16" and m["verification"]["passed"]
+    data = (half_bundle / "weights.data").read_bytes()
+    saved = 0
+    for model in models:
+        table = model.encoder.embed.weight.detach()
+        assert data.count(table.half().numpy().tobytes()) == 1
+        assert data.count(table.numpy().tobytes()) == 0
+        saved += table.numpy().nbytes // 2
+    shrink = (tiny_bundle / "weights.data").stat().st_size - len(data)
+    assert abs(shrink - saved) <= 2 * 4096, (shrink, saved)  # page alignment of the offsets
+    for file in all_files(m):
+        graph = onnx.load(str(half_bundle / file), load_external_data=False).graph
+        tables = [i for i in graph.initializer if i.name.endswith("encoder.embed.weight")]
+        assert not tables, (file, [i.name for i in tables])
+
+
+def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints, models):
+    """The graphs compute the checkpoints' models with the tables rounded to fp16: ORT equals that
+    model (and not the unrounded one, which verify must round too), and the bundle's weights
+    rebuild it exactly."""
+    from model_export.verify import models_from_bundle
+    from model_export.weights import round_embedding_fp16
+
+    m = load_manifest(half_bundle)
+    rounded = []
+    for model in models:
+        twin = type(model)(model.cfg)
+        twin.load_state_dict(model.state_dict())
+        round_embedding_fp16(twin.eval())
+        rounded.append(twin)
+    rebuilt = models_from_bundle(half_bundle, m)
+    for got, want in zip(rebuilt, rounded, strict=True):
+        assert torch.equal(got.encoder.embed.weight, want.encoder.embed.weight)
+    ids, mask = padded(np.random.default_rng(0), models[1].cfg.vocab_size, 4, 9)
+    with torch.no_grad():
+        want = torch.softmax(rounded[1](torch.from_numpy(ids), torch.from_numpy(mask)), -1).numpy()
+        raw = torch.softmax(models[1](torch.from_numpy(ids), torch.from_numpy(mask)), -1).numpy()
+    for set_name in ("cpu", "gpu"):
+        got = sess(half_bundle / variant_files(m, set_name, "fp32")["sentiment"]).run(
+            None, {"ids": ids, "mask": mask})[0]
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+        assert np.abs(got - raw).max() > 1e-6  # the rounding is visible: the check above can fail
+    result = verify_bundle(half_bundle, checkpoints=tiny_checkpoints.nli.parent, dev_limit=50)
+    assert result["passed"] and result["mode"] == "parity_vs_checkpoints", result
+    assert verify_bundle(half_bundle, dev_limit=50)["passed"]
+
+
+def test_fp16_embedding_storage_refuses_out_of_range_tables(models):
+    from model_export.weights import round_embedding_fp16
+
+    model = type(models[0])(models[0].cfg)
+    with torch.no_grad():
+        model.encoder.embed.weight[3, 0] = 1e6
+    with pytest.raises(ValueError, match="fp16's range"):
+        round_embedding_fp16(model)
