@@ -44,13 +44,14 @@ INFERENCE_WAIT_S = 600.0
 INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
 
 
-# Request fields that hold one text, not a list: their errors name the field alone.
-_ONE_TEXT_FIELDS = frozenset({"query"})
+class OneText(str):
+    """A request field that held one text, not a list (`query`; `input` given as a string): its
+    errors name the field alone."""
 
 
 def _location(field: str, i: int, member: str) -> str:
     """Where an error is, in the API's one notation: ``texts[0]``, ``pairs[2].premise``, ``query``."""
-    return field if field in _ONE_TEXT_FIELDS else f"{field}[{i}]{member}"
+    return str(field) if isinstance(field, OneText) else f"{field}[{i}]{member}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
-from service.engine import Engine
+from service.engine import Engine, OneText
 from service.errors import InvalidRequest, ModelNotFound, RequestTooLarge
 from service.schemas import (
     EmbedRequest,
@@ -109,14 +109,16 @@ def models_result(engine: Engine) -> dict[str, Any]:
 
 async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine) -> dict[str, Any]:
     """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64)."""
-    texts = [body.input] if isinstance(body.input, str) else body.input
+    one = isinstance(body.input, str)
+    texts = [body.input] if one else body.input
     runtime = engine.require_ready()
     check_model(engine, body.model)
     if body.dimensions is not None and body.dimensions != runtime.dim:
         raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
                              f"got {body.dimensions}")
     s = engine.settings
-    vectors, tokens, truncated = await engine.embed_chunked(texts, s.openai_truncate, "input",
+    vectors, tokens, truncated = await engine.embed_chunked(texts, s.openai_truncate,
+                                                            OneText("input") if one else "input",
                                                             s.openai_max_inputs)
     data = list(encode_embeddings(vectors, body.encoding_format))
     return {"object": "list", "model": runtime.name,
@@ -156,7 +158,7 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
         if body.query is None:
             out["matrix"] = _cosine(docs @ docs.T).tolist()
         else:
-            query, query_tokens = await vectors([body.query], "query")
+            query, query_tokens = await vectors([body.query], OneText("query"))
             scores = _cosine(docs @ query[0])
             order = np.argsort(-scores, kind="stable")[: body.top_k]
             out["ranking"] = [{"index": int(i), "score": float(scores[i])} for i in order]

@@ -197,6 +197,7 @@ def test_a_body_that_never_finishes_is_408(tiny_bundle, fast_path):
     ("/v1/embeddings", {"input": ["a", 5]}, "input"),
     ("/v1/embeddings", {"input": 5}, "input"),
     ("/v1/embeddings", {"input": ["a", "  "]}, "input[1]"),
+    ("/v1/embeddings", {"input": "  "}, "input"),  # one string: no index
     ("/similarity", {"query": " ", "texts": ["a"]}, "query"),
     ("/similarity", {"pairs": [{"a": "a", "b": "b"}, {"a": "a", "b": "\t"}]}, "pairs[1].b"),
 ])
