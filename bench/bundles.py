@@ -1,8 +1,10 @@
 """A/B of bundles: offline ORT throughput of two or more bundles, alternating, in one process.
 
-    python -m bench.bundles --bundles OLD NEW --threads 1 2 [--buckets 11-25 51-100] [--json OUT]
+    python -m bench.bundles --bundles OLD NEW --threads 1 2 [--buckets 11-25 51-100] \
+        [--graphs embed sentiment] [--json OUT]
 
-For each ORT thread count and length bucket, every bundle's encoder runs the same real
+For each model (`embed`: the encoder behind /embed; `sentiment`: the /sentiment model), ORT
+thread count and length bucket, every bundle's model runs the same real
 sentences (bench.offline's buckets, batches cut like the service's batcher) in alternating
 passes; the best pass of each counts. Ratios are to the first bundle. Used to decide whether
 the shipped graphs compute the attention in query-row chunks (bench/RESULTS.md).
@@ -11,28 +13,36 @@ the shipped graphs compute the attention in query-row chunks (bench/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
-from bench.offline import load_sentences, ort_encoder, throughput
+from bench.offline import load_sentences, throughput
 from bench.report import run_and_report
 from disan.runtime import load_offline
 
 
+def model_call(rt, graph: str):
+    """run(texts) through a service Runtime's `graph` method, tokenized and cut as the service does."""
+    run = getattr(rt, graph)
+    return lambda texts: run([rt.text_ids(t) for t in texts])
+
+
 def run_ab(args: argparse.Namespace) -> dict:
-    """Best-of sentences/s of every bundle per (threads, bucket), measured alternately."""
+    """Best-of sentences/s of every bundle per (model, threads, bucket), measured alternately."""
 
     sentences = load_sentences(args.data, args.per_bucket)
     results: dict = {"date": time.strftime("%Y-%m-%d"), "bundles": [str(b) for b in args.bundles],
                      "rows": []}
-    for threads in args.threads:
-        encoders = [ort_encoder(load_offline(b, threads=threads)) for b in args.bundles]
+    for graph, threads in itertools.product(args.graphs, args.threads):
+        models = [model_call(load_offline(b, threads=threads), graph) for b in args.bundles]
         for bucket in args.buckets:
-            best = [0.0] * len(encoders)
+            best = [0.0] * len(models)
             for _ in range(args.rounds):
-                for i, encode in enumerate(encoders):
-                    best[i] = max(best[i], throughput(encode, sentences[bucket], 64, 2, 4096))
-            row = {"threads": threads, "bucket": bucket, "sentences_per_s": [round(b) for b in best],
+                for i, run in enumerate(models):
+                    best[i] = max(best[i], throughput(run, sentences[bucket], 64, 2, 4096))
+            row = {"graph": graph, "threads": threads, "bucket": bucket,
+                   "sentences_per_s": [round(b) for b in best],
                    "ratio_to_first": [round(b / best[0], 3) for b in best]}
             results["rows"].append(row)
             print(row, flush=True)
@@ -42,10 +52,11 @@ def run_ab(args: argparse.Namespace) -> dict:
 def markdown(results: dict) -> str:
     """One row per (threads, bucket): sentences/s of each bundle and the ratio to the first."""
     names = [Path(b).name for b in results["bundles"]]
-    lines = ["| ORT threads | bucket | " + " | ".join(f"{n} sent/s" for n in names) + " | ratios |",
-             "|---|---|" + "---|" * (len(names) + 1)]
+    lines = ["| model | ORT threads | bucket | " + " | ".join(f"{n} sent/s" for n in names) + " | ratios |",
+             "|---|---|---|" + "---|" * (len(names) + 1)]
     for r in results["rows"]:
-        lines.append(f"| {r['threads']} | {r['bucket']} | " + " | ".join(map(str, r["sentences_per_s"]))
+        lines.append(f"| {r.get('graph', 'embed')} | {r['threads']} | {r['bucket']} | "
+                     + " | ".join(map(str, r["sentences_per_s"]))
                      + " | " + " / ".join(f"{x:.2f}" for x in r["ratio_to_first"]) + " |")
     return "\n".join(lines)
 
@@ -56,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--buckets", nargs="+", default=["11-25", "51-100"])
+    parser.add_argument("--graphs", nargs="+", choices=["embed", "sentiment"], default=["embed"],
+                        help="which models to time: /embed's encoder, the /sentiment model")
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (2 passes each)")
     parser.add_argument("--json", type=Path, default=Path("bench/bundles.json"))
