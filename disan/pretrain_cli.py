@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.data import holdout_split, read_examples
+from disan.embeddings import STATIC_SOURCES
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE
 
 TEACHER_DIM = 384
@@ -84,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tokens", type=int, default=2)
     parser.add_argument("--embed-dim", type=int, default=50)
     parser.add_argument("--d-h", type=int, default=300)
-    parser.add_argument("--init", choices=["glove", "minilm", "mpnet", "random"], default="glove")
+    parser.add_argument("--init", choices=["glove", "random", *STATIC_SOURCES], default="glove")
     parser.add_argument("--glove", type=Path, default=None)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)

