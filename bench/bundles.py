@@ -17,15 +17,9 @@ import itertools
 import time
 from pathlib import Path
 
-from bench.offline import load_sentences, throughput
+from bench.offline import load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
 from disan.runtime import load_offline
-
-
-def model_call(rt, graph: str):
-    """run(texts) through a service Runtime's `graph` method, tokenized and cut as the service does."""
-    run = getattr(rt, graph)
-    return lambda texts: run([rt.text_ids(t) for t in texts])
 
 
 def run_ab(args: argparse.Namespace) -> dict:
@@ -35,7 +29,7 @@ def run_ab(args: argparse.Namespace) -> dict:
     results: dict = {"date": time.strftime("%Y-%m-%d"), "bundles": [str(b) for b in args.bundles],
                      "rows": []}
     for graph, threads in itertools.product(args.graphs, args.threads):
-        models = [model_call(load_offline(b, threads=threads), graph) for b in args.bundles]
+        models = [ort_encoder(load_offline(b, threads=threads), graph) for b in args.bundles]
         for bucket in args.buckets:
             best = [0.0] * len(models)
             for _ in range(args.rounds):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.load import DEFAULT_TEXTS
-from bench.server import free_port, process_tree, wait_until_ready
+from bench.server import free_port, process_tree, stop_process, wait_until_ready
 
 HOST = "127.0.0.1"  # the only host this tool ever connects to
 FD_LIMIT = 1024
@@ -145,11 +145,7 @@ class Served:
         return total / 1024
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, 60)
 
 
 class RssSampler:

@@ -139,9 +139,11 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
     }
 
 
-def ort_encoder(rt) -> Callable[[list[str]], np.ndarray]:
-    """encode(texts) -> embeddings through a service Runtime, tokenized and cut as the service does."""
-    return lambda texts: rt.embed([rt.text_ids(t) for t in texts])
+def ort_encoder(rt, graph: str = "embed") -> Callable[[list[str]], np.ndarray]:
+    """run(texts) through a service Runtime's `graph` method (`embed`: embeddings; `sentiment`:
+    class probabilities), tokenized and cut as the service does."""
+    run = getattr(rt, graph)
+    return lambda texts: run([rt.text_ids(t) for t in texts])
 
 
 def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]]:

@@ -45,6 +45,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM `proc` (a server drains, then exits); SIGKILL it if it is still there after `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def wait_until_ready(url: str, timeout: float) -> bool:
     """Poll `url`/ready until it answers 200 (True) or `timeout` seconds pass (False)."""
     deadline = time.monotonic() + timeout
@@ -95,11 +104,7 @@ class Server:
             return r.status
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, 30)
 
     def __enter__(self) -> Server:
         return self
