@@ -1,4 +1,4 @@
-"""`disan` console script: train | experiment | pretrain | eval | export | verify | serve.
+"""`disan` console script: train | experiment | corpus | teacher | pretrain | eval | export | verify | serve.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -18,6 +18,8 @@ from disan.optional import EXTRAS, MissingDependency, hint
 COMMANDS = {
     "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data", "train"),
     "experiment": ("disan.experiment", "run a resumable grid of training configurations x seeds", "train"),
+    "corpus": ("disan.corpus", "build the distillation corpus (staged text + Debian packages)", "train"),
+    "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "mpnet"),
     "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),

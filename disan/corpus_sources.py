@@ -1,0 +1,216 @@
+"""Readers of the distillation corpus's sources (TORCH-FREE): each yields paragraphs of English text.
+
+Two kinds of source: the staged training text (`../shared/data`, never its dev/test files) and
+text from Debian packages, fetched with `apt-get download` and unpacked with `dpkg -x` into a work
+folder (`fetch_debian`). Every source names its origin and licence, which `disan corpus` records.
+Splitting paragraphs into sentences and filtering them is `disan.corpus`'s business.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    origin: str  # where the text comes from (a Debian package, a staged file)
+    licence: str
+    read: Callable[[Path], Iterator[str]]  # root folder (unpacked packages or staged data) -> paragraphs
+    staged: bool = False  # read from the staged data root, not from the Debian folder
+
+
+# --- Debian packages -------------------------------------------------------------------------
+DEBIAN_PACKAGES = ["wordnet-base", "dict-gcide", "fortunes", "fortunes-min", "dict-jargon", "dict-foldoc",
+                   "dict-devil", "manpages", "manpages-dev", "python3.11-doc"]
+
+_DICT_NOISE = re.compile(r"\[(?:1913 Webster|WordNet[^\]]*|PJC|Century Dict\.|Webster 1913 Suppl\.|"
+                         r"Chambers 1881|Canadian|[RObs. ]+)\]|--[A-Z][\w.& ]*\.?|\\[^\\\n]*\\")
+_BRACES = re.compile(r"[{}]")
+
+
+def fetch_debian(folder: Path, packages: list[str] | None = None) -> Path:
+    """Download and unpack the Debian packages into `folder`/root (once); return that root."""
+    root = folder / "root"
+    marker = folder / "unpacked.json"
+    wanted = packages or DEBIAN_PACKAGES
+    if marker.is_file() and json.loads(marker.read_text()) == wanted:
+        return root
+    if not shutil.which("apt-get") or not shutil.which("dpkg"):
+        raise RuntimeError("the Debian sources need apt-get and dpkg (or pass --debian-root with the "
+                           "packages already unpacked)")
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["apt-get", "download", *wanted], cwd=folder, check=True, capture_output=True)
+    for deb in sorted(folder.glob("*.deb")):
+        subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    marker.write_text(json.dumps(wanted))
+    return root
+
+
+def _wordnet(root: Path) -> Iterator[str]:
+    """Glosses and example sentences of every synset (`data.noun|verb|adj|adv`)."""
+    for pos in ("noun", "verb", "adj", "adv"):
+        for line in (root / "usr/share/wordnet" / f"data.{pos}").open(encoding="utf-8", errors="replace"):
+            if line.startswith("  ") or " | " not in line:
+                continue  # the licence header
+            for part in line.split(" | ", 1)[1].strip().split("; "):
+                part = part.strip().strip('"').strip()
+                if part:
+                    yield part[0].upper() + part[1:] + ("" if part[-1] in ".!?" else ".")
+
+
+def _dictd(name: str) -> Callable[[Path], Iterator[str]]:
+    """Definitions and quotations of a dictd database: entries' paragraphs minus headword lines,
+    pronunciations, etymologies in brackets and source tags."""
+    def read(root: Path) -> Iterator[str]:
+        text = gzip.open(root / "usr/share/dictd" / f"{name}.dict.dz", "rt", encoding="utf-8",
+                         errors="replace").read()
+        for block in re.split(r"\n\s*\n", text):
+            lines = [ln.strip() for ln in block.splitlines() if ln.startswith((" ", "\t"))]
+            para = " ".join(lines)
+            para = re.sub(r"^\d+\.\s*|\s\d+\.\s", " ", para)  # numbered senses
+            para = _BRACES.sub("", _DICT_NOISE.sub(" ", para))
+            if para.strip():
+                yield para
+    return read
+
+
+def _fortunes(root: Path) -> Iterator[str]:
+    for path in sorted((root / "usr/share/games/fortunes").glob("*")):
+        if path.suffix or not path.is_file():
+            continue  # .dat indexes and .u8 links
+        for entry in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            lines = [ln for ln in entry.splitlines() if not ln.lstrip().startswith("--")]
+            yield " ".join(" ".join(lines).split())
+
+
+_ROFF_ESC = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[&:%]|\\s[+-]?\d")
+
+
+def _manpages(root: Path) -> Iterator[str]:
+    """Running text of the man pages: macro lines end a paragraph, code (`.nf`..`.fi`) is skipped."""
+    for path in sorted((root / "usr/share/man").rglob("*.gz")):
+        para: list[str] = []
+        code = False
+        for line in gzip.open(path, "rt", encoding="utf-8", errors="replace"):
+            line = line.rstrip("\n")
+            if line.startswith((".nf", ".EX")):
+                code = True
+            elif line.startswith((".fi", ".EE")):
+                code = False
+            if code or line.startswith(('.\\"', "'\\\"")):
+                continue
+            if line.startswith("."):
+                macro, _, args = line.partition(" ")
+                if macro in (".B", ".I", ".IR", ".BR", ".RB", ".RI", ".IB", ".BI") and args:
+                    para.append(args.replace('"', ""))
+                    continue
+                if para:
+                    yield _ROFF_ESC.sub("", " ".join(para)).replace("\\-", "-").replace("\\e", "\\")
+                para = []
+            else:
+                para.append(line)
+        if para:
+            yield _ROFF_ESC.sub("", " ".join(para)).replace("\\-", "-")
+
+
+_RST_ROLE = re.compile(r":[\w:-]+:`([^`<]*)(?:<[^>]*>)?`")
+
+
+def _python_docs(root: Path) -> Iterator[str]:
+    """Prose paragraphs of the Python documentation's reStructuredText sources (not code blocks)."""
+    base = root / "usr/share/doc/python3.11/html/_sources"
+    for path in sorted(base.rglob("*.rst.txt")):
+        para: list[str] = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.strip() or line.startswith((" ", "\t", "..", "=", "-", "*", "#", "+", "|")):
+                if para:
+                    yield _RST_ROLE.sub(r"\1", " ".join(para)).replace("``", "").replace("`", "")
+                para = []
+                continue
+            para.append(line.strip())
+
+
+def _debian_descriptions(_root: Path) -> Iterator[str]:
+    """Long descriptions of Debian's packages, from the apt lists' English translation files
+    (`apt-get -o Acquire::Languages=en update` fetches them)."""
+    lists = sorted(Path("/var/lib/apt/lists").glob("*_i18n_Translation-en*"))
+    if not lists:
+        raise RuntimeError("no apt Translation-en lists: run `apt-get -o Acquire::Languages=en update`")
+    for path in lists:
+        text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], check=True,
+                              capture_output=True).stdout.decode("utf-8", "replace")
+        para: list[str] = []
+        for line in text.splitlines():
+            if line.startswith(" ") and line.strip() != ".":
+                para.append(line.strip())
+                continue
+            if para:
+                yield " ".join(para)
+            para = []
+
+
+# --- staged training text (never dev/test files) ----------------------------------------------
+_PTB = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "``": '"', "''": '"', "\\/": "/"}
+
+
+def detokenize(text: str) -> str:
+    """PTB-tokenized text back to ordinary text, so teachers see what users write."""
+    for esc, raw in _PTB.items():
+        text = text.replace(esc, raw)
+    text = re.sub(r" (n't|'s|'re|'ve|'ll|'d|'m)\b", r"\1", text)
+    text = re.sub(r" ([.,;:!?)\]])", r"\1", text)
+    return re.sub(r"([(\[]) ", r"\1", text)
+
+
+def _jsonl(rel: str, *fields: str, ptb: bool = False) -> Callable[[Path], Iterator[str]]:
+    def read(data: Path) -> Iterator[str]:
+        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line)
+                for field in fields:
+                    yield detokenize(row[field]) if ptb else row[field]
+    return read
+
+
+SOURCES = [
+    Source("wordnet", "Debian wordnet-base (WordNet 3.0 glosses and examples)",
+           "WordNet 3.0 licence (BSD-style, Princeton University)", _wordnet),
+    Source("gcide", "Debian dict-gcide (Collaborative International Dictionary of English 0.48)",
+           "GPL-2.0-or-later", _dictd("gcide")),
+    Source("jargon", "Debian dict-jargon (Jargon File 4.4.7)", "public domain", _dictd("jargon")),
+    Source("foldoc", "Debian dict-foldoc (Free On-line Dictionary of Computing)",
+           "FOLDOC licence (GFDL-1.1-or-later)", _dictd("foldoc")),
+    Source("devil", "Debian dict-devil (Bierce, The Devil's Dictionary)", "public domain", _dictd("devil")),
+    Source("fortunes", "Debian fortunes, fortunes-min", "BSD-4-clause / public domain (debian/copyright)",
+           _fortunes),
+    Source("manpages", "Debian manpages, manpages-dev (Linux man-pages 6.03)",
+           "various free licences (Verbatim, GPL, BSD; debian/copyright)", _manpages),
+    Source("python-docs", "Debian python3.11-doc (reStructuredText sources)", "PSF-2.0 (Python docs)",
+           _python_docs),
+    Source("debian-descriptions", "Debian bookworm package descriptions (i18n Translation-en)",
+           "each package's own DFSG-free licence", _debian_descriptions),
+    Source("sst-train", "staged sst/sst5_phrases_train.jsonl.gz (SST train phrases and sentences)",
+           "SST: research use, cite Socher et al. 2013", _jsonl("sst/sst5_phrases_train.jsonl.gz", "text",
+                                                                 ptb=True), staged=True),
+    Source("nli-train", "staged NLI training sentences (MultiNLI dev_matched, SNLI dev, SICK train)",
+           "SNLI CC BY-SA 4.0; MultiNLI OANC/CC BY-SA 3.0; SICK CC BY-NC-SA 3.0",
+           lambda d: _chain(_jsonl("mnli/dev_matched.jsonl.gz", "sentence1", "sentence2")(d),
+                            _jsonl("snli/dev.jsonl.gz", "sentence1", "sentence2")(d),
+                            _jsonl("senteval/SICK/sick_train.jsonl.gz", "sentence_a", "sentence_b")(d)),
+           staged=True),
+    Source("stsb-train", "staged stsb/train.jsonl.gz sentences", "CC BY-SA 4.0 scores; sources' licences",
+           _jsonl("stsb/train.jsonl.gz", "sentence1", "sentence2"), staged=True),
+]
+
+
+def _chain(*iterators: Iterator[str]) -> Iterator[str]:
+    for it in iterators:
+        yield from it

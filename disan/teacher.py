@@ -1,0 +1,142 @@
+"""Teacher sentence vectors for distillation (`disan teacher`): computed once, cached, resumable.
+
+The cache of one (corpus, teacher) pair is a folder holding `vectors.f16` (an fp16 [N, dim] array
+on disk, read back memory-mapped) and `progress.json`. Chunks of the corpus are encoded in order;
+each chunk's rows are flushed to disk before `progress.json` (written aside, then renamed) counts
+them, so a killed run loses at most the chunk in flight and never records rows it did not write.
+Because the corpus is shuffled when built, the encoded prefix is a sample of every source, and a
+student can train on it while the rest is still being encoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# teacher name -> (embeddings module's source name, vector size)
+TEACHERS = {"mpnet": ("mpnet", 768), "minilm": ("minilm", 384)}
+
+
+@dataclass
+class TeacherCache:
+    folder: Path
+    corpus_sha256: str
+    teacher: str
+    rows: int
+    dim: int
+
+    @property
+    def _progress(self) -> Path:
+        return self.folder / "progress.json"
+
+    @classmethod
+    def open(cls, folder: Path, corpus_sha256: str, teacher: str, rows: int, dim: int) -> TeacherCache:
+        """The cache in `folder`, made if missing; refuses one made for another corpus or teacher."""
+        cache = cls(folder, corpus_sha256, teacher, rows, dim)
+        folder.mkdir(parents=True, exist_ok=True)
+        if cache._progress.is_file():
+            got = json.loads(cache._progress.read_text())
+            want = {"corpus_sha256": corpus_sha256, "teacher": teacher, "rows": rows, "dim": dim}
+            if {k: got.get(k) for k in want} != want:
+                raise ValueError(f"{folder} caches {got.get('teacher')} vectors of another corpus "
+                                 f"({got.get('corpus_sha256', '')[:12]}); use another --out")
+        else:
+            np.lib.format.open_memmap(folder / "vectors.f16.npy", "w+", np.float16, (rows, dim)).flush()
+            cache._write_done(0)
+        return cache
+
+    @property
+    def done(self) -> int:
+        """Rows at the start of the corpus whose vectors are on disk."""
+        return int(json.loads(self._progress.read_text())["done"])
+
+    def _write_done(self, done: int) -> None:
+        tmp = self._progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"corpus_sha256": self.corpus_sha256, "teacher": self.teacher,
+                                   "rows": self.rows, "dim": self.dim, "done": done}))
+        os.replace(tmp, self._progress)
+
+    def write(self, start: int, vectors: np.ndarray) -> None:
+        """Store the vectors of rows start.. (start must be `done`: chunks are written in order)."""
+        if start != self.done:
+            raise ValueError(f"chunk starts at row {start}, but {self.done} rows are done")
+        mm = np.load(self.folder / "vectors.f16.npy", mmap_mode="r+")
+        mm[start:start + len(vectors)] = vectors.astype(np.float16)
+        mm.flush()
+        del mm
+        self._write_done(start + len(vectors))
+
+    def vectors(self) -> np.ndarray:
+        """The encoded prefix, memory-mapped (read-only)."""
+        return np.load(self.folder / "vectors.f16.npy", mmap_mode="r")[: self.done]
+
+
+def encode_corpus(sentences: list[str], cache: TeacherCache, encode, chunk: int = 2048,
+                  max_minutes: float | None = None, log=print) -> int:
+    """Encode the rows not yet cached, `chunk` at a time; `encode(list[str]) -> [n, dim]`. Returns
+    the rows done. Stops cleanly after the chunk that passes `max_minutes`."""
+    t0 = time.time()
+    start = cache.done
+    while start < len(sentences):
+        stop = min(start + chunk, len(sentences))
+        cache.write(start, np.asarray(encode(sentences[start:stop]), dtype=np.float32))
+        elapsed = time.time() - t0
+        log(f"{stop}/{len(sentences)} rows, {elapsed / 60:.1f} min in this run")
+        start = stop
+        if max_minutes is not None and elapsed > 60 * max_minutes:
+            break
+    return cache.done
+
+
+def sentence_transformer_encoder(teacher: str, precision: str = "bf16", batch_size: int = 64):
+    """`encode(texts)` of an offline teacher: L2-normalised vectors. bf16 autocast on the CPU more
+    than doubles MPNet's speed for a cosine to the fp32 vectors above 0.9999 (RESULTS)."""
+    import torch
+
+    from disan.embeddings import _sentence_encoder
+
+    model = _sentence_encoder(TEACHERS[teacher][0])
+
+    def encode(texts: list[str]) -> np.ndarray:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                    enabled=precision == "bf16"):
+            return model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                convert_to_numpy=True, show_progress_bar=False)
+    return encode
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", type=Path, required=True, help="a `disan corpus` output folder")
+    parser.add_argument("--teacher", choices=sorted(TEACHERS), default="mpnet")
+    parser.add_argument("--out", type=Path, default=None, help="default: CORPUS/teacher-NAME")
+    parser.add_argument("--chunk", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from disan.corpus import read_corpus
+
+    sentences, info = read_corpus(args.corpus)
+    out = args.out or args.corpus / f"teacher-{args.teacher}"
+    cache = TeacherCache.open(out, info["sha256"], args.teacher, len(sentences), TEACHERS[args.teacher][1])
+    if cache.done >= len(sentences):
+        print(f"{out}: all {len(sentences)} rows cached")
+        return 0
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    encode = sentence_transformer_encoder(args.teacher, args.precision, args.batch_size)
+    print(f"{args.teacher}: {cache.done}/{len(sentences)} rows cached, resuming -> {out}")
+    done = encode_corpus(sentences, cache, encode, args.chunk, args.max_minutes)
+    print(f"{done}/{len(sentences)} rows cached in {out}")
+    return 0

@@ -1,0 +1,64 @@
+"""disan corpus: sentence splitting, filters, dedup, evaluation exclusion, shuffled output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disan import corpus
+from disan.corpus_sources import Source, detokenize
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _source(name: str, paragraphs: list[str]) -> Source:
+    return Source(name, "test", "CC0", lambda _root: iter(paragraphs), staged=True)
+
+
+def test_split_and_keep() -> None:
+    parts = corpus.split_sentences("The cat sat on the mat. Then it left!  \"Why?\" he asked the dog.")
+    assert parts == ["The cat sat on the mat.", "Then it left!", "\"Why?\" he asked the dog."]
+    assert corpus.keep("A perfectly ordinary sentence here.", 4, 48)
+    assert not corpus.keep("Too short.", 4, 48)
+    assert not corpus.keep("See https://example.org for the whole story today.", 4, 48)
+    assert not corpus.keep("x = foo_bar(1, 2) + baz[3]", 4, 48)
+
+
+def test_build_dedups_excludes_and_records(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: {corpus.key("A test sentence we must never see.")})
+    sources = [_source("one", ["A first sentence of the corpus. A TEST sentence  we must never see."]),
+               _source("two", ["A first sentence of the corpus. Another sentence that is new here."])]
+    info = corpus.build(sources, tmp_path, None, tmp_path / "out")
+    sentences, read_info = corpus.read_corpus(tmp_path / "out")
+    assert sorted(sentences) == ["A first sentence of the corpus.", "Another sentence that is new here."]
+    assert read_info == info
+    one, two = info["sources"]
+    assert (one["kept"], one["eval_dropped"], two["duplicates"], two["kept"]) == (1, 1, 1, 1)
+    assert info["eval_dropped"] == 1 and one["licence"] == "CC0"
+
+
+def test_read_corpus_refuses_edited_file(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
+    corpus.build([_source("one", ["One sentence that is long enough."])], tmp_path, None, tmp_path / "c")
+    (tmp_path / "c" / "sentences.txt").write_text("something else entirely, four tokens\n")
+    with pytest.raises(ValueError, match="does not match"):
+        corpus.read_corpus(tmp_path / "c")
+
+
+def test_detokenize_ptb() -> None:
+    assert detokenize("it does n't work -LRB- really -RRB- , ok ?") == "it doesn't work (really), ok?"
+
+
+@pytest.mark.skipif(not (DATA / "stsb" / "dev.jsonl.gz").is_file(), reason="staged data not present")
+def test_eval_keys_cover_every_eval_set() -> None:
+    keys = corpus.eval_keys(DATA)
+    # one sentence of each kind: STS-B dev, SICK dev, SST test, MR, TREC test
+    import gzip
+    import json
+
+    for rel, field in [("stsb/dev.jsonl.gz", "sentence1"), ("senteval/SICK/sick_dev.jsonl.gz", "sentence_a"),
+                       ("sst/sst5_test.jsonl.gz", "text"), ("senteval/MR/mr.jsonl.gz", "text"),
+                       ("senteval/TREC/trec_test.jsonl.gz", "text")]:
+        first = json.loads(gzip.open(DATA / rel, "rt").readline())[field]
+        assert corpus.key(first) in keys, rel

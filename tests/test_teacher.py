@@ -1,0 +1,51 @@
+"""Teacher cache: fp16 on disk, memory-mapped, resumable after a crash with no row lost or redone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from disan.teacher import TeacherCache, encode_corpus
+
+
+def _vectors(texts: list[str]) -> np.ndarray:
+    return np.array([[len(t), float(t.split()[-1]), 1.0] for t in texts], dtype=np.float32)
+
+
+def test_resume_after_crash_encodes_each_row_once(tmp_path: Path) -> None:
+    sentences = [f"sentence number {i}" for i in range(23)]
+    cache = TeacherCache.open(tmp_path / "c", "abc", "fake", len(sentences), 3)
+    seen: list[str] = []
+
+    def crashing(texts: list[str]) -> np.ndarray:
+        if len(seen) >= 10:
+            raise KeyboardInterrupt  # killed while encoding the third chunk
+        seen.extend(texts)
+        return _vectors(texts)
+
+    with pytest.raises(KeyboardInterrupt):
+        encode_corpus(sentences, cache, crashing, chunk=5, log=lambda _m: None)
+    assert cache.done == 10
+
+    again = TeacherCache.open(tmp_path / "c", "abc", "fake", len(sentences), 3)
+    redone: list[str] = []
+    encode_corpus(sentences, again, lambda t: (redone.extend(t), _vectors(t))[1], chunk=5,
+                  log=lambda _m: None)
+    assert redone == sentences[10:]  # nothing encoded twice, nothing skipped
+    got = again.vectors()
+    assert got.dtype == np.float16 and isinstance(got, np.memmap)
+    np.testing.assert_array_equal(got, _vectors(sentences).astype(np.float16))
+
+
+def test_refuses_a_cache_of_another_corpus(tmp_path: Path) -> None:
+    TeacherCache.open(tmp_path / "c", "abc", "fake", 4, 3)
+    with pytest.raises(ValueError, match="another corpus"):
+        TeacherCache.open(tmp_path / "c", "def", "fake", 4, 3)
+
+
+def test_max_minutes_stops_after_a_chunk(tmp_path: Path) -> None:
+    sentences = [f"row {i}" for i in range(12)]
+    cache = TeacherCache.open(tmp_path / "c", "abc", "fake", len(sentences), 3)
+    assert encode_corpus(sentences, cache, _vectors, chunk=4, max_minutes=0, log=lambda _m: None) == 4
