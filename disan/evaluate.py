@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
     parser.add_argument("--task", choices=sorted(EVAL_FILES))
     parser.add_argument("--transfer", action="store_true", help="SentEval-style transfer of /embed vectors")
+    parser.add_argument("--sts", action="store_true",
+                        help="unsupervised STS (cosine Spearman) of /embed vectors: STS-B dev, SICK dev")
+    parser.add_argument("--sts-baselines", default="minilm,mpnet", help="--sts: comma list or ''")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"),
                         help="a data file, or the staged data directory (the task's test file is used)")
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")
@@ -110,8 +113,13 @@ def run(args: argparse.Namespace) -> int:
 
         run_transfer(args)
         return 0
+    if args.sts:
+        from disan.sts import run_sts  # scipy (`train` extra)
+
+        run_sts(args)
+        return 0
     if not args.task:
-        raise ValueError("give --task (snli|mnli|sick-e|sst5|sst2) or --transfer")
+        raise ValueError("give --task (snli|mnli|sick-e|sst5|sst2), --transfer or --sts")
     report = evaluate_task(args.bundle, args.task, args.data, args.variant, args.batch_size)
     print(format_report(report))
     out = args.report or Path("runs") / f"eval_{args.task}_{args.variant}.json"

@@ -51,6 +51,9 @@ class DiSANConfig:
     task: Literal["nli", "sentiment", "encoder"] = "nli"
     num_classes: int = 3
     head_dim: int = 300
+    # > 0: a linear map of the 2*d_h source2token vector to this size ends the encoder, so a student
+    # distilled into a teacher's space (768 for MPNet) serves the vectors it was trained to match.
+    proj_dim: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -378,6 +381,7 @@ class DiSANEncoder(nn.Module):
             self.fw = DiSA(cfg, "forward" if cfg.mask_kind == "directional" else "diag")
             self.bw = DiSA(cfg, direction_b)
         self.s2t = Source2Token(2 * cfg.d_h, cfg)
+        self.proj = nn.Linear(2 * cfg.d_h, cfg.proj_dim) if cfg.proj_dim > 0 else None
         # Both directions in one n x n tensor (same values; see directional_pair). A plain
         # attribute, not config: tests switch it off to compare against the per-block path.
         self.packed = (cfg.encoder_kind == "disan" and cfg.mask_kind == "directional"
@@ -388,10 +392,10 @@ class DiSANEncoder(nn.Module):
 
     @property
     def out_dim(self) -> int:
-        return 2 * self.cfg.d_h
+        return self.cfg.proj_dim or 2 * self.cfg.d_h
 
     def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):
-        """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, 2*d_h].
+        """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, out_dim] (2*d_h unless proj_dim).
 
         With `return_tokens=True` also returns a dict with u_fw, u_bw [B,n,d_h]; attn_fw,
         attn_bw [B,n,n] (attention averaged over features); gate_fw, gate_bw [B,n,d_h]
@@ -414,7 +418,9 @@ class DiSANEncoder(nn.Module):
             u = torch.cat([u_fw, u_bw], dim=-1)                           # [B,n,2d]
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}
-        sent, probs = self.s2t(u, mask)
+        sent, probs = self.s2t(u, mask)                                   # [B,2d]
+        if self.proj is not None:
+            sent = self.proj(sent)                                        # [B,proj_dim]
         if not return_tokens:
             return sent
         extras["s2t"] = probs.mean(dim=-1)

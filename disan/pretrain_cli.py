@@ -69,8 +69,10 @@ def teacher_embeddings(sentences: list[str], cache_dir: Path, batch_size: int = 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan pretrain`."""
-    parser.add_argument("--texts", nargs="+", type=Path, required=True,
+    parser.add_argument("--texts", nargs="+", type=Path, default=[],
                         help="training files whose sentences are distilled (never test sets)")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="a `disan corpus` folder with a `disan teacher` cache: the corpus-scale loop")
     parser.add_argument("--exclude", nargs="*", type=Path, default=[],
                         help="files whose sentences must not be used (held-out dev/test)")
     parser.add_argument("--vocab", type=Path, default=None,
@@ -93,10 +95,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
+    corpus_arguments(parser)
+
+
+def corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `disan pretrain --corpus` (the corpus-scale loop)."""
+    parser.add_argument("--teacher", default="mpnet", help="teacher cache under the corpus: teacher-NAME")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="staged data (STS dev)")
+    parser.add_argument("--vocab-size", type=int, default=60000)
+    parser.add_argument("--serve-proj", action="store_true",
+                        help="end the encoder in the projection to the teacher's space (served)")
+    parser.add_argument("--contrastive", type=float, default=0.0, help="weight of the in-batch InfoNCE term")
+    parser.add_argument("--temperature", type=float, default=0.05)
+    parser.add_argument("--keep-prob", type=float, default=0.9)
+    parser.add_argument("--steps", type=int, default=10**9)
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--resume", action="store_true", help="continue from --out/last.pt")
 
 
 def run(args: argparse.Namespace) -> int:
     """Compute (or load) teacher vectors, then pre-train the encoder unless --teacher-only."""
+    if args.corpus:
+        return run_corpus(args)
+    if not args.texts:
+        raise ValueError("give --texts FILE... (or --corpus DIR)")
     exclude = set(collect_sentences(args.exclude)) if args.exclude else set()
     holdout = (args.holdout_from, args.holdout, args.holdout_seed) if args.holdout_from else None
     sentences = collect_sentences(args.texts, args.min_tokens, exclude, holdout)
@@ -109,4 +131,21 @@ def run(args: argparse.Namespace) -> int:
     from disan.pretrain import pretrain_encoder  # torch: not needed for --teacher-only
 
     pretrain_encoder(args, sentences, vecs)
+    return 0
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    """Distil the cached teacher vectors of a `disan corpus` (as far as they are encoded)."""
+    from disan.corpus import read_corpus
+    from disan.distill import distill
+    from disan.teacher import TEACHERS, TeacherCache
+
+    sentences, info = read_corpus(args.corpus)
+    cache = TeacherCache.open(args.corpus / f"teacher-{args.teacher}", info["sha256"], args.teacher,
+                              len(sentences), TEACHERS[args.teacher][1])
+    if cache.done < 1000:
+        raise ValueError(f"fewer than 1000 {args.teacher} vectors cached: "
+                         f"run `disan teacher --corpus {args.corpus}`")
+    print(f"{cache.done}/{len(sentences)} corpus sentences have {args.teacher} vectors so far")
+    print(json.dumps({"out": str(args.out), **distill(args, sentences, cache.vectors)}))
     return 0

@@ -1,0 +1,174 @@
+"""Distil a teacher's cached sentence vectors of a corpus into a DiSAN encoder (`disan pretrain
+--corpus`): the training loop at scale, with resume.
+
+Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch InfoNCE term
+(each student vector must pick its own teacher vector among the batch's), which keeps unrelated
+sentences apart, the property unsupervised STS rewards. The student's vector enters the teacher's
+space through a linear map: inside the encoder (--serve-proj: the served vector is the projected
+one) or beside it (the served vector is DiSAN's own 2*d_h vector).
+
+Model selection: cosine Spearman on STS-B dev (`disan.sts`); SICK dev and the mean cosine to the
+teacher on a held-out slice of the corpus are logged beside it. Writes to --out: vocab.json,
+best.pt (an `encoder` checkpoint), last.pt (+ optimizer and step, for --resume), metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from disan import embeddings as E
+from disan.batching import length_batches, sorted_batches
+from disan.checkpoint import load_checkpoint, save_checkpoint
+from disan.model import DiSANConfig, DiSANEncoder
+from disan.sts import sts_scores
+from disan.text import Vocab, tokenize
+
+MAX_TOKENS = 64
+
+
+def corpus_vocab(texts: list[list[str]], size: int, min_count: int = 2) -> Vocab:
+    """The `size` most frequent tokens of the corpus (seen at least `min_count` times)."""
+    counts = Counter(t for toks in texts for t in toks)
+    return Vocab(w for w, c in counts.most_common(size) if c >= min_count)
+
+
+class Student(torch.nn.Module):
+    """The encoder plus, unless the encoder ends in its own projection, a training-only map into
+    the teacher's space."""
+
+    def __init__(self, cfg: DiSANConfig, teacher_dim: int):
+        super().__init__()
+        self.encoder = DiSANEncoder(cfg)
+        self.map = None if cfg.proj_dim else torch.nn.Linear(self.encoder.out_dim, teacher_dim)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        served = self.encoder(ids, mask)
+        return served if self.map is None else self.map(served)
+
+
+def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float):
+    pred_n, target_n = F.normalize(pred, dim=-1), F.normalize(target, dim=-1)
+    loss = 1.0 - (pred_n * target_n).sum(-1).mean()
+    if contrastive > 0:
+        logits = pred_n @ target_n.T / temperature                      # [B,B]
+        loss = loss + contrastive * F.cross_entropy(logits, torch.arange(len(pred), device=pred.device))
+    return loss
+
+
+def _batch(rows: list[list[int]], idx) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = Vocab.pad([rows[i] for i in idx])
+    return torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)
+
+
+@torch.no_grad()
+def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.ndarray:
+    """Served vectors of raw texts, in order (eval mode; training mode restored)."""
+    was = encoder.training
+    encoder.eval()
+    rows = [vocab.text_ids(t, MAX_TOKENS) or [0] for t in texts]
+    out = np.zeros((len(rows), encoder.out_dim), dtype=np.float32)
+    for b in sorted_batches([len(r) for r in rows], 256):
+        ids, mask = _batch(rows, b)
+        out[b] = encoder(ids, mask).numpy()
+    encoder.train(was)
+    return out
+
+
+@torch.no_grad()
+def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
+    student.eval()
+    total = 0.0
+    for b in sorted_batches([len(rows[i]) for i in idx], 256):
+        ids, mask = _batch(rows, idx[b])
+        total += F.cosine_similarity(student(ids, mask), target[idx[b]], dim=-1).sum().item()
+    student.train()
+    return total / len(idx)
+
+
+def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Callable[[], np.ndarray]) -> dict:
+    """Train on the sentences whose teacher vectors are cached; returns the best record.
+
+    `teacher_prefix()` gives the vectors of the corpus's first rows; it is asked again before each
+    pass over the data, so a student trains while its teacher is still encoding the corpus. The
+    vocabulary comes from the whole corpus; the first rows are the validation slice.
+    """
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    teacher = teacher_prefix()
+    texts = [tokenize(s)[:MAX_TOKENS] for s in sentences]
+    resume = load_checkpoint(out / "last.pt") if args.resume and (out / "last.pt").is_file() else None
+    vocab = Vocab(resume["vocab"][2:]) if resume else corpus_vocab(texts, args.vocab_size)
+    vocab.save(out / "vocab.json")
+    rows = [vocab.ids(t) or [1] for t in texts]
+    cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=args.embed_dim, d_h=args.d_h, keep_prob=args.keep_prob,
+                      task="encoder", proj_dim=teacher.shape[1] if args.serve_proj else 0)
+    torch.manual_seed(args.seed)
+    student = Student(cfg, teacher.shape[1])
+    optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
+    step, best = 0, {"stsb": -1.0}
+    if resume:
+        student.load_state_dict(resume["student_state"])
+        optimizer.load_state_dict(resume["optimizer_state"])
+        step, best = resume["step"], resume["best"]
+    else:
+        vectors = None if args.init == "random" else E.static_vectors(vocab, args.embed_dim, args.init)
+        matrix, found = E.init_matrix(vocab, vectors, args.embed_dim, args.seed)
+        with torch.no_grad():
+            student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
+        print(f"vocab {len(vocab)} ({found} from {args.init})")
+    rng = np.random.default_rng(args.seed + step)
+    n_val = min(2000, len(teacher) // 10)
+    val = np.arange(n_val)
+    started = time.monotonic()
+    log = (out / "metrics.jsonl").open("a", encoding="utf-8")
+    done = False
+    while not done:
+        teacher = teacher_prefix()
+        target = torch.from_numpy(np.asarray(teacher, dtype=np.float32))
+        train = np.arange(n_val, len(teacher))
+        print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
+        for b in length_batches([len(rows[i]) for i in train], args.batch_size, rng):
+            ids, mask = _batch(rows, train[b])
+            loss = distill_loss(student(ids, mask), target[train[b]], args.contrastive, args.temperature)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            out_of_time = args.max_minutes and time.monotonic() - started > 60 * args.max_minutes
+            done = step >= args.steps or bool(out_of_time)
+            if step % args.eval_every == 0 or done:
+                best = _evaluate(student, vocab, rows, target, val, step, float(loss.detach()), best, out,
+                                 optimizer, args, log)
+            if done:
+                break
+    log.close()
+    return best
+
+
+def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log) -> dict:
+    sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), args.data)
+    val_cosine = round(_val_cosine(student, rows, target, val), 4)
+    record = {"step": step, "loss": round(loss, 4), "val_cosine": val_cosine,
+              "stsb": sts["STS-B dev"], "sick": sts["SICK dev"]}
+    log.write(json.dumps(record) + "\n")
+    log.flush()
+    print(json.dumps(record), flush=True)
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    if record["stsb"] > best["stsb"]:
+        best = record
+        save_checkpoint(out / "best.pt", student.encoder, vocab, [], train_config=config, step=step,
+                        metrics=record)
+    save_checkpoint(out / "last.pt", student.encoder, vocab, [], train_config=config, step=step, best=best,
+                    student_state=student.state_dict(), optimizer_state=optimizer.state_dict())
+    return best
