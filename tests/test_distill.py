@@ -1,0 +1,72 @@
+"""pretrain --corpus: the corpus-scale distillation loop (tiny model, fake teacher)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disan import distill  # noqa: E402
+from disan.checkpoint import load_checkpoint  # noqa: E402
+from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
+
+WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
+
+
+def _args(out: Path, **over) -> argparse.Namespace:
+    base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
+                serve_proj=True, contrastive=0.1, temperature=0.05, lr=1e-2, seed=0, init="random",
+                batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"))
+    return argparse.Namespace(**{**base, **over})
+
+
+def _corpus(n: int = 80) -> tuple[list[str], np.ndarray]:
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(WORDS, size=rng.integers(3, 8))) for _ in range(n)]
+    return sentences, rng.standard_normal((n, 6)).astype(np.float16)
+
+
+@pytest.fixture(autouse=True)
+def _no_sts_files(monkeypatch) -> None:
+    # STS dev files are staged data; score two fixed pairs instead, through the real encoder.
+    def fake(encode, _data):
+        v = encode(["the cat sat", "a dog ran", "the cat sat on a mat", "big red dog"])
+        return {"STS-B dev": float(v[0] @ v[2]), "SICK dev": float(v[1] @ v[3])}
+    monkeypatch.setattr(distill, "sts_scores", fake)
+
+
+def test_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path), sentences, lambda: teacher)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["config"]["proj_dim"] == 6  # the served vector lives in the teacher's space
+    distill.distill(_args(tmp_path, resume=True, steps=9), sentences, lambda: teacher)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6, 9]  # continued, not restarted
+
+
+def test_grows_with_the_teacher_cache(tmp_path: Path, capsys) -> None:
+    sentences, teacher = _corpus(200)
+    calls = iter([teacher[:40], teacher[:40], teacher[:120]] + [teacher[:200]] * 50)
+    distill.distill(_args(tmp_path, steps=12, batch_size=16, eval_every=100), sentences, lambda: next(calls))
+    passes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pass from")]
+    assert "train 36" in passes[0] and "train 116" in passes[1]
+
+
+def test_loss_prefers_the_matching_teacher_vector() -> None:
+    target = torch.eye(4)
+    loss = distill.distill_loss
+    assert loss(target, target, 1.0, 0.05) < loss(target.flip(0), target, 1.0, 0.05)
+
+
+def test_projection_sets_the_served_size() -> None:
+    enc = DiSANEncoder(DiSANConfig(vocab_size=10, embed_dim=8, d_h=4, task="encoder", proj_dim=6))
+    out = enc(torch.tensor([[2, 3, 0]]), torch.tensor([[True, True, False]]))
+    assert out.shape == (1, 6) and enc.out_dim == 6
