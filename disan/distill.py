@@ -29,7 +29,7 @@ from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
-from disan.sts import sts_scores
+from disan.sts import sts_scores, train_pairs
 from disan.text import Vocab, tokenize
 
 MAX_TOKENS = 64
@@ -128,6 +128,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
         print(f"vocab {len(vocab)} ({found} from {args.init})")
     rng = np.random.default_rng(args.seed + step)
+    pairs = _labelled_pairs(args.data, vocab) if args.pairs_weight > 0 else None
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)
     started = time.monotonic()
@@ -141,6 +142,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         for b in length_batches([len(rows[i]) for i in train], args.batch_size, rng):
             ids, mask = _batch(rows, train[b])
             loss = distill_loss(student(ids, mask), target[train[b]], args.contrastive, args.temperature)
+            if pairs is not None:
+                pair_loss = _pair_loss(student.encoder, pairs, rng, args.batch_size // 4)
+                loss = loss + args.pairs_weight * pair_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -154,6 +158,22 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
                 break
     log.close()
     return best
+
+
+def _labelled_pairs(data: Path, vocab: Vocab) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
+    left, right, scores = train_pairs(data)
+    ids = [[vocab.text_ids(t, MAX_TOKENS) or [1] for t in side] for side in (left, right)]
+    return ids[0], ids[1], torch.from_numpy(scores)
+
+
+def _pair_loss(encoder: DiSANEncoder, pairs, rng: np.random.Generator, size: int) -> torch.Tensor:
+    """MSE between the cosine of a labelled pair's vectors and its score in [0, 1] (as
+    sentence-transformers' CosineSimilarityLoss)."""
+    left, right, scores = pairs
+    idx = rng.integers(0, len(scores), size=max(size, 2))
+    u = encoder(*_batch(left, idx))
+    v = encoder(*_batch(right, idx))
+    return F.mse_loss(F.cosine_similarity(u, v, dim=-1), scores[idx])
 
 
 def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log) -> dict:

@@ -107,6 +107,8 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end the encoder in the projection to the teacher's space (served)")
     parser.add_argument("--contrastive", type=float, default=0.0, help="weight of the in-batch InfoNCE term")
     parser.add_argument("--temperature", type=float, default=0.05)
+    parser.add_argument("--pairs-weight", type=float, default=0.0,
+                        help="weight of a cosine-vs-score loss on STS-B train and SICK train pairs")
     parser.add_argument("--keep-prob", type=float, default=0.9)
     parser.add_argument("--steps", type=int, default=10**9)
     parser.add_argument("--eval-every", type=int, default=500)

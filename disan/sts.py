@@ -22,16 +22,34 @@ STS_SETS = {
     "STS-B dev": ("stsb/dev.jsonl.gz", "sentence1", "sentence2", "score"),
     "SICK dev": ("senteval/SICK/sick_dev.jsonl.gz", "sentence_a", "sentence_b", "relatedness"),
 }
+# Labelled training pairs a student may learn from (`disan pretrain --pairs-weight`): name ->
+# (file, fields as above, score range), scores mapped to [0, 1].
+STS_TRAIN_SETS = {
+    "STS-B train": ("stsb/train.jsonl.gz", "sentence1", "sentence2", "score", (0.0, 5.0)),
+    "SICK train": ("senteval/SICK/sick_train.jsonl.gz", "sentence_a", "sentence_b", "relatedness",
+                   (1.0, 5.0)),
+}
 
 
 def read_pairs(data: Path, name: str) -> tuple[list[str], list[str], np.ndarray]:
-    rel, a, b, score = STS_SETS[name]
+    rel, a, b, score = {**STS_SETS, **{k: v[:4] for k, v in STS_TRAIN_SETS.items()}}[name]
     path = data / rel
     if not path.is_file():
         raise ValueError(f"{path}: STS data not found (point --data at the staged data directory)")
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     return [r[a] for r in rows], [r[b] for r in rows], np.array([float(r[score]) for r in rows])
+
+
+def train_pairs(data: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """Every labelled training pair, scores scaled to [0, 1] (never a dev or test pair)."""
+    left, right, scores = [], [], []
+    for name, (*_, (low, high)) in STS_TRAIN_SETS.items():
+        a, b, gold = read_pairs(data, name)
+        left += a
+        right += b
+        scores.append((gold - low) / (high - low))
+    return left, right, np.concatenate(scores).astype(np.float32)
 
 
 def cosine_spearman(left: np.ndarray, right: np.ndarray, gold: np.ndarray) -> float:

@@ -20,8 +20,8 @@ WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
 
 def _args(out: Path, **over) -> argparse.Namespace:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
-                serve_proj=True, contrastive=0.1, temperature=0.05, lr=1e-2, seed=0, init="random",
-                batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"))
+                serve_proj=True, contrastive=0.1, pairs_weight=0.0, temperature=0.05, lr=1e-2, seed=0,
+                init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"))
     return argparse.Namespace(**{**base, **over})
 
 
@@ -70,3 +70,15 @@ def test_projection_sets_the_served_size() -> None:
     enc = DiSANEncoder(DiSANConfig(vocab_size=10, embed_dim=8, d_h=4, task="encoder", proj_dim=6))
     out = enc(torch.tensor([[2, 3, 0]]), torch.tensor([[True, True, False]]))
     assert out.shape == (1, 6) and enc.out_dim == 6
+
+
+def test_labelled_pairs_join_the_loss(tmp_path: Path, monkeypatch) -> None:
+    asked = []
+
+    def fake_pairs(data):
+        asked.append(data)
+        return ["the cat sat", "a dog ran"], ["the cat sat on a mat", "big red dog"], np.array([0.9, 0.1])
+    monkeypatch.setattr(distill, "train_pairs", fake_pairs)
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, pairs_weight=1.0, steps=3), sentences, lambda: teacher)
+    assert asked == [Path("unused")]
