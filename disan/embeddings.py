@@ -227,8 +227,8 @@ def _reduce(raw: np.ndarray, dim: int, source: str) -> np.ndarray:
     return (reduced * (PRETRAINED_STD / reduced.std())).astype(np.float32)
 
 
-def _sentence_encoder(source: str):
-    """The offline sentence-transformer of `source` on CPU; never reaches for the network."""
+def _sentence_encoder(source: str, device: str = "cpu"):
+    """The offline sentence-transformer of `source` on `device`; never reaches for the network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     note = f" (--init {source} needs it)"
     path = mpnet_model_dir() if source == "mpnet" else _minilm_model_dir(note)
@@ -236,7 +236,7 @@ def _sentence_encoder(source: str):
         from sentence_transformers import SentenceTransformer  # optional: only these sources need it
     except ImportError as exc:
         raise MissingDependency("sentence_transformers", source, note) from exc
-    return SentenceTransformer(str(path), device="cpu")
+    return SentenceTransformer(str(path), device=device)
 
 
 def _minilm_model_dir(note: str) -> Path:
