@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.corpus import read_corpus
 from disan.data import holdout_split, read_examples
 from disan.embeddings import STATIC_SOURCES
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE
+from disan.teacher import TEACHERS, TeacherCache
 
 TEACHER_DIM = 384
 
@@ -138,9 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_corpus(args: argparse.Namespace) -> int:
     """Distil the cached teacher vectors of a `disan corpus` (as far as they are encoded)."""
-    from disan.corpus import read_corpus
-    from disan.distill import distill
-    from disan.teacher import TEACHERS, TeacherCache
+    from disan.distill import distill  # torch: not needed for --teacher-only
 
     sentences, info = read_corpus(args.corpus)
     cache = TeacherCache.open(args.corpus / f"teacher-{args.teacher}", info["sha256"], args.teacher,

@@ -72,7 +72,7 @@ def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None) -> di
 
 def mpnet_encoder() -> Encoder:
     """all-mpnet-base-v2 (the teacher; the ceiling a student can reach), fp32."""
-    from disan.embeddings import _sentence_encoder
+    from disan.embeddings import _sentence_encoder  # pulls sentence-transformers (`mpnet` extra)
 
     model = _sentence_encoder("mpnet")
     return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
@@ -80,7 +80,7 @@ def mpnet_encoder() -> Encoder:
 
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Bundle + baselines on every STS set; markdown table and JSON in --out-dir."""
-    from disan.transfer import disan_encoder, minilm_encoder
+    from disan.transfer import disan_encoder, minilm_encoder  # scikit-learn (`train` extra)
 
     encoders: dict[str, Callable[[], Encoder]] = {
         f"DiSAN ({args.bundle})": lambda: disan_encoder(args.bundle)}

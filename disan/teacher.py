@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.corpus import read_corpus
+
 # teacher name -> (embeddings module's source name, vector size)
 TEACHERS = {"mpnet": ("mpnet", 768), "minilm": ("minilm", 384)}
 
@@ -98,7 +100,7 @@ def sentence_transformer_encoder(teacher: str, precision: str = "bf16", batch_si
                                  device: str = "cpu"):
     """`encode(texts)` of an offline teacher: L2-normalised vectors. bf16 autocast on the CPU more
     than doubles MPNet's speed for a cosine to the fp32 vectors above 0.9999 (docs/distillation.md)."""
-    import torch
+    import torch  # optional (`train` extra): a cached teacher needs no torch
 
     from disan.embeddings import _sentence_encoder
 
@@ -126,8 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disan.corpus import read_corpus
-
     sentences, info = read_corpus(args.corpus)
     out = args.out or args.corpus / f"teacher-{args.teacher}"
     cache = TeacherCache.open(out, info["sha256"], args.teacher, len(sentences), TEACHERS[args.teacher][1])
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{out}: all {len(sentences)} rows cached")
         return 0
     if args.threads:
-        import torch
+        import torch  # optional, as above
 
         torch.set_num_threads(args.threads)
     encode = sentence_transformer_encoder(args.teacher, args.precision, args.batch_size, args.device)
