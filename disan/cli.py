@@ -19,7 +19,7 @@ COMMANDS = {
     "train": ("disan.train_cli", "train a DiSAN model on NLI or sentiment data", "train"),
     "experiment": ("disan.experiment", "run a resumable grid of training configurations x seeds", "train"),
     "corpus": ("disan.corpus", "build the distillation corpus (staged text + Debian packages)", "train"),
-    "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "mpnet"),
+    "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "train"),
     "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
