@@ -97,7 +97,8 @@ def settings_markdown() -> str:
         raise PluginError(f"settings without a section in service/settings.py: {missing}")
     out: list[str] = []
     for section in dict.fromkeys(sections.values()):
-        out += ["", f"### {section[0].upper()}{section[1:]}", "",
+        title = section if section.startswith("onnxruntime") else section[0].upper() + section[1:]
+        out += ["", f"### {title}", "",
                 "| variable / flag | default | values | what |", "| --- | --- | --- | --- |"]
         for name, field in Settings.model_fields.items():
             if sections[name] == section:
