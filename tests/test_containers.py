@@ -38,6 +38,8 @@ DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 SERVICE_DOCKERFILES = [DOCKER / "service-gpu.Dockerfile", DOCKER / "service-cpu.Dockerfile"]
 COMPOSE, SCALE = ROOT / "docker-compose.yml", ROOT / "docker-compose.scale.yml"
+# The README and every page of the documentation site: commands and variables they name must be real.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SERVICE_NAMES = ("disan", "disan-cpu")  # compose services running `disan serve`
 SETTINGS_ENV = {serve_cli.env_name(name) for name in Settings.model_fields}
 ENV_NAME = re.compile(r"\bDISAN_[A-Z0-9_]*[A-Z0-9]\b")
@@ -214,8 +216,7 @@ def test_healthcheck_probe(status: int, api_key: str | None, expected: int,
 def test_documented_train_commands_parse() -> None:
     """`docker compose run --rm train ...` lines in the docs parse with the real CLI."""
     pytest.importorskip("torch")  # the train/export parsers live in torch-side modules
-    text = "\n".join(f.read_text(encoding="utf-8") for f in (ROOT / "docs" / "containers.md",
-                                                             ROOT / "README.md") if f.is_file())
+    text = "\n".join(f.read_text(encoding="utf-8") for f in DOCS)
     commands = re.findall(r"docker compose run --rm train ((?:[^\n]*\\\n)*[^\n]*)", text)
     if not commands:
         pytest.skip("no documented train commands")
@@ -295,9 +296,8 @@ def test_scale_out_wiring() -> None:
 
 
 def test_every_disan_variable_exists() -> None:
-    """Any DISAN_* name in a container file or the container docs is a setting or read by the code."""
-    files = [*DOCKERFILES, COMPOSE, SCALE, DOCKER / "nginx.conf", DOCKER / "healthcheck.py",
-             ROOT / "docs" / "containers.md"]
+    """Any DISAN_* name in a container file or the docs is a setting or read by the code."""
+    files = [*DOCKERFILES, COMPOSE, SCALE, DOCKER / "nginx.conf", DOCKER / "healthcheck.py", *DOCS]
     used = {m for f in files if f.is_file() for m in ENV_NAME.findall(f.read_text(encoding="utf-8"))}
     # docker/ci-containers.sh's own knobs (DISAN_CONTAINERS_*), documented with it.
     script_env = set(ENV_NAME.findall((DOCKER / "ci-containers.sh").read_text(encoding="utf-8")))
