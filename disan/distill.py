@@ -83,6 +83,15 @@ def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.nd
     return out
 
 
+def checkpoint_encoder(path: Path):
+    """`encode(texts)` of an `encoder` checkpoint's served vectors (eval mode)."""
+    ckpt = load_checkpoint(path)
+    encoder = DiSANEncoder(DiSANConfig.from_dict(ckpt["config"]))
+    encoder.load_state_dict(ckpt["model_state"])
+    vocab = Vocab(ckpt["vocab"][2:])
+    return lambda texts: encode_texts(encoder, vocab, texts)
+
+
 @torch.no_grad()
 def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
     student.eval()

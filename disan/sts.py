@@ -78,12 +78,21 @@ def mpnet_encoder() -> Encoder:
     return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
 
 
+def checkpoint_encoder(path: Path) -> Encoder:
+    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
+    from disan.distill import checkpoint_encoder as load  # torch (`train` extra)
+
+    return load(path)
+
+
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Bundle + baselines on every STS set; markdown table and JSON in --out-dir."""
+    """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
+    --out-dir."""
     from disan.transfer import disan_encoder, minilm_encoder  # scikit-learn (`train` extra)
 
-    encoders: dict[str, Callable[[], Encoder]] = {
-        f"DiSAN ({args.bundle})": lambda: disan_encoder(args.bundle)}
+    encoders: dict[str, Callable[[], Encoder]] = (
+        {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
+        if args.checkpoint else {f"DiSAN ({args.bundle})": lambda: disan_encoder(args.bundle)})
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     for key in [b for b in args.sts_baselines.split(",") if b]:
         label, make = named[key]

@@ -82,3 +82,19 @@ def test_labelled_pairs_join_the_loss(tmp_path: Path, monkeypatch) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path, pairs_weight=1.0, steps=3), sentences, lambda: teacher)
     assert asked == [Path("unused")]
+
+
+def test_checkpoint_encoder_gives_the_trained_vectors(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, steps=3), sentences, lambda: teacher)
+    encode = distill.checkpoint_encoder(tmp_path / "best.pt")
+    ckpt = load_checkpoint(tmp_path / "best.pt")
+    enc = DiSANEncoder(DiSANConfig.from_dict(ckpt["config"]))
+    enc.load_state_dict(ckpt["model_state"])
+    enc.eval()
+    from disan.text import Vocab
+
+    vocab = Vocab(ckpt["vocab"][2:])
+    ids = vocab.text_ids("the cat sat")
+    want = enc(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)).detach().numpy()[0]
+    np.testing.assert_allclose(encode(["the cat sat"])[0], want, rtol=1e-5, atol=1e-6)
