@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         run_transfer(args)
         return 0
     if args.sts:
-        from disan.sts import run_sts  # scipy (`train` extra)
+        from disan.sts_run import run_sts  # scipy (`train` extra)
 
         run_sts(args)
         return 0

@@ -1,0 +1,51 @@
+"""`disan eval --sts`: the bundle (or students before export) and the MiniLM-L6 / MPNet baselines
+scored on every STS set in one run, so their rows can be compared. Kept apart from `disan/sts.py`
+because the student encoder comes from `disan/distill.py`, which trains on `disan/sts.py`'s pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from disan.sts import STS_SETS, Encoder, sts_scores
+
+
+def mpnet_encoder() -> Encoder:
+    """all-mpnet-base-v2 (the teacher; the ceiling a student can reach), fp32."""
+    from disan.embeddings import _sentence_encoder  # pulls sentence-transformers (`mpnet` extra)
+
+    model = _sentence_encoder("mpnet")
+    return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
+
+
+def checkpoint_encoder(path: Path) -> Encoder:
+    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
+    from disan.distill import checkpoint_encoder as load  # torch (`train` extra)
+
+    return load(path)
+
+
+def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
+    --out-dir."""
+    from disan.transfer import disan_encoder, minilm_encoder  # scikit-learn (`train` extra)
+
+    encoders: dict[str, Callable[[], Encoder]] = (
+        {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
+        if args.checkpoint else {f"DiSAN ({args.bundle})": lambda: disan_encoder(args.bundle)})
+    named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
+    for key in [b for b in args.sts_baselines.split(",") if b]:
+        label, make = named[key]
+        encoders[label] = make
+    results = {label: sts_scores(make(), args.data) for label, make in encoders.items()}
+    lines = ["| cosine Spearman | " + " | ".join(STS_SETS) + " |", "| --- |" + " --- |" * len(STS_SETS)]
+    lines += [f"| {label} | " + " | ".join(f"{s[n]:.4f}" for n in STS_SETS) + " |"
+              for label, s in results.items()]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "sts.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (args.out_dir / "sts.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return results
