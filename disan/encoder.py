@@ -37,6 +37,11 @@ LONG_TEXT_POLICIES: tuple[str, ...] = ("truncate", "error")
 class TextTooLong(ValueError):
     """A text has more tokens than `max_tokens` and the policy is `error`."""
 
+    def __init__(self, where: int, tokens: int, limit: int):
+        self.where, self.tokens, self.limit = where, tokens, limit
+        super().__init__(f"text {where}: {tokens} tokens, at most {limit} (long_texts='truncate' cuts such "
+                         "texts)")
+
 
 def polarity_of(label: str) -> str:
     """Coarse polarity of a fine sentiment label ('very negative' -> 'negative')."""
@@ -91,17 +96,16 @@ class Encoder:
                 f"max_tokens={rt.max_tokens}, long_texts={self.long_texts!r})")
 
     # ---- tokenize ----
-    def prepare(self, texts: Sequence[str], first_index: int = 0) -> Prepared:
-        """Token id rows of `texts`, cut (or refused) at max_tokens. `first_index` numbers the
-        texts in a `TextTooLong` message (a corpus row number)."""
+    def prepare(self, texts: Sequence[str], numbers: Sequence[int] | None = None) -> Prepared:
+        """Token id rows of `texts`, cut (or refused) at max_tokens. `numbers` name the texts in
+        a `TextTooLong` message (corpus row numbers; default: their index)."""
         vocab, limit = self.runtime.vocab, self.runtime.max_tokens
         rows, truncated = [], 0
         for i, text in enumerate(texts):
             tokens = tokenize(text)
             if len(tokens) > limit:
                 if self.long_texts == "error":
-                    raise TextTooLong(f"text {first_index + i}: {len(tokens)} tokens, at most {limit} "
-                                      "(long_texts='truncate' cuts such texts)")
+                    raise TextTooLong(numbers[i] if numbers is not None else i, len(tokens), limit)
                 tokens, truncated = tokens[:limit], truncated + 1
             rows.append(vocab.ids(tokens) or [UNK])
         return Prepared(rows, truncated)
