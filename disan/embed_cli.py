@@ -50,9 +50,9 @@ class EmbedError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan embed`."""
-    parser.add_argument("input", type=Path,
+    parser.add_argument("input",
                         help="JSONL, CSV/TSV, TXT (one text per line) or Parquet; .gz is read")
-    parser.add_argument("-o", "--output", type=Path, required=True,
+    parser.add_argument("-o", "--output", required=True,
                         help="output directory: committed shards part-NNNNNN.* and _progress.json")
     parser.add_argument("--column", default="text",
                         help="the text column (JSONL key, CSV header, Parquet column)")
@@ -88,12 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.shard_size < 1:
         raise EmbedError("--shard-size must be at least 1")
-    if not args.input.exists():
-        raise EmbedError(f"{args.input}: no such file")
-    if args.ray:
+    if args.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 
         return run_ray(args)
+    args.input, args.output = Path(args.input), Path(args.output)
+    if not args.input.is_file():
+        raise EmbedError(f"{args.input}: no such file")
     return Job(args).run()
 
 

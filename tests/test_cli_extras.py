@@ -131,3 +131,9 @@ def test_help_of_a_no_flag_does_not_read_as_on_by_default(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--no-progress turn off the progress bar (on by default)" in out
     assert "(on by default) (default: True)" not in out
+
+
+def test_embed_ray_without_the_ray_extra_names_it(tmp_path):
+    message = one_line(run_disan(["ray"], "embed", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out"),
+                                 "--ray", "local"), "embed")
+    assert message == "disan embed: ray is not installed; `disan embed` needs: pip install '.[ray]'"
