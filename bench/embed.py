@@ -8,7 +8,8 @@ dev, SST-5 train/dev/test, STS-B train/dev; no phrase fragments), repeated and s
 --sentences, written under --work (outside the repository) as JSONL and Parquet.
 
 1. Reference: bench/offline.py's `throughput` of its ORT encoder (`ort_encoder`: the service's
-   tokenizer and cells-cut batches) on a random --reference-sample of the same corpus, best of 3.
+   tokenizer and cells-cut batches) on a random --reference-sample of the same corpus, best of 3,
+   before and after the long run (their mean is the reference: the 2 cores are shared).
 2. One `disan embed` run of the whole JSONL corpus, killed with SIGKILL once --kill-at of the rows
    are committed, then the same command again: sentences/s over both runs' wall time (start-up,
    the count of rows for the ETA and the redone shard included), the peak RSS of either process
@@ -132,6 +133,12 @@ def check_ids(out: Path, n: int) -> dict:
             "duplicated": int((counts > 1).sum())}
 
 
+def reference(args: argparse.Namespace, sample: list[str]) -> float:
+    """bench/offline.py's ORT fp32 rate on `sample`: best of 3 passes."""
+    rt = load_offline(args.bundle, "fp32", threads=args.threads)
+    return throughput(ort_encoder(rt), sample, CPU_BATCHING.max_batch_size, 3, CPU_BATCHING.max_batch_cells)
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     texts, distinct = build_corpus(args)
     jsonl, parquet = write_inputs(texts, args.work, args.ray_sentences)
@@ -141,21 +148,27 @@ def run_bench(args: argparse.Namespace) -> dict:
         "date": time.strftime("%Y-%m-%d"), "sentences": len(texts), "distinct": distinct,
         "threads": args.threads, "shard_size": args.shard_size, "bundle": str(args.bundle),
     }
-    # 1. the offline encoder's rate on a sample of the same corpus
+    # 1. the offline encoder's rate on a sample of the same corpus, before and after the long run
+    # (the machine is shared: the load average is reported beside it)
     rng = np.random.default_rng(1)
     sample = [texts[i] for i in rng.choice(len(texts), size=args.reference_sample, replace=False)]
-    rt = load_offline(args.bundle, "fp32", threads=args.threads)
-    ref = throughput(ort_encoder(rt), sample, CPU_BATCHING.max_batch_size, 3, CPU_BATCHING.max_batch_cells)
-    results["offline_sentences_per_s"] = round(ref, 1)
-    print(f"offline encoder: {ref:.0f} sentences/s", flush=True)
-    del rt
+    before = reference(args, sample)
+    print(f"offline encoder: {before:.0f} sentences/s", flush=True)
+    load = [os.getloadavg()[0]]
     # 2. the whole corpus, killed once, resumed
     out = args.work / "out"
     cmd = embed_cmd(jsonl, out, args, "--overwrite")
     first = watch(cmd, kill_rows=int(args.kill_at * len(texts)), progress=out / "_progress.json")
     at_kill = json.loads((out / "_progress.json").read_text())
     print(f"killed: {first}, {at_kill['rows']} rows committed", flush=True)
+    load.append(os.getloadavg()[0])
     second = watch(embed_cmd(jsonl, out, args))
+    load.append(os.getloadavg()[0])
+    after = reference(args, sample)
+    ref = (before + after) / 2
+    results.update(offline_sentences_per_s=round(ref, 1), offline_before_after=[round(before), round(after)],
+                   load_average_1min=[round(x, 1) for x in load])
+    print(f"offline encoder after: {after:.0f} sentences/s", flush=True)
     total = first["seconds"] + second["seconds"]
     results["single"] = {"first_run": first, "rows_committed_at_kill": at_kill["rows"],
                          "resumed_run": second, "seconds": round(total, 1),
@@ -182,8 +195,11 @@ def markdown(r: dict) -> str:
     lines = [f"Machine: {r['machine']}; {r['date']}; {r['sentences']:,} sentences ({r['distinct']:,} "
              f"distinct, repeated and shuffled); ORT fp32, {r['threads']} threads; shards of "
              f"{r['shard_size']:,}.", "", "| measure | value |", "|---|---|",
-             f"| offline encoder (bench/offline.py's throughput, sample) | "
-             f"{r['offline_sentences_per_s']:.0f} sent/s |",
+             f"| offline encoder (bench/offline.py's throughput on a sample; before / after) | "
+             f"{r['offline_sentences_per_s']:.0f} sent/s "
+             f"({' / '.join(map(str, r['offline_before_after']))}) |",
+             f"| load average (1 min) at start / kill / end: the machine is shared | "
+             f"{' / '.join(map(str, r['load_average_1min']))} |",
              f"| `disan embed`, killed at {s['rows_committed_at_kill']:,} rows + resumed | "
              f"{s['sentences_per_s']:.0f} sent/s ({s['of_offline']:.0%} of offline), {s['seconds']:.0f} s |",
              f"| peak RSS (VmHWM, either run) | {s['peak_rss_mb']:.0f} MB |",
