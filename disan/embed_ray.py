@@ -128,14 +128,15 @@ class EmbedActor:
         return pa.table({"id": pa.array([ids[i] for i in keep]), "embedding": embedding})
 
 
-def actor_layout(args: argparse.Namespace) -> tuple[int, dict[str, float]]:
-    """(actors, resources per actor): a GPU each where the cluster has GPUs, else one CPU each
-    (onnxruntime's threads run past it; the other CPUs read and write), one actor per 2 CPUs."""
+def actor_layout(args: argparse.Namespace) -> tuple[int, dict[str, float], int]:
+    """(actors, resources per actor, onnxruntime threads per actor): a GPU each where the cluster
+    has GPUs; else one actor per 2 CPUs, each reserving one (so reads and writes find a free CPU)
+    and running 2 onnxruntime threads (--threads overrides), not one per core of its node each."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
     if gpus and args.providers != "cpu":
-        return args.ray_actors or gpus, {"num_gpus": 1.0, "num_cpus": 1.0}
-    return args.ray_actors or max(1, cpus // 2), {"num_cpus": 1.0}
+        return args.ray_actors or gpus, {"num_gpus": 1.0, "num_cpus": 1.0}, args.threads
+    return args.ray_actors or max(1, cpus // 2), {"num_cpus": 1.0}, args.threads or 2
 
 
 def connect(args: argparse.Namespace) -> bool:
@@ -158,14 +159,16 @@ def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
     if not (source.endswith(".parquet") or Path(source).is_dir() or "://" in source):
         raise CorpusError(f"{source}: --ray reads Parquet (a file or a directory of them); convert it, "
                           "or run without --ray")
+    if (args.output_format or "parquet") != "parquet":
+        raise CorpusError("--ray writes Parquet (--output-format parquet); npy and jsonl are single-process")
     if "://" not in out and Path(out).exists() and any(Path(out).iterdir()) and not args.overwrite:
         raise CorpusError(f"{out} is not empty: use another -o, or --overwrite")
     work = pieces(source, args.column, args.id_column, args.shard_size)
     started = time.perf_counter()
     ours = connect(args)
     try:
-        actors, resources = actor_layout(args)
-        options = {"providers": args.providers, "variant": args.variant, "threads": args.threads,
+        actors, resources, threads = actor_layout(args)
+        options = {"providers": args.providers, "variant": args.variant, "threads": threads,
                    "long_texts": args.long_texts, "batch_size": args.batch_size, "normalize": args.normalize,
                    "on_bad_row": args.on_bad_row}
         bundle = ray.put(bundle_files(args.bundle))
