@@ -77,7 +77,7 @@ class BatchLimits:
 # Per execution provider (the names onnxruntime reports). Why these values: on a CPU small calls
 # keep the [B, n, n, d] attention tensors in the caches; a GPU needs large calls to fill its cores
 # (bench/RESULTS.md: bench/cells.py on CPU, bench/gpu.py on CUDA). The service's auto batching
-# (service.batching_defaults) and disan.encoder both read them.
+# (service.common.batching_defaults) and disan.encoder both read them.
 PROVIDER_DEFAULTS: dict[str, BatchLimits] = {
     "CPUExecutionProvider": BatchLimits(max_batch_size=64, max_batch_cells=4096),
     "CUDAExecutionProvider": BatchLimits(max_batch_size=256, max_batch_cells=1 << 20),

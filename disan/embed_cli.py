@@ -68,8 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="most sentences per onnxruntime call (default: the service's for the provider)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
-    parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default="truncate",
-                        help="a text over the model's max_tokens: cut it, or stop with an error")
+    parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default="window",
+                        help="a text over the model's max_tokens: windows of max_tokens whose vectors are "
+                             "pooled by token counts (as the service does), cut it, or stop with an error")
+    parser.add_argument("--window-overlap", type=int, default=0,
+                        help="--long-texts window: tokens consecutive windows share")
     parser.add_argument("--shard-size", type=int, default=10_000,
                         help="rows per committed shard (memory holds one shard; a resume redoes at most one)")
     parser.add_argument("--on-bad-row", choices=["skip", "fail"], default="skip",
@@ -116,13 +119,14 @@ class Job:
         self.fmt_in = detect_format(args.input, args.input_format)
         self.fmt_out = output_format(args)
         self.encoder = Encoder(args.bundle, providers=args.providers, variant=args.variant,
-                               threads=args.threads, long_texts=args.long_texts)
+                               threads=args.threads, long_texts=args.long_texts, overlap=args.window_overlap)
         rt = self.encoder.runtime
         self.job = {"input": file_fingerprint(args.input), "input_format": self.fmt_in, "column": args.column,
                     "id_column": args.id_column, "output_format": self.fmt_out, "model": rt.name,
                     "bundle_created": rt.manifest.get("created"), "graph_set": rt.graph_set,
                     "variant": rt.variant, "dim": rt.dim, "max_tokens": rt.max_tokens,
-                    "normalize": args.normalize, "long_texts": args.long_texts}
+                    "normalize": args.normalize, "long_texts": args.long_texts,
+                    "window_overlap": args.window_overlap}
 
     def open_output(self) -> Progress:
         """The progress to go on from: a new job, or the committed part of this same job."""
@@ -173,7 +177,8 @@ class Job:
         seconds = time.perf_counter() - started
         rate = (progress.embedded - first) / seconds if seconds > 0 else 0.0
         print(f"disan embed: {progress.embedded} rows embedded into {out} ({progress.shards} shards, "
-              f"{progress.skipped} unreadable rows skipped, {progress.truncated} texts truncated); "
+              f"{progress.skipped} unreadable rows skipped, {progress.windowed} long texts windowed, "
+              f"{progress.truncated} truncated); "
               f"{rate:.0f} sentences/s this run", file=sys.stderr)
         return 0
 
@@ -188,8 +193,8 @@ class Job:
             prepared = self.encoder.prepare([r.text for r in good], [r.number for r in good])
         except TextTooLong as exc:
             raise EmbedError(f"row {exc.where}: {exc.tokens} tokens, at most {exc.limit} ({progress.rows} "
-                             "rows committed; --long-texts truncate cuts such texts)") from None
-        vectors = self.encoder.embed_rows(prepared.rows, self.args.batch_size)
+                             "rows committed; --long-texts window or truncate embeds such texts)") from None
+        vectors = self.encoder.embed_prepared(prepared, self.args.batch_size)
         if self.args.normalize:
             vectors = normalized(vectors)
         if good:
@@ -200,6 +205,7 @@ class Job:
         progress.embedded += len(good)
         progress.skipped += len(bad)
         progress.truncated += prepared.truncated
+        progress.windowed += prepared.windowed
         room = KEEP_SKIPPED - len(progress.skipped_rows)
         progress.skipped_rows += [{"row": r.number, "error": r.error} for r in bad[:max(0, room)]]
         self.save(progress)

@@ -93,7 +93,8 @@ class EmbedActor:
         for name, data in files.items():
             Path(self.dir, name).write_bytes(data)
         self.encoder = Encoder(self.dir, providers=options["providers"], variant=options["variant"],
-                               threads=options["threads"], long_texts=options["long_texts"])
+                               threads=options["threads"], long_texts=options["long_texts"],
+                               overlap=options["overlap"])
         self.fs = parquet_files(source)[0]
         self.column, self.id_column, self.options = column, id_column, options
         self._group: tuple[tuple[str, int], Any] | None = None  # the last row group read (pieces share it)
@@ -120,7 +121,7 @@ class EmbedActor:
             bad = next(i for i, t in enumerate(texts) if not isinstance(t, str))
             raise CorpusError(f"row {numbers[bad]}: {self.column!r} is {texts[bad]!r}, not text")
         prepared = self.encoder.prepare([texts[i] for i in keep], [numbers[i] for i in keep])
-        vectors = self.encoder.embed_rows(prepared.rows, self.options["batch_size"])
+        vectors = self.encoder.embed_prepared(prepared, self.options["batch_size"])
         if self.options["normalize"]:
             vectors = normalized(vectors)
         dim = self.encoder.dim
@@ -169,8 +170,8 @@ def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
     try:
         actors, resources, threads = actor_layout(args)
         options = {"providers": args.providers, "variant": args.variant, "threads": threads,
-                   "long_texts": args.long_texts, "batch_size": args.batch_size, "normalize": args.normalize,
-                   "on_bad_row": args.on_bad_row}
+                   "long_texts": args.long_texts, "overlap": args.window_overlap,
+                   "batch_size": args.batch_size, "normalize": args.normalize, "on_bad_row": args.on_bad_row}
         bundle = ray.put(bundle_files(args.bundle))
         ds = ray_data.from_items(work, override_num_blocks=len(work))
         ds = ds.map_batches(actor, batch_size=1, compute=ray_data.ActorPoolStrategy(size=actors),

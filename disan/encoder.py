@@ -28,10 +28,13 @@ from disan.batching import BatchLimits, cell_batches, provider_limits
 from disan.optional import require
 from disan.runtime import Runtime, RuntimeOptions
 from disan.text import UNK, tokenize
+from disan.windowing import LONG_TEXT_POLICIES, LongTextPolicy, pool_windows, split_windows
 
-# What a text longer than the model's max_tokens becomes: cut to max_tokens, or an error.
-LongTexts = Literal["truncate", "error"]
-LONG_TEXT_POLICIES: tuple[str, ...] = ("truncate", "error")
+# What a text longer than the model's max_tokens becomes (disan.windowing, the service's policy):
+# windows whose vectors are pooled, cut to max_tokens, or an error.
+LongTexts = Literal["window", "truncate", "error"]
+__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "normalized", "prediction",
+           "sentiment_prediction"]
 
 
 class TextTooLong(ValueError):
@@ -39,8 +42,8 @@ class TextTooLong(ValueError):
 
     def __init__(self, where: int, tokens: int, limit: int):
         self.where, self.tokens, self.limit = where, tokens, limit
-        super().__init__(f"text {where}: {tokens} tokens, at most {limit} (long_texts='truncate' cuts such "
-                         "texts)")
+        super().__init__(f"text {where}: {tokens} tokens, at most {limit} (long_texts='window' embeds such "
+                         "texts whole, 'truncate' cuts them)")
 
 
 def polarity_of(label: str) -> str:
@@ -51,10 +54,17 @@ def polarity_of(label: str) -> str:
 
 @dataclass
 class Prepared:
-    """Token id rows of some texts (one row per text) and how many were cut to max_tokens."""
+    """Token id rows of some texts: text i owns rows[bounds[i]:bounds[i + 1]] (one row, or its
+    windows), and how many texts were cut to max_tokens or split into windows."""
 
     rows: list[list[int]]
-    truncated: int
+    bounds: np.ndarray
+    truncated: int = 0
+    windowed: int = 0
+
+    @property
+    def texts(self) -> int:
+        return len(self.bounds) - 1
 
     @property
     def tokens(self) -> int:
@@ -66,21 +76,25 @@ class Encoder:
 
     `providers`/`variant`/`threads` as the service's `--providers`/`--variant`/`--intra-op-threads`
     (auto: CUDA if it really loads, else CPU; the provider's graph set in its default variant).
-    `long_texts`: a text over `max_tokens` (default: the bundle's max_len) is cut (`truncate`) or
-    raises `TextTooLong` (`error`). An empty text is embedded as one unknown token, as the
-    offline runtime does (the service refuses it with a 422 instead).
+    `long_texts`: a text over `max_tokens` (default: the bundle's max_len) is cut into windows of
+    `max_tokens` (sharing `overlap` tokens) whose vectors are pooled by their token counts
+    (`window`, disan.windowing, as the service does), cut (`truncate`) or refused (`error`:
+    `TextTooLong`). An empty text is embedded as one unknown token, as the offline runtime does.
     """
 
     def __init__(self, bundle: str | Path = "models/default", *, providers: str = "auto",
                  variant: str = "auto", threads: int = 0, max_tokens: int | None = None,
-                 long_texts: LongTexts = "truncate", runtime: Runtime | None = None):
+                 long_texts: LongTexts = "window", overlap: int = 0, runtime: Runtime | None = None):
         if long_texts not in LONG_TEXT_POLICIES:
             raise ValueError(f"long_texts={long_texts!r}: one of {', '.join(LONG_TEXT_POLICIES)}")
-        self.long_texts = long_texts
+        self.long_texts = LongTextPolicy(long_texts)
+        self.overlap = overlap
         self.runtime = runtime or Runtime(bundle, RuntimeOptions(
             providers=providers, variant=variant, intra_op_threads=threads,  # type: ignore[arg-type]
             max_tokens=max_tokens))
         self.limits: BatchLimits = provider_limits(self.runtime.provider)
+        if not 0 <= overlap < self.runtime.max_tokens:
+            raise ValueError(f"overlap={overlap}: from 0 to max_tokens - 1 ({self.runtime.max_tokens - 1})")
 
     @property
     def dim(self) -> int:
@@ -93,22 +107,42 @@ class Encoder:
     def __repr__(self) -> str:
         rt = self.runtime
         return (f"Encoder({rt.name!r}, dim={rt.dim}, {rt.graph_set}/{rt.variant} on {rt.provider}, "
-                f"max_tokens={rt.max_tokens}, long_texts={self.long_texts!r})")
+                f"max_tokens={rt.max_tokens}, long_texts={self.long_texts.value!r})")
 
     # ---- tokenize ----
     def prepare(self, texts: Sequence[str], numbers: Sequence[int] | None = None) -> Prepared:
-        """Token id rows of `texts`, cut (or refused) at max_tokens. `numbers` name the texts in
-        a `TextTooLong` message (corpus row numbers; default: their index)."""
+        """Token id rows of `texts`: one per text, or a long text's windows (see the class).
+        `numbers` name the texts in a `TextTooLong` message (corpus row numbers; default: index)."""
         vocab, limit = self.runtime.vocab, self.runtime.max_tokens
-        rows, truncated = [], 0
+        rows: list[list[int]] = []
+        bounds = [0]
+        truncated = windowed = 0
         for i, text in enumerate(texts):
             tokens = tokenize(text)
-            if len(tokens) > limit:
-                if self.long_texts == "error":
-                    raise TextTooLong(numbers[i] if numbers is not None else i, len(tokens), limit)
-                tokens, truncated = tokens[:limit], truncated + 1
-            rows.append(vocab.ids(tokens) or [UNK])
-        return Prepared(rows, truncated)
+            if len(tokens) <= limit:
+                rows.append(vocab.ids(tokens) or [UNK])
+            elif self.long_texts is LongTextPolicy.WINDOW:
+                rows += split_windows(vocab.ids(tokens), limit, self.overlap)
+                windowed += 1
+            elif self.long_texts is LongTextPolicy.TRUNCATE:
+                rows.append(vocab.ids(tokens[:limit]))
+                truncated += 1
+            else:
+                raise TextTooLong(numbers[i] if numbers is not None else i, len(tokens), limit)
+            bounds.append(len(rows))
+        return Prepared(rows, np.asarray(bounds), truncated, windowed)
+
+    def pool(self, prepared: Prepared, row_vectors: np.ndarray) -> np.ndarray:
+        """Per-text vectors [texts, D] from per-row vectors: a windowed text's windows pooled by
+        their token counts (disan.windowing.pool_windows)."""
+        if prepared.windowed == 0:
+            return row_vectors
+        bounds = prepared.bounds
+        out = row_vectors[bounds[:-1]]
+        for i in np.flatnonzero(np.diff(bounds) > 1):
+            lo, hi = bounds[i], bounds[i + 1]
+            out[i] = pool_windows(row_vectors[lo:hi], [len(r) for r in prepared.rows[lo:hi]])
+        return out
 
     # ---- run ----
     def batches(self, rows: Sequence[Sequence[int]], batch_size: int | None = None) -> list[np.ndarray]:
@@ -129,14 +163,19 @@ class Encoder:
                 progress.update(len(idx))  # type: ignore[attr-defined]
         return out
 
+    def embed_prepared(self, prepared: Prepared, batch_size: int | None = None,
+                       progress: object | None = None) -> np.ndarray:
+        """Vectors float32 [texts, D] of prepared texts (windows pooled)."""
+        return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress))
+
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, normalize: bool = False,
                show_progress: bool = False) -> np.ndarray:
         """Sentence vectors float32 [N, D] (a single string: [D]), L2-normalised if asked."""
         one = isinstance(texts, str)
         items = [texts] if one else list(texts)
-        rows = self.prepare(items).rows
-        with _progress(show_progress, len(rows)) as bar:
-            vectors = self.embed_rows(rows, batch_size, bar)
+        prepared = self.prepare(items)
+        with _progress(show_progress, len(prepared.rows)) as bar:
+            vectors = self.embed_prepared(prepared, batch_size, bar)
         if normalize:
             vectors = normalized(vectors)
         return vectors[0] if one else vectors
@@ -157,8 +196,8 @@ class Encoder:
         then the head on the vector pairs (as /nli)."""
         if "nli_head" not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no nli_head graph")
-        u = self.embed_rows(self.prepare([p for p, _ in pairs]).rows, batch_size)
-        v = self.embed_rows(self.prepare([h for _, h in pairs]).rows, batch_size)
+        u = self.embed_prepared(self.prepare([p for p, _ in pairs]), batch_size)
+        v = self.embed_prepared(self.prepare([h for _, h in pairs]), batch_size)
         step = self.limits.max_batch_size
         probs = [self.runtime.graphs["nli_head"].run(u[i:i + step], v[i:i + step])[0]
                  for i in range(0, len(u), step)]
@@ -166,16 +205,17 @@ class Encoder:
         return [prediction(p, labels) for p in (np.concatenate(probs) if probs else [])]
 
     def sentiment(self, texts: Sequence[str], batch_size: int | None = None) -> list[dict]:
-        """Per text {label, polarity, scores} (as /sentiment)."""
+        """Per text {label, polarity, scores} (as /sentiment); a windowed text's class
+        probabilities are its windows' pooled by token counts, as its vectors are."""
         if "sentiment" not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no sentiment graph")
-        rows = self.prepare(list(texts)).rows
-        probs: list[np.ndarray] = [np.empty(0)] * len(rows)
+        prepared = self.prepare(list(texts))
+        rows = prepared.rows
+        probs = np.empty((len(rows), len(self.runtime.labels["sentiment"])), dtype=np.float32)
         for idx in self.batches(rows, batch_size):
-            for i, p in zip(idx, self.runtime.sentiment([rows[i] for i in idx]), strict=True):
-                probs[i] = p
+            probs[idx] = self.runtime.sentiment([rows[i] for i in idx])
         labels = self.runtime.labels["sentiment"]
-        return [sentiment_prediction(p, labels) for p in probs]
+        return [sentiment_prediction(p, labels) for p in self.pool(prepared, probs)]
 
 
 def normalized(vectors: np.ndarray) -> np.ndarray:

@@ -43,6 +43,7 @@ class Progress:
     embedded: int = 0
     skipped: int = 0
     truncated: int = 0
+    windowed: int = 0
     skipped_rows: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
 

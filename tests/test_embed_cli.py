@@ -129,7 +129,11 @@ def test_long_texts_cut_or_stop(tiny_bundle, encoder, tmp_path, capsys):
     src = write_input(tmp_path / "in.jsonl", ["a dog", long])
     assert embed(tiny_bundle, src, "-o", tmp_path / "out", "--column", "body") == 0
     np.testing.assert_allclose(read_output(tmp_path / "out")[1], encoder.encode(["a dog", long]), atol=1e-6)
-    assert json.loads((tmp_path / "out" / PROGRESS).read_text())["truncated"] == 1
+    assert json.loads((tmp_path / "out" / PROGRESS).read_text())["windowed"] == 1
+    cut = tmp_path / "cut"
+    assert embed(tiny_bundle, src, "-o", cut, "--column", "body", "--long-texts", "truncate") == 0
+    assert json.loads((cut / PROGRESS).read_text())["truncated"] == 1
+    np.testing.assert_allclose(read_output(cut)[1][1], encoder.encode(" ".join(["dog"] * 128)), atol=1e-6)
     strict = tmp_path / "strict"
     capsys.readouterr()
     assert embed(tiny_bundle, src, "-o", strict, "--column", "body", "--long-texts", "error") == 2

@@ -12,6 +12,8 @@ from conftest import wait_ready  # noqa: E402
 from disan import Encoder  # noqa: E402
 from disan.encoder import TextTooLong  # noqa: E402
 from disan.runtime import load_offline  # noqa: E402
+from disan.text import tokenize  # noqa: E402
+from disan.windowing import pool_windows, split_windows  # noqa: E402
 
 TEXTS = ["a man is playing guitar", "the movie was great !", "dogs run in the park", "a",
          "the woman is not reading a book at the table in the rain", "zebra zebra", "the best film"]
@@ -86,16 +88,38 @@ def test_similarity_nli_sentiment_match_the_service(encoder, client):
         assert mine["scores"] == pytest.approx(theirs["scores"], abs=1e-5)
 
 
-def test_long_texts_cut_as_the_service_cuts_them(tiny_bundle, client):
-    """Over max_tokens: `truncate` gives /embed's truncate=true vector, `error` names the text."""
-    long = "the man is playing guitar in the park " * 30  # 240 tokens, max_tokens 128
-    served = client.post("/embed", json={"texts": [long], "truncate": True}).json()["embeddings"]
-    np.testing.assert_allclose(Encoder(tiny_bundle).encode([long]), served, rtol=1e-5, atol=1e-6)
-    strict = Encoder(tiny_bundle, long_texts="error")
+LONG = "the man is playing guitar in the park " * 30  # 240 tokens, max_tokens 128
+
+
+def test_long_texts_are_windows_pooled_by_tokens(encoder, client):
+    """`window` (the default): windows of max_tokens (disan.windowing), each embedded as the
+    service embeds that window's text, pooled by token counts; short texts are untouched."""
+    tokens = tokenize(LONG)
+    for overlap in (0, 16):
+        windows = split_windows(tokens, 128, overlap)
+        served = np.asarray(client.post("/embed", json={"texts": [" ".join(w) for w in windows]}
+                                        ).json()["embeddings"], dtype=np.float32)
+        want = pool_windows(served, [len(w) for w in windows])
+        ours = Encoder(runtime=encoder.runtime, overlap=overlap).encode([TEXTS[0], LONG, TEXTS[1]])
+        np.testing.assert_allclose(ours[1], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ours[[0, 2]], encoder.encode(TEXTS[:2]), rtol=1e-5, atol=1e-6)
+    prepared = encoder.prepare([TEXTS[0], LONG])
+    assert (prepared.windowed, prepared.truncated, list(prepared.bounds)) == (1, 0, [0, 1, 3])
+    with pytest.raises(ValueError, match="overlap"):
+        Encoder(runtime=encoder.runtime, overlap=128)
+
+
+def test_long_texts_cut_or_refused(encoder, client):
+    """`truncate` gives /embed's truncate=true vector, `error` names the text."""
+    served = client.post("/embed", json={"texts": [LONG], "truncate": True}).json()["embeddings"]
+    cut = Encoder(runtime=encoder.runtime, long_texts="truncate")
+    np.testing.assert_allclose(cut.encode([LONG]), served, rtol=1e-5, atol=1e-6)
+    assert cut.prepare([LONG]).truncated == 1
+    strict = Encoder(runtime=encoder.runtime, long_texts="error")
     with pytest.raises(TextTooLong, match="text 1: 240 tokens, at most 128"):
-        strict.encode(["a", long])
+        strict.encode(["a", LONG])
     with pytest.raises(ValueError, match="long_texts"):
-        Encoder(tiny_bundle, long_texts="drop")  # type: ignore[arg-type]
+        Encoder(runtime=encoder.runtime, long_texts="drop")  # type: ignore[arg-type]
 
 
 def test_provider_chosen_as_the_service_chooses(encoder, client):
