@@ -16,6 +16,11 @@ dev, SST-5 train/dev/test, STS-B train/dev; no phrase fragments), repeated and s
    (VmHWM, and VmRSS sampled every 0.5 s), and a check that every row id is present exactly once.
 3. Ray: the first --ray-sentences rows as Parquet, `disan embed` single-process and `--ray local`
    (same CPUs), wall time of each; the overhead is Ray's extra time.
+
+On a shared machine the reference moves with the load, so `--paired N` runs instead N rounds of
+(the offline encoder, then `disan embed`) on the same --reference-sample rows (one pass each, the
+CLI's own "sentences/s this run": reading, tokenizing, embedding and writing, without interpreter
+start-up and bundle load) and reports each round's ratio: neighbours in time share the load.
 """
 
 from __future__ import annotations
@@ -133,18 +138,46 @@ def check_ids(out: Path, n: int) -> dict:
             "duplicated": int((counts > 1).sum())}
 
 
+def machine_line() -> str:
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores ({cpu_cores()} usable), "
+            f"Python {platform.python_version()}")
+
+
 def reference(args: argparse.Namespace, sample: list[str]) -> float:
     """bench/offline.py's ORT fp32 rate on `sample`: best of 3 passes."""
     rt = load_offline(args.bundle, "fp32", threads=args.threads)
     return throughput(ort_encoder(rt), sample, CPU_BATCHING.max_batch_size, 3, CPU_BATCHING.max_batch_cells)
 
 
+def run_paired(args: argparse.Namespace, texts: list[str], machine: dict) -> dict:
+    """--paired N: rounds of (offline encoder, `disan embed`) on one sample (see the docstring)."""
+    rng = np.random.default_rng(1)
+    sample = [texts[i] for i in rng.choice(len(texts), size=args.reference_sample, replace=False)]
+    src = args.work / "sample.jsonl"
+    src.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(sample)))
+    rt = load_offline(args.bundle, "fp32", threads=args.threads)
+    rounds = []
+    for _ in range(args.paired):
+        ref = throughput(ort_encoder(rt), sample, CPU_BATCHING.max_batch_size, 1,
+                         CPU_BATCHING.max_batch_cells)
+        run = watch(embed_cmd(src, args.work / "paired", args, "--overwrite"))
+        cli = float(run["last_line"].rsplit(";", 1)[1].split()[0])
+        rounds.append({"offline": round(ref), "disan_embed": round(cli), "ratio": round(cli / ref, 3),
+                       "load_average_1min": round(os.getloadavg()[0], 1), "peak_rss_mb": run["peak_hwm_mb"]})
+        print(rounds[-1], flush=True)
+    ratios = [r["ratio"] for r in rounds]
+    return {**machine, "paired": rounds, "sentences": len(sample), "median_ratio": float(np.median(ratios))}
+
+
 def run_bench(args: argparse.Namespace) -> dict:
     texts, distinct = build_corpus(args)
+    if args.paired:
+        args.work.mkdir(parents=True, exist_ok=True)
+        return run_paired(args, texts, {"machine": machine_line(), "date": time.strftime("%Y-%m-%d"),
+                                        "threads": args.threads})
     jsonl, parquet = write_inputs(texts, args.work, args.ray_sentences)
     results: dict = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-                   f"({cpu_cores()} usable), {platform.python_version()}",
+        "machine": machine_line(),
         "date": time.strftime("%Y-%m-%d"), "sentences": len(texts), "distinct": distinct,
         "threads": args.threads, "shard_size": args.shard_size, "bundle": str(args.bundle),
     }
@@ -191,6 +224,12 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 
 def markdown(r: dict) -> str:
+    if "paired" in r:
+        rows = [f"| {i + 1} | {p['offline']} | {p['disan_embed']} | {p['ratio']:.0%} | "
+                f"{p['load_average_1min']} |" for i, p in enumerate(r["paired"])]
+        return "\n".join([f"Machine: {r['machine']}; {r['date']}; {r['sentences']:,} sentences; median ratio "
+                          f"{r['median_ratio']:.0%}.", "", "| round | offline sent/s | disan embed sent/s | "
+                          "ratio | load (1 min) |", "|---|---|---|---|---|", *rows])
     s = r["single"]
     lines = [f"Machine: {r['machine']}; {r['date']}; {r['sentences']:,} sentences ({r['distinct']:,} "
              f"distinct, repeated and shuffled); ORT fp32, {r['threads']} threads; shards of "
@@ -224,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=float, default=0.4, help="fraction of rows committed at the kill")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shard-size", type=int, default=10_000)
+    parser.add_argument("--paired", type=int, default=0,
+                        help="only N paired rounds (offline encoder, disan embed) on --reference-sample rows")
     parser.add_argument("--json", type=Path, default=Path("bench/embed.json"))
     return run_and_report(parser, run_bench, markdown, argv)
 

@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-bad-row", choices=["skip", "fail"], default="skip",
                         help="an unreadable row (not UTF-8/JSON, no text): skip and count it, or stop")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start over in an OUTPUT that holds another job (deletes its shards)")
+                        help="start over, deleting the shards OUTPUT holds (without it, the same job "
+                             "resumes and another job is refused)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="run on Ray Data: a cluster address (ray://host:10001, auto) or `local` "
@@ -140,7 +141,7 @@ class Job:
         ours = any(p.name.startswith("part-") for p in out.iterdir())
         if progress is None and ours and not self.args.overwrite:
             raise EmbedError(f"{out} has shard files but no {PROGRESS}: use another -o, or --overwrite")
-        if progress is None or progress.job != self.job:
+        if progress is None or progress.job != self.job or self.args.overwrite:
             progress = Progress(job=self.job)
             clear_uncommitted(out, 0)
             progress.save(out)

@@ -180,6 +180,11 @@ def test_output_of_another_job_is_not_mixed_in(tiny_bundle, tmp_path, capsys):
     assert "holds another job (it differs in normalize)" in one_error(capsys)
     assert embed(tiny_bundle, src, "-o", out, "--column", "body", "--normalize", "--overwrite") == 0
     assert np.allclose(np.linalg.norm(read_output(out)[1], axis=1), 1.0, atol=1e-5)
+    capsys.readouterr()
+    assert embed(tiny_bundle, src, "-o", out, "--column", "body", "--normalize") == 0
+    assert "is complete" in capsys.readouterr().err  # the same job again: nothing to do
+    assert embed(tiny_bundle, src, "-o", out, "--column", "body", "--normalize", "--overwrite") == 0
+    assert f"{len(TEXTS)} rows embedded" in capsys.readouterr().err  # --overwrite: from the start
 
 
 def test_resumes_after_sigkill_with_every_row_once(tiny_bundle, encoder, tmp_path):
