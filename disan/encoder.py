@@ -8,7 +8,9 @@
     enc.sentiment(["What a film!"])                      # [{"label", "polarity", "scores"}]
 
 One home for tokenize -> batch -> run outside the HTTP service: `disan embed` (disan.embed_cli),
-its Ray actors (disan.embed_ray) and the benches go through `Encoder`. The pieces are the
+its Ray actors (disan.embed_ray) and `disan eval --transfer` go through `Encoder` (the service
+batches across requests in its micro-batcher, on the same pieces, and shares the predictions'
+shape and the normalisation defined here). The pieces are the
 service's own: `disan.text.tokenize` + the bundle's vocab, `disan.runtime.Runtime` with the
 provider chosen as the service chooses it (`providers="auto"`: CUDA when it really loads, else
 CPU, each with its graph set), and batches sorted by length and cut to the service's per-provider
