@@ -21,6 +21,7 @@ shared storage or object-store URIs (s3://, gs://) on a cluster (docs/corpus.md)
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ import numpy as np
 
 import disan
 from disan.corpus import CorpusError
-from disan.encoder import Encoder, normalized
+from disan.encoder import Encoder, TextTooLong, normalized
 from disan.optional import require
 
 ray = require("ray", "ray")
@@ -154,6 +155,20 @@ def connect(args: argparse.Namespace) -> bool:
     return True
 
 
+def _our_error(exc: BaseException) -> str | None:
+    """The message of the CorpusError / TextTooLong an actor raised. Ray Data (2.60) hands the
+    driver a UserCodeException without the original object, only its traceback in the text."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, CorpusError | TextTooLong):
+            return str(cause)
+        cause = getattr(cause, "cause", None) or cause.__cause__ or cause.__context__
+    found = re.findall(r"(?:CorpusError|TextTooLong): (.+)", str(exc))
+    return found[-1].strip() if found else None
+
+
 def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
     """`disan embed --ray`: returns the exit status (the CLI prints the error line on a raise)."""
     source, out = str(args.input), str(args.output)
@@ -178,7 +193,15 @@ def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
                             fn_constructor_args=(bundle, source, args.column, args.id_column, options),
                             **resources)
         mode = ray_data.SaveMode.OVERWRITE if args.overwrite else ray_data.SaveMode.APPEND
-        ds.write_parquet(out, mode=mode)
+        try:
+            ds.write_parquet(out, mode=mode)
+        except Exception as exc:
+            # A row the job refuses (--on-bad-row fail, --long-texts error) arrives wrapped in Ray's
+            # task errors: the CLI's one line is the row's, not Ray's traceback.
+            ours = _our_error(exc)
+            if ours is None:
+                raise
+            raise CorpusError(f"{ours} (Ray job stopped; rows written so far are in {out})") from None
     finally:
         if ours:
             ray.shutdown()

@@ -93,3 +93,12 @@ def test_a_killed_actor_loses_and_duplicates_no_row(tiny_bundle, corpus, tmp_pat
     assert Path(CrashOnce.marker).exists(), "no actor was killed"
     got = by_id(tmp_path / "ray")
     assert sorted(got) == sorted(f"k{i}" for i in range(ROWS) if i != 17)
+
+
+def test_a_refused_row_stops_the_job_in_one_line(tiny_bundle, corpus, tmp_path, capsys):
+    """--on-bad-row fail: the row's reason, not Ray's traceback, is the CLI's error line."""
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "ray"), "--bundle", str(tiny_bundle), "--ray", "local",
+            "--shard-size", "40", "--on-bad-row", "fail"]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("disan embed: error: row 17: 'text' is None, not text (Ray job stopped"), last
