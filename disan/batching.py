@@ -8,6 +8,7 @@ length: training (`length_batches`, shuffled), evaluation and offline encoding (
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,3 +64,38 @@ def split_by_cells(lengths: Sequence[int], max_cells: int, max_size: int) -> lis
     if start < len(lengths):
         batches.append(range(start, len(lengths)))
     return batches
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """Sentences per onnxruntime call and padded cells (batch x max_len^2) per call."""
+
+    max_batch_size: int
+    max_batch_cells: int
+
+
+# Per execution provider (the names onnxruntime reports). Why these values: on a CPU small calls
+# keep the [B, n, n, d] attention tensors in the caches; a GPU needs large calls to fill its cores
+# (bench/RESULTS.md: bench/cells.py on CPU, bench/gpu.py on CUDA). The service's auto batching
+# (service.common.batching_defaults) and disan.encoder both read them.
+PROVIDER_DEFAULTS: dict[str, BatchLimits] = {
+    "CPUExecutionProvider": BatchLimits(max_batch_size=64, max_batch_cells=4096),
+    "CUDAExecutionProvider": BatchLimits(max_batch_size=256, max_batch_cells=1 << 20),
+}
+# Providers without measured values (e.g. TensorRT, ROCm) get the CPU's: small calls are never
+# wrong, only slower than they could be.
+FALLBACK_PROVIDER = "CPUExecutionProvider"
+
+
+def provider_limits(provider: str) -> BatchLimits:
+    """The batch limits for the provider a session really runs on."""
+    return PROVIDER_DEFAULTS.get(provider, PROVIDER_DEFAULTS[FALLBACK_PROVIDER])
+
+
+def cell_batches(lengths: Sequence[int], limits: BatchLimits) -> list[np.ndarray]:
+    """Indices of `lengths` sorted by length and cut as the service's batcher cuts a queue
+    (`split_by_cells`): the offline encoders' batches (disan.encoder)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    ranked = [int(lengths[i]) for i in order]
+    return [order[r.start:r.stop] for r in split_by_cells(ranked, limits.max_batch_cells,
+                                                          limits.max_batch_size)]

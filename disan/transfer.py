@@ -28,9 +28,9 @@ from sklearn.model_selection import StratifiedKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from disan.batching import map_sorted
 from disan.data import holdout_split, read_examples
 from disan.embeddings import load_glove_package
+from disan.encoder import Encoder as TextEncoder
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.runtime import load_offline
 from disan.text import tokenize
@@ -51,14 +51,8 @@ def _read(path: Path) -> list[dict]:
 
 
 def disan_encoder(bundle: Path) -> Encoder:
-    """Texts -> the bundle's sentence embeddings (what POST /embed returns, unnormalised)."""
-    runtime = load_offline(bundle)
-
-    def encode(texts: list[str]) -> np.ndarray:
-        rows = [runtime.text_ids(t) for t in texts]
-        return np.stack(map_sorted(runtime.embed, rows, 128)).astype(np.float32, copy=False)
-
-    return encode
+    """Texts -> the bundle's sentence embeddings (what POST /embed returns, unnormalised), on CPU."""
+    return TextEncoder(runtime=load_offline(bundle)).encode
 
 
 def glove_encoder() -> Encoder:

