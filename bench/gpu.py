@@ -15,7 +15,7 @@ Parts (each usable alone, so a run fits a time-limited GPU lease):
 - sweep: max_batch_size x max_batch_cells for the graph the service would load, per provider
   (CUDA and CPU), on sentences arriving in random order and cut the way the micro-batcher cuts
   them (windows of max_batch_size, length-sorted, split by cells); prints the best per
-  provider and writes it to the JSON (service/batching_defaults.py takes its CUDA values from
+  provider and writes it to the JSON (service/common/batching_defaults.py takes its CUDA values from
   there, by hand, with the numbers in RESULTS.md).
 - service: `disan serve` with W workers x R sentences per request under wrk (Debian's package;
   else several bench.load client processes) at --connections, with the auto batching defaults
@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.gpu_report import markdown
 from bench.gpu_service import service
 from disan.batching import split_by_cells
 from disan.text import Vocab, tokenize
@@ -421,35 +422,6 @@ def run_gpu(args: argparse.Namespace) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
-
-
-def markdown(results: dict) -> str:
-    """Tables of whatever parts ran."""
-    lines = [f"{results['gpu']}; {results['machine']}; onnxruntime {results['onnxruntime']}; "
-             f"{results['sentences']} SNLI-test sentences, mean {results['mean_tokens']} tokens."]
-    off = results.get("offline")
-    if off:
-        lines += ["", "| engine | batch profile (sentences / cells) | sentences/s |", "|---|---|---|"]
-        for r in off["rows"]:
-            rate = f"{r['sentences_per_s']:.0f}" if "sentences_per_s" in r else r.get("skipped", "-")
-            lines.append(f"| {r['engine']} | {r.get('profile', '-')} | {rate} |")
-        lines += [f"- {k}: {v:.3g}" for k, v in off["agreement"].items()]
-    for provider, sw in (results.get("sweep") or {}).items():
-        b = sw["best"]
-        lines += ["", f"Sweep on {provider} ({sw['encoder']}, {sw['sentences']} sentences in random "
-                  f"order): best max_batch_size={b['max_batch_size']}, max_batch_cells="
-                  f"{b['max_batch_cells']} ({b['sentences_per_s']:.0f} sentences/s, p99 call "
-                  f"{b['p99_call_ms']} ms)."]
-    svc = results.get("service")
-    if svc:
-        lines += ["", "| server | workers | texts/request | sentences/s | requests/s | p50 ms | p99 ms | "
-                  "GPU % | mean batch | non-2xx |", "|---" * 10 + "|"]
-        for r in svc["runs"]:
-            lines.append(f"| {r['config']} | {r['workers']} | {r['texts_per_request']} | "
-                         f"{r['sentences_per_s']:.0f} | {r['requests_per_s']:.0f} | {r['p50_ms']} | "
-                         f"{r['p99_ms']} | {r['gpu_util_pct'] or '-'} | {r['mean_batch_one_worker']} | "
-                         f"{r['non2xx']} |")
-    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ from disan.manifest import load_manifest
 from disan.recipes import BENCH_SENTENCE_FILES
 from disan.runtime import CPU, load_offline
 from disan.text import tokenize
-from service.batching_defaults import PROVIDER_DEFAULTS
+from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # the service's limits on CPU (its auto defaults there), which the DiSAN batches are cut to
 CPU_BATCHING = PROVIDER_DEFAULTS[CPU]

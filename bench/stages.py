@@ -135,7 +135,7 @@ def batcher_cpu_us(concurrency: int, rows: list[list[int]], repeats: int) -> flo
     """Process CPU µs per request through a MicroBatcher whose runner returns zeros at once."""
     from concurrent.futures import ThreadPoolExecutor  # only this stage runs an executor
 
-    from service.batcher import MicroBatcher  # the checkout under test's (see measure_in_process)
+    from service.backend.batcher import MicroBatcher  # the checkout under test's (see measure_in_process)
 
     zeros = np.zeros(600, np.float32)
 
@@ -178,8 +178,8 @@ def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
     from bench.offline import length_batches, load_sentences
     from disan.runtime import load_offline
     from disan.text import tokenize  # (same reason)
-    from service.handlers import encode_json  # (same reason)
-    from service.schemas import EmbedRequest  # (same reason)
+    from service.http.handlers import encode_json  # (same reason)
+    from service.http.schemas import EmbedRequest  # (same reason)
 
     sentences = load_sentences(args.data, args.sentences)["11-25"]
     raw = raw_sentences(args.data, args.sentences)
@@ -205,7 +205,7 @@ def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
     }
     batches = [[rows[sentences.index(s)] for s in b] for b in length_batches(sentences, 64, 4096)]
     out["inference_batched"] = best_us(lambda: [rt.embed(b) for b in batches], n, args.repeats)
-    from service import handlers  # the checkout decides whether /embed has base64
+    from service.http import handlers  # the checkout decides whether /embed has base64
 
     if "encoding_format" in EmbedRequest.model_fields and hasattr(handlers, "encode_embeddings"):
         out["encode_base64"] = best_us(

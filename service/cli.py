@@ -25,9 +25,9 @@ EXPORT_HINT = "disan export --nli CKPT --sentiment CKPT --out models/default"
 # own deadline comes this much later, so it never cuts a request off with its plain-text 500 first.
 UVICORN_AFTER_DRAIN_S = 1
 # What the process may take after that: the batchers finish the onnxruntime calls already running
-# (service.backend.STOP_GRACE_S) and the interpreter exits.
+# (service.backend.model.STOP_GRACE_S) and the interpreter exits.
 EXIT_AFTER_DRAIN_S = 4
-HTTP_PROTOCOL = "service.protocol:DisanHttpToolsProtocol"
+HTTP_PROTOCOL = "service.http.protocol:DisanHttpToolsProtocol"
 
 
 def shutdown_deadline_s(settings: Settings) -> float:
@@ -100,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `disan serve --help` and the checks above stay fast
 
+    from service.backend.inference_process import InferenceSupervisor
+
     # late for the same reason (prometheus, starlette, onnxruntime)
-    from service.batching_defaults import resolve_inference_process
-    from service.inference_process import InferenceSupervisor
-    from service.metrics import MULTIPROC_ENV
+    from service.common.batching_defaults import resolve_inference_process
+    from service.common.metrics import MULTIPROC_ENV
 
     given = {k for k in vars(args) if k in Settings.model_fields}
     export_to_env(settings, given)
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             workers=settings.workers,
             log_level=settings.log_level,
             access_log=settings.access_log,
-            # httptools with limits on the request head and the drain signal (service/protocol.py);
+            # httptools with limits on the request head and the drain signal (service/http/protocol.py);
             # the h11 limit is set too, to the same value, for anyone who switches implementation.
             http=HTTP_PROTOCOL,
             h11_max_incomplete_event_size=settings.max_header_bytes,

@@ -1,9 +1,9 @@
 """App factory: `create_app(settings)` wires settings, runtime, batchers, routes, errors and metrics.
 
 Lifespan: start loading + warm-up in the background (so /health answers at once and /ready is
-503 until warm), hand the HTTP protocol its limits and the drain signal (service.protocol), and on
+503 until warm), hand the HTTP protocol its limits and the drain signal (service.http.protocol), and on
 shutdown stop accepting work and drain the batchers. uvicorn handles SIGTERM by closing the
-listener and waiting for in-flight requests (until the drain deadline, service.engine) before
+listener and waiting for in-flight requests (until the drain deadline, service.inference.engine) before
 running the shutdown.
 
 Open without the API key: /health, /ready and /metrics (probes and scrapers carry no key). With a
@@ -24,16 +24,16 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
-from service.admission import Admission
-from service.asgi import BodyPolicy, GateMiddleware, send_error
-from service.engine import Engine
-from service.errors import Unauthorized, install_error_handlers
-from service.fastpath import InferenceFastPath, bearer_credentials, header_value
-from service.handlers import HANDLERS, api_key_ok
-from service.metrics import Metrics, MetricsMiddleware, RouteLabels
-from service.protocol import HOOKS_KEY, HttpHooks
-from service.remote import INFERENCE_SOCKET_ENV
-from service.routes import AUTH, DOCS_PAGES, inference, install_pages, router
+from service.backend.remote import INFERENCE_SOCKET_ENV
+from service.common.errors import Unauthorized, install_error_handlers
+from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
+from service.http.asgi import BodyPolicy, GateMiddleware, send_error
+from service.http.fastpath import InferenceFastPath, bearer_credentials, header_value
+from service.http.handlers import HANDLERS, api_key_ok
+from service.http.protocol import HOOKS_KEY, HttpHooks
+from service.http.routes import AUTH, DOCS_PAGES, inference, install_pages, router
+from service.inference.admission import Admission
+from service.inference.engine import Engine
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")

@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from disan.runtime import RuntimeOptions
-from service.batching_defaults import PROVIDER_DEFAULTS
+from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     # FastAPI's per-request machinery costs about as much CPU as the model for one-sentence
     # requests (bench/overhead.py); the fast path serves the same contract without it.
     fast_path: bool = Field(True, description="serve the POST inference routes through "
-                            "service.fastpath (same API; false: through FastAPI's router)")
+                            "service.http.fastpath (same API; false: through FastAPI's router)")
 
     # --- access ---
     api_key: SecretStr | None = Field(None, description="if set, require `Authorization: Bearer <key>`")

@@ -99,7 +99,7 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
 @pytest.fixture(scope="module", params=[True, False], ids=["fastpath", "fastapi"])
 def fast_path(request) -> bool:
     """`Settings.fast_path`: the API tests run with the inference routes served by
-    service.fastpath and by FastAPI's router, which must behave the same."""
+    service.http.fastpath and by FastAPI's router, which must behave the same."""
     return request.param
 
 

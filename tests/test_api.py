@@ -270,7 +270,7 @@ def test_batching_never_changes_results(client, texts):
 def test_responses_match_their_declared_models(client, path, body, model):
     """The routes serialise with orjson, bypassing FastAPI's response validation: every
     response must still be exactly what its declared (OpenAPI) model allows."""
-    from service import schemas
+    from service.http import schemas
 
     r = client.post(path, json=body)
     assert r.status_code == 200, r.text

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from disan.batching import split_by_cells
-from service.batcher import MicroBatcher
-from service.errors import NotReady, Overloaded
+from service.backend.batcher import MicroBatcher
+from service.common.errors import NotReady, Overloaded
 
 
 class FakeRunner:
@@ -326,7 +326,7 @@ def test_equal_requests_keep_their_arrival_order():
 def test_a_big_request_is_not_starved_by_small_ones():
     """Every OLDEST_EVERY-th call serves the oldest request first, so a steady stream of
     one-sentence requests cannot hold a big request back (fewest-left-first alone would)."""
-    from service.batcher import OLDEST_EVERY
+    from service.backend.batcher import OLDEST_EVERY
 
     runner = FakeRunner(delay=0.005)
 
@@ -403,7 +403,7 @@ def test_abort_answers_queued_and_running_items_at_once():
 
 
 def test_run_reports_queue_and_inference_time():
-    from service.timing import RequestTiming
+    from service.common.timing import RequestTiming
 
     runner = FakeRunner(delay=0.03)
 

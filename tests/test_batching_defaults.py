@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from disan.runtime import CPU, CUDA
-from service.batching_defaults import PROVIDER_DEFAULTS, resolve_batching
+from service.common.batching_defaults import PROVIDER_DEFAULTS, resolve_batching
 
 
 def test_cpu_gets_the_cpu_defaults():

@@ -1,4 +1,4 @@
-"""service.fastpath answers exactly what FastAPI's routes answer, for good and bad requests."""
+"""service.http.fastpath answers exactly what FastAPI's routes answer, for good and bad requests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
-from service.fastpath import bearer_credentials, is_json
+from service.http.fastpath import bearer_credentials, is_json
 from service.main import create_app
 from service.settings import Settings
 

@@ -1,4 +1,4 @@
-"""A live uvicorn server with service.protocol (httptools): head size and time limits, the drain
+"""A live uvicorn server with service.http.protocol (httptools): head size and time limits, the drain
 deadline, and with several workers (a real `disan serve`) metrics that never go backwards and a
 /ready that speaks for every worker."""
 
@@ -21,10 +21,10 @@ import httpx
 import pytest
 from conftest import wait_ready
 
+from service.common.workers import WorkerReadiness
+from service.http.protocol import DisanHttpToolsProtocol
 from service.main import create_app
-from service.protocol import DisanHttpToolsProtocol
 from service.settings import Settings
-from service.workers import WorkerReadiness
 
 uvicorn = pytest.importorskip("uvicorn")
 REPO = Path(__file__).resolve().parent.parent

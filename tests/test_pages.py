@@ -68,7 +68,7 @@ def test_playground_is_served_and_self_contained(client):
 
 
 def test_web_files_ship_in_a_non_editable_install(tmp_path):
-    """`pip install .` (a wheel) must carry service/web, and the installed app must serve it."""
+    """`pip install .` (a wheel) must carry service/http/web, and the installed app must serve it."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -81,7 +81,7 @@ def test_web_files_ship_in_a_non_editable_install(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {f"service/web/{name}" for name in WEB_FILES} <= set(names)
+    assert {f"service/http/web/{name}" for name in WEB_FILES} <= set(names)
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)  # what pip install puts in site-packages
     code = textwrap.dedent("""

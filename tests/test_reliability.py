@@ -13,7 +13,7 @@ import pytest
 from conftest import block_runner, wait_ready
 from fastapi.testclient import TestClient
 
-from service.errors import ERROR_TABLE, format_loc
+from service.common.errors import ERROR_TABLE, format_loc
 from service.main import create_app
 from service.settings import Settings
 
@@ -267,8 +267,8 @@ def test_timing_headers_and_histograms(client):
 def test_admission_rules():
     """The request limit holds every request; the queue-wait limit only bodies over SMALL_BODY
     (or of unknown size): small requests pass big ones in the batcher anyway."""
-    from service.admission import SMALL_BODY, Admission
-    from service.errors import Overloaded
+    from service.common.errors import Overloaded
+    from service.inference.admission import SMALL_BODY, Admission
 
     queued = [0.0]
     admission = Admission(limit=2, max_queue_wait_s=1.0, queued_seconds=lambda: queued[0])
@@ -296,8 +296,8 @@ def test_admission_rules():
 
 
 def test_waiting_requests_are_admitted_newest_first_or_refused_after_the_wait():
-    from service.admission import Admission
-    from service.errors import Overloaded
+    from service.common.errors import Overloaded
+    from service.inference.admission import Admission
 
     async def main():
         admission = Admission(limit=1, wait_s=0.3)

@@ -1,5 +1,5 @@
-"""The shared inference process (`inference_process=shared`): service.wire, service.remote,
-service.inference_process and `disan serve --inference-process shared`.
+"""The shared inference process (`inference_process=shared`): service.backend.wire, service.backend.remote,
+service.backend.inference_process and `disan serve --inference-process shared`.
 
 The inference process runs as a real subprocess on the tiny bundle; the HTTP side is the real app
 (TestClient) pointed at its socket, or a real `disan serve` with 2 workers.
@@ -25,12 +25,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service import batching_defaults, wire
-from service.batching_defaults import resolve_inference_process
-from service.errors import InferenceError, NotReady, Overloaded
-from service.inference_process import InferenceServer, start, stop
+from service.backend import wire
+from service.backend.inference_process import InferenceServer, start, stop
+from service.backend.remote import InferenceClient, RemoteBatcher, RemoteInferenceError
+from service.common import batching_defaults
+from service.common.batching_defaults import resolve_inference_process
+from service.common.errors import InferenceError, NotReady, Overloaded
 from service.main import create_app
-from service.remote import InferenceClient, RemoteBatcher, RemoteInferenceError
 from service.settings import Settings
 from tests.conftest import block_runner, wait_ready
 

@@ -13,8 +13,8 @@ from conftest import block_runner, wait_ready
 from fastapi.testclient import TestClient
 
 from disan.manifest import write_manifest
-from service.engine import Engine
-from service.errors import ERROR_TABLE
+from service.common.errors import ERROR_TABLE
+from service.inference.engine import Engine
 from service.main import create_app
 from service.settings import Settings
 

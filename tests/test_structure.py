@@ -1,8 +1,9 @@
 """The package layout's rules: dependencies run one way, no import cycles, local imports explained.
 
 core (`disan/`) <- `model_export/` <- `service/` <- `bench/`: a module may import only from its own
-layer or the layers before it. Read from the source (AST), so a violation fails here even if it
-sits in a function that no other test calls.
+layer or the layers before it. Inside `service/` the same rule holds between its layers (see
+SERVICE_LAYERS). Read from the source (AST), so a violation fails here even if it sits in a
+function that no other test calls.
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["disan", "model_export", "service", "bench"]
+# service/'s layers, lowest first, like text-embeddings-inference's backends <- core <- router: the
+# HTTP front may use the engine and the backend, never the other way round.
+SERVICE_LAYERS = [
+    ["service", "service.common"],  # the package docstring; errors, timing, metrics, batching defaults
+    ["service.settings"],
+    ["service.backend"],  # the runtime, the micro-batcher, the shared inference process
+    ["service.inference"],  # the engine, admission
+    ["service.http"],  # routes, fast path, ASGI, schemas
+    ["service.main", "service.cli"],  # entry points: the app factory, `disan serve`
+]
 
 
 def modules() -> dict[str, Path]:
@@ -47,6 +58,32 @@ def test_dependencies_point_one_way() -> None:
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
     assert not wrong, "imports against the layer order disan <- model_export <- service <- bench:\n" + \
         "\n".join(wrong)
+
+
+def service_layer(module: str) -> int | None:
+    """Rank of a service module's layer (the longest prefix in SERVICE_LAYERS), None if unplaced."""
+    ranks = [(len(prefix), rank) for rank, prefixes in enumerate(SERVICE_LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".") and prefix != "service"]
+    return max(ranks)[1] if ranks else None
+
+
+def test_every_service_module_has_a_layer() -> None:
+    unplaced = [name for name in modules() if name.startswith("service") and service_layer(name) is None]
+    assert not unplaced, f"service modules in no layer of SERVICE_LAYERS: {unplaced}"
+
+
+def test_service_layers_point_one_way() -> None:
+    wrong = []
+    for name, path in modules().items():
+        rank = service_layer(name) if name.startswith("service") else None
+        if rank is None:
+            continue
+        for target, node, _ in imports(path):
+            target_rank = service_layer(target) if target.split(".")[0] == "service" else None
+            if target_rank is not None and target_rank > rank:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert not wrong, "imports against service's layers (" + " <- ".join(
+        "/".join(layer) for layer in SERVICE_LAYERS) + "):\n" + "\n".join(wrong)
 
 
 def test_no_import_cycles() -> None:
@@ -87,6 +124,7 @@ def test_readme_layout_names_every_module() -> None:
     """The README's layout section lists each module of the three packages (and nothing gone)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     layout = readme[readme.index("### Layout"):readme.index("### Data flow")]
-    missing = [f"{pkg}/{p.name}" for pkg in ("disan", "model_export", "service")
-               for p in sorted((ROOT / pkg).glob("*.py")) if p.name != "__init__.py" and p.name not in layout]
+    missing = [p.relative_to(ROOT).as_posix() for pkg in ("disan", "model_export", "service")
+               for p in sorted((ROOT / pkg).rglob("*.py"))
+               if p.name != "__init__.py" and p.name not in layout]
     assert not missing, f"modules missing from README's layout: {missing}"

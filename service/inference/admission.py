@@ -7,7 +7,7 @@ admitted or held on arrival, from two numbers the worker already has:
 - at most `limit` inference requests are in progress per worker (memory and CPU bound);
 - a request whose declared body is over `SMALL_BODY` bytes also waits while the work queued in
   the batchers is estimated at more than `max_queue_wait_s` seconds (sentences waiting x the
-  recent seconds per sentence, service.batcher): the wait of what is admitted stays short
+  recent seconds per sentence, service.backend.batcher): the wait of what is admitted stays short
   whatever the CPU manages at the moment. Small requests (a few sentences) pass bigger ones in the
   batcher, so a queue of big requests does not delay them: only the request limit holds them.
 
@@ -29,7 +29,7 @@ import asyncio
 import math
 from collections.abc import Callable
 
-from service.errors import Overloaded
+from service.common.errors import Overloaded
 
 # Bodies up to this size (a few sentences) are not held back by a long queue (module docstring).
 SMALL_BODY = 1024

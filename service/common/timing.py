@@ -2,7 +2,7 @@
 
 The front end (fast path or FastAPI's gate middleware) puts a fresh `RequestTiming` in the
 `CURRENT` context variable; the engine and the batcher add to it without knowing about HTTP; the
-front end then reports it as histograms (service.metrics) and as TEI-style response headers.
+front end then reports it as histograms (service.common.metrics) and as TEI-style response headers.
 A context variable reaches the handler because each request runs in one task (both front ends
 await the handler directly; threads started with asyncio.to_thread copy the context).
 """

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from disan.batching import split_by_cells
-from service.errors import NotReady, Overloaded
-from service.timing import RequestTiming
+from service.common.errors import NotReady, Overloaded
+from service.common.timing import RequestTiming
 
 log = logging.getLogger("disan.service.batcher")
 

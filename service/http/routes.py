@@ -1,4 +1,4 @@
-"""FastAPI routes. Thin: FastAPI parses (schemas) -> service.handlers -> JSON response.
+"""FastAPI routes. Thin: FastAPI parses (schemas) -> service.http.handlers -> JSON response.
 
 The inference routes here are what OpenAPI documents and what requests take when the fast path
 is off; the handlers they call are the same as the fast path's.
@@ -16,10 +16,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
-from service.asgi import unless_disconnected
-from service.engine import Engine
-from service.errors import ERROR_TABLE, Unauthorized
-from service.handlers import (
+from service.common.errors import ERROR_TABLE, Unauthorized
+from service.http.asgi import unless_disconnected
+from service.http.handlers import (
     api_key_ok,
     check_model,
     embed_result,
@@ -31,7 +30,7 @@ from service.handlers import (
     similarity_result,
     tokenize_result,
 )
-from service.schemas import (
+from service.http.schemas import (
     EmbedRequest,
     EmbedResponse,
     ErrorResponse,
@@ -50,6 +49,7 @@ from service.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from service.inference.engine import Engine
 
 _bearer = HTTPBearer(auto_error=False, description="required only when the server sets an API key")
 

@@ -1,8 +1,8 @@
 """A worker's side of the shared inference process (`inference_process=shared`).
 
 `InferenceClient` holds one Unix-socket connection per worker to the process `disan serve`
-started (service.inference_process) and multiplexes every request over it by id (frames:
-service.wire). `RemoteBatcher` gives the engine the interface of a `MicroBatcher` (`run`,
+started (service.backend.inference_process) and multiplexes every request over it by id (frames:
+service.backend.wire). `RemoteBatcher` gives the engine the interface of a `MicroBatcher` (`run`,
 `queued_seconds`, `abort`, `stop`): the engine keeps its limits, tokenizing, timing and errors,
 and only the "run this graph on these payloads" step crosses the socket. `RemoteRuntime` stands
 in for the `Runtime` a worker no longer loads (vocab, limits, labels, what /info reports).
@@ -25,9 +25,9 @@ from typing import Any
 
 from disan.runtime import ExplainFlags
 from disan.text import Vocab
-from service import wire
-from service.errors import NotReady, Overloaded
-from service.timing import RequestTiming
+from service.backend import wire
+from service.common.errors import NotReady, Overloaded
+from service.common.timing import RequestTiming
 
 log = logging.getLogger("disan.service.remote")
 # `disan serve` tells its workers where the inference process listens (internal: not a setting,

@@ -70,7 +70,7 @@ def resolve_batching(max_batch_size: int, max_batch_cells: int, provider: str,
 
 # Where the onnxruntime calls of several workers run, per provider, when `inference_process` is
 # auto: "off" = each worker its own runtime and batches; "shared" = one inference process that
-# all workers feed (service.inference_process). From the measurements in bench/RESULTS.md
+# all workers feed (service.backend.inference_process). From the measurements in bench/RESULTS.md
 # ("Several workers on one GPU"); CUDA keeps per-worker runtimes until bench/gpu.py has measured
 # both on a GPU.
 INFERENCE_PROCESS_DEFAULTS: dict[str, tuple[str, str]] = {

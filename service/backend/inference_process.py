@@ -2,7 +2,7 @@
 
 One process owns the runtime (on a GPU: the one CUDA context) and one `MicroBatcher` per graph,
 the same code a worker runs in-process; every HTTP worker sends it its batcher payloads over a
-Unix socket (service.remote, frames in service.wire), so one call holds sentences from every
+Unix socket (service.backend.remote, frames in service.backend.wire), so one call holds sentences from every
 worker and the batches fill N times faster than N separate queues do.
 
 Lifecycle: `disan serve` starts it (`start`) before the uvicorn workers; it loads and warms the
@@ -10,9 +10,9 @@ bundle and only then binds its socket, so a worker that connects finds it ready.
 SIGINT and SIGTERM: `disan serve` owns the shutdown, drains the workers first and then closes the
 process's stdin, on which it finishes what is queued and exits (an ended stdin also means
 `disan serve` died). If it dies, `disan serve` notices, stops the workers and exits non-zero;
-the workers answer 503 meanwhile (service.remote).
+the workers answer 503 meanwhile (service.backend.remote).
 
-    python -m service.inference_process SOCKET   # settings from DISAN_* like `disan serve`
+    python -m service.backend.inference_process SOCKET   # settings from DISAN_* like `disan serve`
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from disan.runtime import Runtime
-from service import wire
-from service.backend import STOP_GRACE_S, load_runtime, make_batchers
-from service.batcher import BatchStats, MicroBatcher
-from service.batching_defaults import resolve_batching
-from service.errors import NotReady, Overloaded, ServiceError
-from service.metrics import Metrics
-from service.remote import INFERENCE_SOCKET_ENV
+from service.backend import wire
+from service.backend.batcher import BatchStats, MicroBatcher
+from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
+from service.backend.remote import INFERENCE_SOCKET_ENV
+from service.common.batching_defaults import resolve_batching
+from service.common.errors import NotReady, Overloaded, ServiceError
+from service.common.metrics import Metrics
+from service.common.timing import RequestTiming
 from service.settings import Settings
-from service.timing import RequestTiming
 
 log = logging.getLogger("disan.service.inference")
 
@@ -184,7 +184,7 @@ async def serve(settings: Settings, socket_path: str) -> None:
 def start(socket_path: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the inference process (settings from DISAN_* in `env`, default this process's);
     its stdin is the pipe whose closing stops it."""
-    return subprocess.Popen([sys.executable, "-m", "service.inference_process", str(socket_path)],
+    return subprocess.Popen([sys.executable, "-m", "service.backend.inference_process", str(socket_path)],
                             stdin=subprocess.PIPE, env=env)
 
 
@@ -235,7 +235,7 @@ class InferenceSupervisor:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m service.inference_process SOCKET", file=sys.stderr)
+        print("usage: python -m service.backend.inference_process SOCKET", file=sys.stderr)
         return 2
     # `disan serve` owns the shutdown (it drains the workers before stopping us): a Ctrl-C to the
     # process group or a stray SIGTERM must not end the inference under requests still draining.

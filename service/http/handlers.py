@@ -1,7 +1,7 @@
 """Inference handlers, HTTP-neutral: a validated request model + the engine -> a JSON-able dict.
 
-Both front ends call these: FastAPI's routes (service.routes) and the fast path
-(service.fastpath). Neither this module nor the engine knows about ASGI or FastAPI, so a new
+Both front ends call these: FastAPI's routes (service.http.routes) and the fast path
+(service.http.fastpath). Neither this module nor the engine knows about ASGI or FastAPI, so a new
 front end (gRPC, a queue consumer) would call the same functions.
 """
 
@@ -17,9 +17,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
-from service.engine import Engine, OneText
-from service.errors import InvalidRequest, ModelNotFound, RequestTooLarge
-from service.schemas import (
+from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
+from service.http.schemas import (
     EmbedRequest,
     NLIRequest,
     OpenAIEmbeddingsRequest,
@@ -27,6 +26,7 @@ from service.schemas import (
     SimilarityRequest,
     TokenizeRequest,
 )
+from service.inference.engine import Engine, OneText
 
 
 def api_key_ok(engine: Engine, credentials: str | None) -> bool:
@@ -172,7 +172,7 @@ def _cosine(dots: np.ndarray) -> np.ndarray:
     return np.clip(dots.astype(np.float64), -1.0, 1.0)
 
 
-# path -> (request model, handler): what service.fastpath serves without FastAPI's routing.
+# path -> (request model, handler): what service.http.fastpath serves without FastAPI's routing.
 HANDLERS: dict[str, tuple[type[BaseModel], Callable[[Any, Engine], Awaitable[dict[str, Any]]]]] = {
     "/embed": (EmbedRequest, embed_result),
     "/nli": (NLIRequest, nli_result),

@@ -46,8 +46,8 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.timing import RequestTiming
-from service.workers import process_alive
+from service.common.timing import RequestTiming
+from service.common.workers import process_alive
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

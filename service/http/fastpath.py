@@ -9,7 +9,7 @@ middleware stack runs when `claims` says so: POST on a path of `handlers.HANDLER
 `Origin` to answer (browsers' requests take FastAPI's path, which has the CORS middleware). Every
 other request, OpenAPI included, is FastAPI's. What the stack would have done is done here with
 the same code: admission control before the body is read, the body policy
-(`service.asgi.BodyPolicy`), the request metrics (`Metrics.on_request`, `Metrics.on_inference`),
+(`service.http.asgi.BodyPolicy`), the request metrics (`Metrics.on_request`, `Metrics.on_inference`),
 the timing headers, the request models and parsing (stdlib json, then strict pydantic), the
 handlers, the API-key check and the error table. tests/test_fastpath.py checks both paths give
 identical answers; one deliberate difference: the API key is checked before the body is read
@@ -31,10 +31,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from service.admission import Admission
-from service.asgi import BodyPolicy, content_length, send_error, send_json, unless_disconnected
-from service.engine import Engine
-from service.errors import (
+from service.common.errors import (
     ERROR_TABLE,
     NOT_JSON_MESSAGE,
     InvalidRequest,
@@ -45,9 +42,12 @@ from service.errors import (
     public_message,
     validation_message,
 )
-from service.handlers import HANDLERS, api_key_ok, encode_json
-from service.metrics import Metrics
-from service.timing import CURRENT, RequestTiming
+from service.common.metrics import Metrics
+from service.common.timing import CURRENT, RequestTiming
+from service.http.asgi import BodyPolicy, content_length, send_error, send_json, unless_disconnected
+from service.http.handlers import HANDLERS, api_key_ok, encode_json
+from service.inference.admission import Admission
+from service.inference.engine import Engine
 
 log = logging.getLogger("disan.service")
 

@@ -1,7 +1,7 @@
 """Request/response models (pydantic v2). They are the API's OpenAPI schema, examples included.
 
 Static checks (types, empty lists, empty strings) live here; limits that depend on settings
-(texts per request, characters, tokens) are checked in `service.engine`, before tokenizing.
+(texts per request, characters, tokens) are checked in `service.inference.engine`, before tokenizing.
 """
 
 from __future__ import annotations

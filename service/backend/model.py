@@ -1,7 +1,7 @@
 """The model side of serving: a bundle's runtime, warmed up, and one micro-batcher per graph.
 
-Built the same way by a worker that runs its own onnxruntime calls (service.engine) and by the
-shared inference process that every worker feeds (service.inference_process).
+Built the same way by a worker that runs its own onnxruntime calls (service.inference.engine) and by the
+shared inference process that every worker feeds (service.backend.inference_process).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from disan.runtime import Runtime
-from service.batcher import BatchStats, MicroBatcher
-from service.batching_defaults import Batching
+from service.backend.batcher import BatchStats, MicroBatcher
+from service.common.batching_defaults import Batching
 from service.settings import Settings
 
 # After the drain deadline, how long the batchers may take to finish the onnxruntime calls already

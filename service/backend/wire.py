@@ -1,5 +1,5 @@
-"""The frames between HTTP workers and the shared inference process (service.remote <->
-service.inference_process): length-prefixed binary, numpy buffers in and out, no pickle.
+"""The frames between HTTP workers and the shared inference process (service.backend.remote <->
+service.backend.inference_process): length-prefixed binary, numpy buffers in and out, no pickle.
 
 A frame is a little-endian u32 byte count and that many bytes. A request carries its id, an
 operation and a graph name; a reply carries the id it answers, a status and a body:
@@ -33,7 +33,7 @@ import numpy as np
 # CANCEL names the id of a RUN whose caller left (client gone): no reply; its items are withdrawn.
 RUN, HELLO, STATS, CANCEL = 1, 2, 3, 4
 OK, ERROR = 0, 1
-# Error kinds: how the worker answers its client (service.errors): 500, 429 or 503.
+# Error kinds: how the worker answers its client (service.common.errors): 500, 429 or 503.
 FAILED, OVERLOADED, NOT_READY = 0, 1, 2
 MAX_FRAME = 1 << 30  # a sanity bound: a corrupt length must not allocate gigabytes
 

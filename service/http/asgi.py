@@ -5,8 +5,8 @@ timeout and a bound on the JSON items it can make the parser allocate. A declare
 over the limit is refused without reading; otherwise the body is read chunk by chunk (chunked
 uploads have no Content-Length) and refused as soon as it exceeds the limit, so no client can make
 the server buffer more than `limit` bytes. Inference requests also pass admission control
-(service.admission) before their body is read; `GateMiddleware` does all of it for FastAPI's
-path, service.fastpath calls the same pieces in the same order.
+(service.inference.admission) before their body is read; `GateMiddleware` does all of it for FastAPI's
+path, service.http.fastpath calls the same pieces in the same order.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import numpy as np
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import Admission
-from service.errors import (
+from service.common.errors import (
     ClientClosed,
     MalformedJSON,
     RequestTimeout,
@@ -29,8 +28,9 @@ from service.errors import (
     ServiceError,
     error_body,
 )
-from service.metrics import Metrics
-from service.timing import CURRENT, RequestTiming
+from service.common.metrics import Metrics
+from service.common.timing import CURRENT, RequestTiming
+from service.inference.admission import Admission
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The inference engine: limits -> tokenize -> micro-batcher -> runtime -> numpy results.
 
-HTTP-free: the handlers (service.handlers) call it. `Engine` owns the runtime, one
+HTTP-free: the handlers (service.http.handlers) call it. `Engine` owns the runtime, one
 `MicroBatcher` per graph and the ready state. Loading and warm-up
 run in the background so `/health` answers at once and `/ready` says 503 until the model is warm.
 """
@@ -19,16 +19,21 @@ import numpy as np
 
 from disan.runtime import Runtime
 from disan.text import tokenize
-from service.backend import STOP_GRACE_S, load_runtime, make_batchers
-from service.batcher import BatchStats, MicroBatcher
-from service.batching_defaults import Batching, resolve_batching, resolve_inference_process
-from service.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
-from service.explain import leave_one_out_rows, nli_explanation, sentiment_explanation, token_weights
-from service.metrics import Metrics, multiprocess_dir
-from service.remote import InferenceClient, RemoteBatcher, RemoteRuntime
+from service.backend.batcher import BatchStats, MicroBatcher
+from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
+from service.backend.remote import InferenceClient, RemoteBatcher, RemoteRuntime
+from service.common.batching_defaults import Batching, resolve_batching, resolve_inference_process
+from service.common.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
+from service.common.metrics import Metrics, multiprocess_dir
+from service.common.timing import CURRENT
+from service.common.workers import WorkerReadiness
+from service.inference.explain import (
+    leave_one_out_rows,
+    nli_explanation,
+    sentiment_explanation,
+    token_weights,
+)
 from service.settings import Settings
-from service.timing import CURRENT
-from service.workers import WorkerReadiness
 
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.

@@ -13,7 +13,7 @@ cost of one addition per `data_received` while a head is being read:
   bytes) -> connection closed (408 first when some of a head arrived).
 
 uvicorn calls `shutdown()` on every connection when SIGTERM arrives: the first call starts the
-app's drain (service.engine.Engine.begin_drain), which the app cannot see otherwise, since uvicorn
+app's drain (service.inference.engine.Engine.begin_drain), which the app cannot see otherwise, since uvicorn
 runs the lifespan shutdown only after in-flight requests are done.
 
 The limits and the drain hook come from the app through the lifespan state (`HttpHooks` under
@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.errors import ERROR_TABLE, error_body
+from service.common.errors import ERROR_TABLE, error_body
 
 HOOKS_KEY = "disan.http"
 # After an error answer the connection reads and drops what the client still sends for this long
