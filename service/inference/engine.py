@@ -340,7 +340,7 @@ class Engine:
         require_fitting(premises, "pairs", ".premise")
         require_fitting(hypotheses, "pairs", ".hypothesis")
         self.check_explain_tokens(premises, hypotheses)
-        outs = await self._run("encoder_explain", [t.rows[0] for t in premises + hypotheses])
+        outs = await self._run_rows("encoder_explain", [t.rows[0] for t in premises + hypotheses])
         sides = list(zip(outs[:len(premises)], outs[len(premises):], strict=True))
         rows = await self._run("nli_head", [leave_one_out_rows(p, h) for p, h in sides])
         results = []
