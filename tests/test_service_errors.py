@@ -101,7 +101,8 @@ def test_per_text_and_per_request_token_limits_are_413_before_inference(tiny_bun
     with serve(tiny_bundle, fast_path=fast_path, max_tokens=4, max_tokens_per_text=10,
                max_tokens_per_request=20) as c:
         words = "a man is playing the guitar and the movie was great ."
-        err = assert_error(c.post("/embed", json={"texts": [words, "a man", words]}), 413, "request_too_large")
+        err = assert_error(c.post("/embed", json={"texts": [words, "a man", words]}), 413,
+                           "request_too_large")
         assert "texts[0]: 12 tokens, at most 10 per text" in err["message"] and "texts[2]" in err["message"]
         assert c.post("/embed", json={"texts": ["a man is playing the guitar"] * 3}).status_code == 200
         err = assert_error(c.post("/embed", json={"texts": ["a man is playing the guitar"] * 4}), 413,
