@@ -23,10 +23,11 @@ before, at the peak, and after (all worker processes together). The attacks:
 - `slowloris`: 2,200 connections that send half a request head and nothing more (past the fd
   limit of each of 2 workers), held for header_timeout_s + 4 s; probe = /health on fresh
   connections.
-- `max requests`: the largest requests of at most 4 MiB, each alone (the note gives each one's
-  RSS growth at its peak and after), then 6 explain requests at their limits at once whose
-  answers are never read (explain at its limits, 256 x 10,000-character texts, 256 pairs of
-  8,000-character texts, 4 MiB JSON-item and nesting bombs, explain over its limits).
+- `max requests`: the largest requests, each alone (the note gives each one's RSS growth at its
+  peak and after), then 6 explain requests at their limits at once whose answers are never read
+  (explain at its limits, 256 x 10,000-character texts, 256 pairs of 8,000-character texts, 128
+  windowed texts at the per-text and per-request token limits, 4 MiB JSON-item and nesting
+  bombs, explain over its limits).
 - `metrics`: 16 clients sending /embed while /metrics is scraped on a fresh connection (any
   worker may answer) every 50 ms; the note counts scrapes where a counter went backwards.
 - `drain` (always last: it stops the server): 24 clients each send one 256 x 128-token /embed,
@@ -253,6 +254,10 @@ MAX_REQUESTS = {
     "256 pairs x 2 x 8,000 characters":
         ("/nli", {"pairs": [{"premise": "a man " * 1333, "hypothesis": "a dog " * 1333}] * 256,
                   "truncate": True}),
+    # the default long_text=window at its limits: 128 texts x 8,190 tokens (under
+    # max_tokens_per_text), 1.05M tokens (just under max_tokens_per_request), 8,192 windows
+    "windowed 128 x 8,190 tokens":
+        ("/embed", {"texts": ["the movie was great and " * 1638] * 128}),
 }
 _HALF = (4 << 20) // 2 - 16  # two bytes per item: the bodies stay just under 4 MiB
 BOMBS = {
@@ -266,13 +271,13 @@ async def max_requests(port: int, row: Row, served: Served) -> None:
     bodies.update({name: ("/embed", body) for name, body in BOMBS.items()})
     notes = []
     for name, (path, body) in bodies.items():
-        assert len(body) <= 4 << 20, (name, len(body))
+        assert len(body) <= 16 << 20, (name, len(body))
         conn = Conn(port)
         await asyncio.sleep(0.5)
         before = served.rss_mb()
         with RssSampler(served) as rss:
             try:
-                status, answer = await conn.request("POST", path, body, timeout=120)
+                status, answer = await conn.request("POST", path, body, timeout=600)
                 row.count(str(status))
             except NO_ANSWER:
                 row.count("err")
