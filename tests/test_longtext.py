@@ -81,3 +81,17 @@ def test_explanations_need_texts_that_fit(client):
     assert client.post("/embed", json={"texts": [LONG], "explain": True, "truncate": True}).status_code == 200
     r = client.post("/nli", json={"pairs": [{"premise": LONG, "hypothesis": "a man"}], "explain": True})
     assert r.status_code == 422 and "pairs[0].premise" in r.json()["error"]["message"]
+
+
+def test_an_empty_text_explains_as_the_one_unknown_word_the_model_saw(client):
+    r = client.post("/embed", json={"texts": ["\t", "a man"], "explain": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["explanations"][0] == {"tokens": ["<unk>"], "token_weights": [1.0]}
+    r = client.post("/nli", json={"pairs": [{"premise": "\n", "hypothesis": "a man"}], "explain": True})
+    assert r.status_code == 200, r.text
+    explanation = r.json()["results"][0]["explanation"]
+    assert explanation["premise"]["tokens"] == ["<unk>"] and len(explanation["premise"]["attribution"]) == 1
+    hypothesis = explanation["hypothesis"]
+    assert hypothesis["tokens"] == ["a", "man"] and len(hypothesis["attribution"]) == 2
+    r = client.post("/sentiment", json={"texts": ["\u200b"], "explain": True})
+    assert r.status_code == 200 and r.json()["results"][0]["explanation"]["tokens"] == ["<unk>"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disan.text import UNK, Vocab, tokenize
+from disan.text import UNK, UNK_TOKEN, Vocab, tokenize
 from disan.windowing import LongTextPolicy, pool_windows, split_windows
 from service.common.errors import InvalidRequest, RequestTooLarge
 
@@ -90,7 +90,8 @@ def prepare_texts(texts: Sequence[str], vocab: Vocab, limits: Limits, field: str
         total += n
         where = location(field, i, member)
         if n == 0:
-            out.append(Tokenized([], [], [[UNK]], empty=True))
+            # The model sees one unknown word (every row needs a position); explanations show it.
+            out.append(Tokenized([UNK_TOKEN], [], [[UNK]], empty=True))
             continue
         if n <= limits.max_tokens:
             ids = vocab.ids(tokens)
