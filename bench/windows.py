@@ -22,6 +22,11 @@ Three measurements, all through `disan.runtime` (the service's graphs) and `disa
    W or truncated to W; top-1 accuracy and MRR of the right document among all documents, and
    top-1 for queries whose paragraph starts past the first 128 tokens (what truncation loses).
 
+4. STS on the longer staged texts: the STS Benchmark pairs (train + dev) whose longer sentence has
+   more than 24 tokens, scored by cosine with each sentence whole, windowed at W = 8 / 16 or
+   truncated to W: Spearman correlation with the gold scores (windows much shorter than the
+   sentence, as 128 is next to a document of a few hundred tokens).
+
 The documents are synthetic (the staged data has no long texts): they test whether a pooled
 vector keeps each part's content, not topical coherence.
 """
@@ -182,6 +187,33 @@ def retrieval(runtime: Runtime, docs: list[list[tuple[str, str]]], seed: int) ->
     return rows
 
 
+def ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (for Spearman's correlation)."""
+    r = np.empty(len(x))
+    r[np.argsort(x, kind="stable")] = np.arange(len(x))
+    _, inverse = np.unique(x, return_inverse=True)
+    return (np.bincount(inverse, weights=r) / np.bincount(inverse))[inverse]
+
+
+def sts(runtime: Runtime, data: Path, longer_than: int = 24) -> list[dict]:
+    pairs = []
+    for rel in ("stsb/train.jsonl.gz", "stsb/dev.jsonl.gz"):
+        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
+            pairs += [json.loads(line) for line in fh]
+    a = [runtime.vocab.ids(tokenize(p["sentence1"])) for p in pairs]
+    b = [runtime.vocab.ids(tokenize(p["sentence2"])) for p in pairs]
+    keep = [i for i in range(len(pairs)) if max(len(a[i]), len(b[i])) > longer_than]
+    a, b = [a[i] for i in keep], [b[i] for i in keep]
+    gold = ranks(np.array([float(pairs[i]["score"]) for i in keep]))
+    rows = []
+    for window, policy in ((None, "whole"), (16, "window"), (16, "truncate"), (8, "window"), (8, "truncate")):
+        cos = np.sum(embed(runtime, a, window, truncate=policy == "truncate") *
+                     embed(runtime, b, window, truncate=policy == "truncate"), axis=1)
+        rows.append({"pairs": len(keep), "window": window, "policy": policy,
+                     "spearman": round(float(np.corrcoef(ranks(cos), gold)[0, 1]), 4)})
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict:
     runtime = load_offline(args.bundle, threads=args.threads)
     docs = load_documents(args.data, args.seed)
@@ -193,7 +225,8 @@ def run(args: argparse.Namespace) -> dict:
                           "max_tokens": int(max(lengths))},
             "cost": cost(str(args.bundle), args.repeats),
             "agreement": agreement(runtime, docs),
-            "retrieval": retrieval(runtime, docs, args.seed)}
+            "retrieval": retrieval(runtime, docs, args.seed),
+            "sts": sts(runtime, args.data)}
 
 
 def markdown(r: dict) -> str:
@@ -213,6 +246,9 @@ def markdown(r: dict) -> str:
               "|---:|---|---|---:|---:|---:|"]
     lines += [f"| {x['window']} | {x['policy']} | {x['query']} | {x['top1']} | {x['mrr']} | "
               f"{x['top1_past_128']} ({x['queries_past_128']}) |" for x in r["retrieval"]]
+    lines += ["", "| STS-B pairs (longer sentence > 24 tokens) | W | policy | Spearman |",
+              "|---:|---:|---|---:|"]
+    lines += [f"| {x['pairs']} | {x['window'] or '-'} | {x['policy']} | {x['spearman']} |" for x in r["sts"]]
     return "\n".join(lines)
 
 
@@ -225,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("bench/windows.json"))
     parser.add_argument("--cost-one", nargs=2, metavar=("SET", "W"), help=argparse.SUPPRESS)
+    parser.add_argument("--sts-only", action="store_true", help="only part 4 (prints its table)")
     args, _ = parser.parse_known_args(argv)
     if args.cost_one:
         print(json.dumps(cost_one(args.bundle, args.cost_one[0], int(args.cost_one[1]), args.repeats)))
+        return 0
+    if args.sts_only:
+        print(json.dumps(sts(load_offline(args.bundle, threads=args.threads), args.data), indent=1))
         return 0
     return run_and_report(parser, run, markdown, argv)
 
