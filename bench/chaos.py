@@ -15,15 +15,19 @@ before, at the peak, and after (all worker processes together). The attacks:
   probe = the accepted requests.
 - `big+small`: 4 clients in a loop with 256 x 128-token /embed requests; probe = one client
   sending one-sentence /embed requests one after another.
+- `long+small`: 4 clients in a loop each sending one 5,000-token document per /embed request
+  (embedded in windows of max_tokens, the default); probe = the one-sentence client as above
+  (issue 27's goal: p99 < 100 ms on the 2-core machine). Goodput counts documents.
 - `headers`: 4 clients sending 1 MB headers in a loop; probe = /health; the 431s' own latency
   is reported in the row's note.
 - `slowloris`: 2,200 connections that send half a request head and nothing more (past the fd
   limit of each of 2 workers), held for header_timeout_s + 4 s; probe = /health on fresh
   connections.
-- `max requests`: the largest requests of at most 4 MiB, each alone (the note gives each one's
-  RSS growth at its peak and after), then 6 explain requests at their limits at once whose
-  answers are never read (explain at its limits, 256 x 10,000-character texts, 256 pairs of
-  8,000-character texts, 4 MiB JSON-item and nesting bombs, explain over its limits).
+- `max requests`: the largest requests, each alone (the note gives each one's RSS growth at its
+  peak and after), then 6 explain requests at their limits at once whose answers are never read
+  (explain at its limits, 256 x 10,000-character texts, 256 pairs of 8,000-character texts, 128
+  windowed texts at the per-text and per-request token limits, 4 MiB JSON-item and nesting
+  bombs, explain over its limits).
 - `metrics`: 16 clients sending /embed while /metrics is scraped on a fresh connection (any
   worker may answer) every 50 ms; the note counts scrapes where a counter went backwards.
 - `drain` (always last: it stops the server): 24 clients each send one 256 x 128-token /embed,
@@ -53,7 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.chaos_kit import HOST, NO_ANSWER, Conn, Row, RssSampler, Served, embed_body
+from bench.chaos_kit import DEFAULT_TEXTS, HOST, NO_ANSWER, Conn, Row, RssSampler, Served, embed_body
+from disan.text import tokenize
 
 
 # ------------------------------------------------------------------ attacks
@@ -103,29 +108,50 @@ async def embed_loop(port: int, row: Row, deadline: float, body: Callable[[], by
     conn.close()
 
 
+async def small_probe(port: int, row: Row, deadline: float, rng: random.Random) -> None:
+    """One client sending one-sentence /embed requests one after another (20 ms apart) while the
+    big requests run: the head-of-line latency the probe columns report."""
+    conn = Conn(port)
+    await asyncio.sleep(1.0)  # the big requests are in flight first
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        try:
+            status, _ = await conn.request("POST", "/embed", embed_body(1, rng), timeout=30)
+        except NO_ANSWER:
+            row.count("err")
+            continue
+        row.count(str(status))
+        if status == 200:
+            row.sentences_ok += 1
+            row.probe_ms.append((time.perf_counter() - t0) * 1000)
+        await asyncio.sleep(0.02)
+    conn.close()
+
+
 async def big_and_small(port: int, row: Row, seconds: float) -> None:
     rng = random.Random(1)
     big = embed_body(256, rng, " ".join(["word"] * 200))  # 256 x 128 tokens after truncation
     deadline = time.perf_counter() + seconds
+    await asyncio.gather(*(embed_loop(port, row, deadline, lambda: big, 256, 120) for _ in range(4)),
+                         small_probe(port, row, deadline, rng))
 
-    async def small() -> None:
-        conn = Conn(port)
-        await asyncio.sleep(1.0)  # the big requests are in flight first
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            try:
-                status, _ = await conn.request("POST", "/embed", embed_body(1, rng), timeout=30)
-            except NO_ANSWER:
-                row.count("err")
-                continue
-            row.count(str(status))
-            if status == 200:
-                row.sentences_ok += 1
-                row.probe_ms.append((time.perf_counter() - t0) * 1000)
-            await asyncio.sleep(0.02)
-        conn.close()
 
-    await asyncio.gather(*(embed_loop(port, row, deadline, lambda: big, 256, 120) for _ in range(4)), small())
+def long_document(tokens: int) -> str:
+    """A text of `tokens` tokens made of the default sentences (one after another)."""
+    words: list[str] = []
+    while len(words) < tokens:
+        words += tokenize(" ".join(DEFAULT_TEXTS))
+    return " ".join(words[:tokens])
+
+
+async def long_and_small(port: int, row: Row, seconds: float, clients: int = 4) -> None:
+    """`clients` connections each sending one 5,000-token document per /embed request (windowed,
+    the default) in a loop, beside the one-sentence probe."""
+    rng = random.Random(2)
+    doc = json.dumps({"texts": [long_document(5000)]}).encode()
+    deadline = time.perf_counter() + seconds
+    await asyncio.gather(*(embed_loop(port, row, deadline, lambda: doc, 1, 120) for _ in range(clients)),
+                         small_probe(port, row, deadline, rng))
 
 
 async def health_probe(port: int, row: Row, until: asyncio.Event, fresh: bool = False) -> int:
@@ -228,6 +254,10 @@ MAX_REQUESTS = {
     "256 pairs x 2 x 8,000 characters":
         ("/nli", {"pairs": [{"premise": "a man " * 1333, "hypothesis": "a dog " * 1333}] * 256,
                   "truncate": True}),
+    # the default long_text=window at its limits: 128 texts x 8,190 tokens (under
+    # max_tokens_per_text), 1.05M tokens (just under max_tokens_per_request), 8,192 windows
+    "windowed 128 x 8,190 tokens":
+        ("/embed", {"texts": ["the movie was great and " * 1638] * 128}),
 }
 _HALF = (4 << 20) // 2 - 16  # two bytes per item: the bodies stay just under 4 MiB
 BOMBS = {
@@ -241,13 +271,13 @@ async def max_requests(port: int, row: Row, served: Served) -> None:
     bodies.update({name: ("/embed", body) for name, body in BOMBS.items()})
     notes = []
     for name, (path, body) in bodies.items():
-        assert len(body) <= 4 << 20, (name, len(body))
+        assert len(body) <= 16 << 20, (name, len(body))
         conn = Conn(port)
         await asyncio.sleep(0.5)
         before = served.rss_mb()
         with RssSampler(served) as rss:
             try:
-                status, answer = await conn.request("POST", path, body, timeout=120)
+                status, answer = await conn.request("POST", path, body, timeout=600)
                 row.count(str(status))
             except NO_ANSWER:
                 row.count("err")
@@ -422,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak": lambda port: lambda row: closed_loop(port, row, 64, 32, secs, budget, True),
         "overload": lambda port: lambda row: closed_loop(port, row, 256, 32, secs, budget, True),
         "big+small": lambda port: lambda row: big_and_small(port, row, secs),
+        "long+small": lambda port: lambda row: long_and_small(port, row, secs),
         "headers": lambda port: lambda row: huge_headers(port, row, min(secs, 10), budget),
         "slowloris": lambda port: lambda row: slowloris(port, row, 14.0, 2200),
         "max requests": lambda port: lambda row: max_requests(port, row, served),

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from enum import Enum
 from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
@@ -57,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(nargs="*", metavar="ORIGIN")
         elif get_origin(field.annotation) is Literal:
             kwargs["choices"] = get_args(field.annotation)
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, Enum):
+            kwargs["choices"] = [member.value for member in field.annotation]
         elif field.annotation in (int, float):
             kwargs["metavar"] = "N"
         parser.add_argument(flag_name(name), **kwargs)

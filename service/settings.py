@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from disan.runtime import RuntimeOptions
+from disan.windowing import LongTextPolicy
 from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).
@@ -73,10 +74,26 @@ class Settings(BaseSettings):
 
     # --- request limits (checked before tokenizing) ---
     max_texts_per_request: int = Field(256, ge=1, le=100_000)
-    max_chars_per_text: int = Field(10_000, ge=1, le=10_000_000)
+    # 100,000 characters: a document at the 8,192-token limit below with room to spare (~5 per token).
+    max_chars_per_text: int = Field(100_000, ge=1, le=10_000_000)
+    # The window (bench/windows.py measures 128/256/512; bench/RESULTS.md says why this default).
     max_tokens: int = Field(128, ge=1, le=100_000,
-                            description="longer texts -> 422 unless truncate=true; capped by the bundle")
-    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024,
+                            description="the window: longest row fed to the model; longer texts are "
+                            "handled by long_text; capped by the bundle's max_len")
+    long_text: LongTextPolicy = Field(
+        LongTextPolicy.WINDOW, description="texts over max_tokens on /embed, /similarity, /nli and "
+        "/sentiment when the request does not say: window (cut into windows, pooled), truncate, "
+        "error (422)")
+    window_overlap: int = Field(0, ge=0, le=100_000, description="tokens consecutive windows share "
+                                "(< max_tokens)")
+    max_tokens_per_text: int = Field(8192, ge=1, le=10_000_000, description="longest text windowed "
+                                     "(OpenAI's limit); longer -> 413 naming it")
+    # Bounds a request's memory and model time; checked after tokenizing, before any model work.
+    max_tokens_per_request: int = Field(1 << 20, ge=1, le=100_000_000,
+                                        description="tokens in one request, all texts; more -> 413")
+
+    # 16 MiB: LangChain's default 1,000 chunks of a few hundred tokens each is ~4 MiB of JSON.
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024,
                                    description="request bodies above this are refused with 413 unread")
 
     # --- micro-batching ---
@@ -154,8 +171,15 @@ class Settings(BaseSettings):
     openai_max_inputs: int = Field(2048, ge=1, le=100_000,
                                    description="inputs per /v1/embeddings call (other routes: "
                                    "max_texts_per_request)")
-    openai_truncate: bool = Field(False, description="cut /v1/embeddings inputs over max_tokens "
-                                  "instead of a 422 (counted in usage.truncated_inputs)")
+    openai_long_text: LongTextPolicy = Field(
+        LongTextPolicy.WINDOW, description="/v1/embeddings inputs over max_tokens (the OpenAI API "
+        "has no field for it): window (default: ordinary documents are never refused), truncate, "
+        "error (422); counted in usage.windowed_inputs / truncated_inputs")
+    openai_truncate: bool = Field(False, description="deprecated: openai_long_text=truncate")
+    openai_strict_model: bool = Field(
+        False, description="404 for a `model` that is neither the served model nor an alias; by "
+        "default any name is answered by the served model (as text-embeddings-inference does), "
+        "since clients send their own default name (text-embedding-ada-002)")
     model_aliases: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="more names /v1 accepts as `model` (e.g. "
         "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
@@ -193,6 +217,13 @@ class Settings(BaseSettings):
         if self.queue_limit < self.max_texts_per_request:
             raise ValueError(f"queue_limit ({self.queue_limit}) must be >= max_texts_per_request "
                              f"({self.max_texts_per_request})")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_fits_the_window(self) -> Settings:
+        if self.window_overlap >= self.max_tokens:
+            raise ValueError(f"window_overlap ({self.window_overlap}) must be < max_tokens "
+                             f"({self.max_tokens})")
         return self
 
     @model_validator(mode="after")

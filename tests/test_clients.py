@@ -1,5 +1,7 @@
-"""The clients people plug an embedding server into, against a live server on 127.0.0.1:
-`openai`, LangChain's `OpenAIEmbeddings` (default chunk_size) and LlamaIndex's `OpenAIEmbedding`.
+"""The clients people plug an embedding server into, against a live server on 127.0.0.1 run with
+its defaults, each client with its defaults (base URL and key set, nothing else): `openai` (sync
+and async, float and base64), LangChain's `OpenAIEmbeddings`, LlamaIndex's `OpenAIEmbedding` and
+`OpenAILikeEmbedding`. More clients: tests/test_clients_more.py.
 
 Each test skips when its client is not installed (they come with the dev extra).
 """
@@ -16,7 +18,7 @@ from conftest import serve_in_thread
 
 from service.settings import Settings
 
-# LangChain's and LlamaIndex's default model name, accepted here as an alias of the served model.
+# LangChain's and LlamaIndex's default model name: any name is answered by the served model.
 ADA = "text-embedding-ada-002"
 WORDS = "a man woman dog is playing running the guitar park movie was great bad".split()
 
@@ -25,9 +27,15 @@ def documents(n: int) -> list[str]:
     return [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(3 + i % 7)) for i in range(n)]
 
 
+def chunks(n: int, lo: int = 20, hi: int = 1500, seed: int = 0) -> list[str]:
+    """`n` text-splitter chunks of `lo`-`hi` tokens (one word = one token here)."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(lo, hi + 1)))) for _ in range(n)]
+
+
 @pytest.fixture(scope="module")
 def server(tiny_bundle):
-    with serve_in_thread(Settings(bundle=tiny_bundle, model_aliases=[ADA])) as base:
+    with serve_in_thread(Settings(bundle=tiny_bundle)) as base:  # the server's defaults too
         yield base
 
 
@@ -43,52 +51,57 @@ def reference(server: str, texts: list[str]) -> np.ndarray:
     return np.asarray(r.json()["embeddings"])
 
 
-def test_openai_client_string_list_base64_models_and_errors(server, name):
+def test_openai_client_string_list_base64_long_texts_and_errors(server, name):
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
-    texts = documents(5)
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    texts = documents(4) + chunks(2, 300, 600)  # two over the 128-token window
     ref = reference(server, texts)
-    one = client.embeddings.create(model=name, input=texts[0])
+    one = client.embeddings.create(model="text-embedding-3-small", input=texts[0])
+    assert one.model == name  # the model that answered
     np.testing.assert_allclose(one.data[0].embedding, ref[0], atol=1e-6)
     assert one.usage.prompt_tokens == len(texts[0].split())
-    many = client.embeddings.create(model=name, input=texts)
+    many = client.embeddings.create(model=ADA, input=texts)
     np.testing.assert_allclose([d.embedding for d in many.data], ref, atol=1e-6)
-    raw = client.embeddings.create(model=name, input=texts, encoding_format="base64")
+    assert many.usage.prompt_tokens == sum(len(t.split()) for t in texts)
+    raw = client.embeddings.create(model=ADA, input=texts, encoding_format="base64")
     decoded = [np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data]
     np.testing.assert_allclose(decoded, ref, atol=1e-6)
-    assert [m.id for m in client.models.list()] == [name, ADA]
-    assert client.models.retrieve(ADA).id == ADA
+    assert [m.id for m in client.models.list()] == [name]
 
-    with pytest.raises(openai.NotFoundError) as missing:
-        client.embeddings.create(model="gpt-4o", input="a man")
-    assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
     with pytest.raises(openai.UnprocessableEntityError) as ids:
         client.embeddings.create(model=name, input=[[1, 2, 3]])
     assert "check_embedding_ctx_length=False" in str(ids.value)
 
 
-def test_openai_async_client_under_concurrency(server, name):
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_openai_async_client_under_concurrency(server, encoding_format):
     openai = pytest.importorskip("openai")
-    texts = documents(40)
+    texts = documents(30) + chunks(10, 130, 900)
     ref = reference(server, texts)
 
     async def main() -> list:
-        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0) as client:
-            return await asyncio.gather(*(client.embeddings.create(model=name, input=t) for t in texts))
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused") as client:
+            return await asyncio.gather(*(client.embeddings.create(model=ADA, input=t,
+                                                                   encoding_format=encoding_format)
+                                          for t in texts))
 
     answers = asyncio.run(main())
-    np.testing.assert_allclose([a.data[0].embedding for a in answers], ref, atol=1e-6)
+    got = [a.data[0].embedding for a in answers]
+    if encoding_format == "base64":  # the SDK hands base64 back as sent when asked for it
+        got = [np.frombuffer(base64.b64decode(e), dtype="<f4") for e in got]
+    np.testing.assert_allclose(got, ref, atol=1e-6)
 
 
-def test_langchain_default_chunk_size_embeds_300_documents(server, name):
-    """OpenAIEmbeddings sends chunk_size=1,000 inputs per call by default (300 in one call here)."""
+def test_langchain_embeds_1000_chunks_of_20_to_1500_tokens(server, name):
+    """OpenAIEmbeddings sends chunk_size=1,000 inputs per call by default: 1,000 ordinary chunks in
+    one call, most over the 128-token window, all embedded."""
     langchain_openai = pytest.importorskip("langchain_openai")
-    embeddings = langchain_openai.OpenAIEmbeddings(model=name, base_url=f"{server}/v1", api_key="unused",
-                                                   check_embedding_ctx_length=False, max_retries=0)
-    assert embeddings.chunk_size == 1000  # the default, untouched
-    docs = documents(300)
+    embeddings = langchain_openai.OpenAIEmbeddings(base_url=f"{server}/v1", api_key="unused",
+                                                   check_embedding_ctx_length=False)
+    assert embeddings.chunk_size == 1000 and embeddings.model == ADA  # the defaults, untouched
+    docs = chunks(1000)
     vectors = np.asarray(embeddings.embed_documents(docs))
-    assert vectors.shape[0] == 300
+    assert vectors.shape[0] == 1000 and np.isfinite(vectors).all()
     np.testing.assert_allclose(vectors[:3], reference(server, docs[:3]), atol=1e-6)
     np.testing.assert_allclose(vectors[-2:], reference(server, docs[-2:]), atol=1e-6)
     np.testing.assert_allclose(embeddings.embed_query(docs[7]), vectors[7], atol=1e-6)
@@ -109,7 +122,7 @@ def test_langchain_default_tiktoken_path_gets_the_clear_422(server, monkeypatch)
                               mergeable_ranks={bytes([i]): i for i in range(256)})
     monkeypatch.setattr(tiktoken, "encoding_for_model", lambda _name: local)
     monkeypatch.setattr(tiktoken, "get_encoding", lambda _name: local)
-    embeddings = langchain_openai.OpenAIEmbeddings(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    embeddings = langchain_openai.OpenAIEmbeddings(base_url=f"{server}/v1", api_key="unused")
     assert embeddings.model == ADA and embeddings.check_embedding_ctx_length and embeddings.tiktoken_enabled
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         embeddings.embed_documents(documents(3))
@@ -117,18 +130,17 @@ def test_langchain_default_tiktoken_path_gets_the_clear_422(server, monkeypatch)
     assert "check_embedding_ctx_length=False" in str(refused.value)
 
 
-def test_llama_index_openai_embedding(server, name):
+def test_llama_index_openai_embedding_and_openai_like(server, name):
     li = pytest.importorskip("llama_index.embeddings.openai")
-    docs = documents(150)  # embed_batch_size 100: two calls
-    ref = reference(server, docs[:4])
-    # the served name (model_name= is how LlamaIndex takes a model outside OpenAI's list) ...
-    ours = li.OpenAIEmbedding(model_name=name, api_base=f"{server}/v1", api_key="unused", max_retries=0)
-    np.testing.assert_allclose(ours.get_text_embedding(docs[0]), ref[0], atol=1e-6)
-    np.testing.assert_allclose(ours.get_query_embedding(docs[1]), ref[1], atol=1e-6)
-    batch = np.asarray(ours.get_text_embedding_batch(docs))
-    assert batch.shape[0] == 150
-    np.testing.assert_allclose(batch[:4], ref, atol=1e-6)
-    # ... or its default model name, answered through the server's model_aliases
-    default = li.OpenAIEmbedding(api_base=f"{server}/v1", api_key="unused", max_retries=0)
+    docs = documents(148) + chunks(2, 200, 400)  # embed_batch_size 100: two calls
+    ref = reference(server, [*docs[:4], *docs[-2:]])
+    default = li.OpenAIEmbedding(api_base=f"{server}/v1", api_key="unused")
     assert default.model_name == ADA
-    np.testing.assert_allclose(default.get_text_embedding(docs[2]), ref[2], atol=1e-6)
+    np.testing.assert_allclose(default.get_text_embedding(docs[0]), ref[0], atol=1e-6)
+    np.testing.assert_allclose(default.get_query_embedding(docs[1]), ref[1], atol=1e-6)
+    batch = np.asarray(default.get_text_embedding_batch(docs))
+    assert batch.shape[0] == 150
+    np.testing.assert_allclose(batch[[0, 1, 2, 3, -2, -1]], ref, atol=1e-6)
+    like = pytest.importorskip("llama_index.embeddings.openai_like")
+    other = like.OpenAILikeEmbedding(model_name="anything", api_base=f"{server}/v1", api_key="unused")
+    np.testing.assert_allclose(other.get_text_embedding(docs[-1]), ref[-1], atol=1e-6)

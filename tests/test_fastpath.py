@@ -55,7 +55,7 @@ REQUESTS = [
 
 def answers(bundle, fast_path: bool, api_key: str | None = None, auth: dict | None = None) -> list:
     """(status, JSON body, selected headers) of every request in REQUESTS."""
-    settings = Settings(bundle=bundle, fast_path=fast_path, api_key=api_key,
+    settings = Settings(bundle=bundle, fast_path=fast_path, api_key=api_key, openai_strict_model=True,
                         max_texts_per_request=8, max_tokens=6, max_wait_ms=0)
     with TestClient(create_app(settings)) as client:
         wait_ready(client.get)

@@ -48,10 +48,10 @@ def test_tokenize_gives_our_tokens_ids_and_the_limit(client, tiny_vocab):
 
 def test_tokenize_limits_and_errors(client):
     assert client.post("/tokenize", json={"texts": ["a"] * 9}).status_code == 413
-    assert client.post("/tokenize", json={"texts": ["x" * 10_001]}).status_code == 413
+    assert client.post("/tokenize", json={"texts": ["x" * 100_001]}).status_code == 413
     assert client.post("/tokenize", json={"texts": []}).status_code == 422
     assert client.post("/tokenize", json={"text": "a"}).status_code == 422
-    # only spaces: zero tokens is an answer here (embedding it would be refused)
+    # only spaces: zero tokens (embedding it gives the empty text's vector)
     assert client.post("/tokenize", json={"texts": [" \t "]}).json()["results"][0]["count"] == 0
 
 
@@ -109,7 +109,9 @@ def test_similarity_limits(client):
     assert client.post("/similarity", json={"texts": ["a"] * 9}).status_code == 413
     long = " ".join(["a man"] * 70)
     pairs = [{"a": "a man", "b": long}]
-    refused = client.post("/similarity", json={"pairs": pairs})
+    refused = client.post("/similarity", json={"pairs": pairs, "long_text": "error"})
     assert refused.status_code == 422
     assert refused.json()["error"]["message"].startswith("pairs[0].b: 140 tokens")
     assert client.post("/similarity", json={"pairs": pairs, "truncate": True}).status_code == 200
+    windowed = client.post("/similarity", json={"pairs": pairs})  # the default: windows pooled
+    assert windowed.status_code == 200 and windowed.json()["usage"]["tokens"] == 2 + 140

@@ -24,9 +24,11 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "not_found": (404, "no such route; on /v1, a `model` not served here (code model_not_found)"),
     "method_not_allowed": (405, "the route does not accept this method"),
     "request_timeout": (408, "the request's body did not arrive within the read timeout"),
-    "request_too_large": (413, "too many texts, a text over max_chars_per_text, too many JSON "
-                               "values, too many explain texts or tokens, or a body too big"),
-    "invalid_request": (422, "empty list or text, wrong field type, or a text over max_tokens"),
+    "request_too_large": (413, "too many texts, a text over max_chars_per_text or max_tokens_per_text, "
+                               "a request over max_tokens_per_request, too many JSON values, too many "
+                               "explain texts or tokens, or a body too big"),
+    "invalid_request": (422, "empty list or text, wrong field type, token-id input, or a text over "
+                        "max_tokens with long_text=error"),
     "overloaded": (429, "too many requests in progress or the batching queue is full; retry after "
                         "Retry-After seconds"),
     "headers_too_large": (431, "the request line and headers exceed max_header_bytes"),
@@ -156,10 +158,18 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
     if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
         # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
         return "malformed_json", NOT_JSON_MESSAGE
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = format_loc(first.get("loc", ()))
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return "invalid_request", f"{loc}: {first.get('msg', 'invalid')}{more}"
+    for e in errors:
+        if e.get("type") == "input_items":  # the message already names every offending item
+            return "invalid_request", str(e.get("msg"))
+    if not errors:
+        return "invalid_request", "body: invalid request"
+    # Every offending item is named, those with the same problem together:
+    # "texts[2], texts[7]: String should have at least 1 character; texts[9]: ..."
+    by_message: dict[str, list[str]] = {}
+    for e in errors:
+        by_message.setdefault(str(e.get("msg", "invalid")), []).append(format_loc(e.get("loc", ())))
+    return "invalid_request", "; ".join(f"{', '.join(dict.fromkeys(locs))}: {msg}"
+                                        for msg, locs in by_message.items())
 
 
 def public_message(exc: ServiceError, path: str) -> str:

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.common.errors import (
     ClientClosed,
+    InvalidRequest,
     MalformedJSON,
     RequestTimeout,
     RequestTooLarge,
@@ -30,6 +31,7 @@ from service.common.errors import (
 )
 from service.common.metrics import Metrics
 from service.common.timing import CURRENT, RequestTiming
+from service.http.schemas import TOKEN_IDS_MESSAGE
 from service.inference.admission import Admission
 
 T = TypeVar("T")
@@ -39,6 +41,8 @@ CLOSE = {"Connection": "close"}
 # A JSON string literal (escapes included); unrolled so long strings match in one C loop.
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# The start of an OpenAI token-id input: "input": [1 or "input": [[1 (see token_ids_refusal).
+_TOKEN_IDS = re.compile(rb'"input"\s*:\s*\[\s*(?:\[\s*)?-?\d')
 # No request of the API nests deeper than 3 levels; deeper bodies are refused before parsing
 # (the stdlib parser recurses: at about 1,000 levels it raises RecursionError).
 MAX_JSON_DEPTH = 32
@@ -87,11 +91,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int,
     arrive in the first message, so a small request pays for no timer)."""
     too_big = RequestTooLarge(f"request body over {limit} bytes", CLOSE)
     if (content_length(scope) or 0) > limit:
-        raise too_big
+        raise too_big  # unread: with the body items limit, 16 MiB of token ids is not a mistake
     message = await receive()
     if message["type"] == "http.disconnect":
         return None
     first = message.get("body", b"")
+    too_big.first_chunk = first  # type: ignore[attr-defined]  # token_ids_refusal looks at it
     if len(first) > limit:
         raise too_big
     if not message.get("more_body", False):
@@ -118,6 +123,14 @@ async def _read_rest(receive: Receive, chunks: list[bytes], size: int, limit: in
             return b"".join(chunks)
 
 
+def token_ids_refusal(start: bytes, headers: dict[str, str] | None = None) -> InvalidRequest | None:
+    """The answer to a body that starts as token-id input (`"input": [1, ...` or `[[1, ...`) and
+    is over a size limit: LangChain's default path sends 1,000 such arrays, and "413: too many JSON
+    items" would point the user the wrong way. Only the body's start is looked at (a quote inside
+    a JSON string is escaped, so `"input"` cannot match inside a text)."""
+    return InvalidRequest(TOKEN_IDS_MESSAGE, headers) if _TOKEN_IDS.search(start[:4096]) else None
+
+
 class BodyPolicy:
     """What every request body passes before it is parsed."""
 
@@ -127,10 +140,17 @@ class BodyPolicy:
         self.max_json_items = max_json_items
 
     async def read(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The body (None: the client left), or RequestTooLarge / RequestTimeout."""
-        body = await read_body(scope, receive, self.limit, self.timeout_s)
+        """The body (None: the client left), or RequestTooLarge / RequestTimeout; token-id
+        input over a limit gets the token-id answer (`token_ids_refusal`) instead of a 413."""
+        try:
+            body = await read_body(scope, receive, self.limit, self.timeout_s)
+        except RequestTooLarge as exc:
+            raise token_ids_refusal(getattr(exc, "first_chunk", b""), CLOSE) or exc from None
         if body:
-            self.check_json_shape(body)
+            try:
+                self.check_json_shape(body)
+            except RequestTooLarge as exc:
+                raise token_ids_refusal(body) or exc from None
         return body
 
     def check_json_shape(self, body: bytes) -> None:

@@ -26,7 +26,8 @@ from service.http.schemas import (
     SimilarityRequest,
     TokenizeRequest,
 )
-from service.inference.engine import Engine, OneText
+from service.inference.engine import Engine
+from service.inference.longtext import OneText, Tokenized
 
 
 def api_key_ok(engine: Engine, credentials: str | None) -> bool:
@@ -52,32 +53,48 @@ def encode_embeddings(vectors: Any, encoding_format: str) -> Any:
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
 
 
+def long_text(body: Any, engine: Engine) -> str:
+    """The request's long-text policy: its `long_text`, else truncate=true, else the server's."""
+    if body.long_text is not None:
+        return body.long_text
+    return "truncate" if body.truncate else engine.settings.long_text
+
+
+def token_count(items: list[Tokenized]) -> int:
+    return sum(len(t.ids) for t in items)
+
+
 async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
-    """POST /embed: each text's DiSAN vector; `normalize` L2-normalises them; `explain` adds
-    each text's tokens and source2token weights."""
+    """POST /embed: each text's DiSAN vector (a long text's: its windows pooled); `normalize`
+    L2-normalises them; `explain` adds each text's tokens and source2token weights; `notes` says
+    which texts were windowed, truncated or empty."""
+    policy = long_text(body, engine)
     if body.explain:
-        vectors, tokens, explanations = await engine.embed_explained(body.texts, body.normalize,
-                                                                     body.truncate)
+        vectors, items, explanations = await engine.embed_explained(body.texts, body.normalize, policy)
     else:
-        vectors, tokens = await engine.embed(body.texts, body.normalize, body.truncate)
+        vectors, items = await engine.embed(body.texts, body.normalize, policy)
     runtime = engine.require_ready()
     result = {"model": runtime.name, "dim": runtime.dim,
-              "embeddings": encode_embeddings(vectors, body.encoding_format), "usage": {"tokens": tokens}}
+              "embeddings": encode_embeddings(vectors, body.encoding_format),
+              "usage": {"tokens": token_count(items)}}
     if body.explain:
         result["explanations"] = explanations
+    notes = [n for i, t in enumerate(items) if (n := t.note(i)) is not None]
+    if notes:
+        result["notes"] = notes
     return result
 
 
 async def nli_result(body: NLIRequest, engine: Engine) -> dict[str, Any]:
     """POST /nli: a label and class probabilities per premise-hypothesis pair."""
     pairs = [(p.premise, p.hypothesis) for p in body.pairs]
-    results, tokens = await engine.nli(pairs, body.truncate, body.explain)
+    results, tokens = await engine.nli(pairs, long_text(body, engine), body.explain)
     return {"model": engine.require_ready().name, "results": results, "usage": {"tokens": tokens}}
 
 
 async def sentiment_result(body: SentimentRequest, engine: Engine) -> dict[str, Any]:
     """POST /sentiment: fine-grained class, polarity and probabilities (+ attention if asked)."""
-    results, tokens = await engine.sentiment(body.texts, body.truncate, body.explain)
+    results, tokens = await engine.sentiment(body.texts, long_text(body, engine), body.explain)
     return {"model": engine.require_ready().name, "results": results, "usage": {"tokens": tokens}}
 
 
@@ -87,8 +104,12 @@ def served_models(engine: Engine) -> list[str]:
     return [name, *(a for a in engine.settings.model_aliases if a != name)]
 
 
-def check_model(engine: Engine, model: str | None) -> None:
-    """OpenAI's 404 `model_not_found` for a `model` this server does not serve (None: the served one)."""
+def check_model(engine: Engine, model: str | None, strict: bool | None = None) -> None:
+    """OpenAI's 404 `model_not_found` for a `model` this server does not serve, where `strict`
+    (default: the openai_strict_model setting); otherwise any name is answered by the served
+    model (clients send their own default, e.g. text-embedding-ada-002)."""
+    if not (engine.settings.openai_strict_model if strict is None else strict):
+        return
     names = served_models(engine)
     if model is not None and model not in names:
         raise ModelNotFound(f"the model `{model}` is not served here; served: {', '.join(names)} "
@@ -117,13 +138,17 @@ async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine
         raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
                              f"got {body.dimensions}")
     s = engine.settings
-    vectors, tokens, truncated = await engine.embed_chunked(texts, s.openai_truncate,
-                                                            OneText("input") if one else "input",
-                                                            s.openai_max_inputs)
+    policy = "truncate" if s.openai_truncate else s.openai_long_text
+    vectors, items = await engine.embed(texts, True, policy, OneText("input") if one else "input",
+                                        s.openai_max_inputs)
     data = list(encode_embeddings(vectors, body.encoding_format))
+    tokens = token_count(items)
     return {"object": "list", "model": runtime.name,
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": truncated}}
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
+                      "truncated_inputs": sum(t.truncated for t in items),
+                      "windowed_inputs": sum(t.windowed for t in items),
+                      "empty_inputs": sum(t.empty for t in items)}}
 
 
 async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, Any]:
@@ -140,9 +165,11 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
     """POST /similarity: cosine of `pairs`, of `texts` ranked against `query`, or of all `texts`."""
     limit = engine.settings.max_texts_per_request
 
+    policy = long_text(body, engine)
+
     async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, int]:
-        vecs, tokens, _ = await engine.embed_chunked(texts, body.truncate, field, limit, member)
-        return vecs, tokens
+        vecs, items = await engine.embed(texts, True, policy, field, limit, member)
+        return vecs, token_count(items)
 
     out: dict[str, Any] = {"model": engine.require_ready().name}
     if body.pairs is not None:

@@ -118,9 +118,11 @@ async def sentiment(body: SentimentRequest, request: Request, engine: EngineDep)
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request,
                             engine: EngineDep) -> Response:
     """OpenAI `POST /v1/embeddings`: up to `openai_max_inputs` inputs (2,048), vectors
-    L2-normalised like OpenAI's, `base64` is little-endian float32. Inputs over the token limit
-    get a 422 unless the server runs with `openai_truncate` (then `usage.truncated_inputs` counts
-    them). An unknown `model` is a 404 with OpenAI's `param` and `code` (`model_not_found`)."""
+    L2-normalised like OpenAI's, `base64` is little-endian float32. Inputs of any length are
+    embedded: over `max_tokens` in windows whose vectors are pooled (`usage.windowed_inputs`; the
+    server's `openai_long_text` may say truncate or error instead). Any `model` name is answered
+    by the served model, named in the response; with `openai_strict_model` an unknown one is a 404
+    with OpenAI's `param` and `code` (`model_not_found`)."""
     return json_response(await unless_disconnected(request.receive,
                                                    openai_embeddings_result(body, engine)))
 
@@ -134,8 +136,9 @@ async def openai_models(engine: EngineDep) -> dict:
 @inference.get("/v1/models/{model}", response_model=OpenAIModel, responses=_errors("not_found"),
                summary="One model (OpenAI-compatible)")
 async def openai_model(model: str, engine: EngineDep) -> dict:
-    """One entry of `GET /v1/models`, or 404 `model_not_found`."""
-    check_model(engine, model)
+    """One entry of `GET /v1/models`, or 404 `model_not_found` (the list is what is served,
+    whatever names /v1/embeddings answers to)."""
+    check_model(engine, model, strict=True)
     return next(m for m in models_result(engine)["data"] if m["id"] == model)
 
 
@@ -168,7 +171,9 @@ async def info(engine: EngineDep) -> dict:
                    "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit,
                    "max_explain_texts": s.max_explain_texts, "max_explain_tokens": s.max_explain_tokens,
                    "max_concurrent_requests": s.max_concurrent_requests,
-                   "max_json_items": s.max_json_items, "max_header_bytes": s.max_header_bytes},
+                   "max_json_items": s.max_json_items, "max_header_bytes": s.max_header_bytes,
+                   "window_overlap": s.window_overlap, "max_tokens_per_text": s.max_tokens_per_text,
+                   "max_tokens_per_request": s.max_tokens_per_request},
         "batching": {"max_batch_size": engine.batching.max_batch_size, "max_wait_ms": s.max_wait_ms,
                      "max_batch_cells": engine.batching.max_batch_cells,
                      "batch_concurrency": rt.batch_concurrency, "source": engine.batching.source},

@@ -12,7 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from pydantic_core import PydanticCustomError
 
 Text = Annotated[str, StringConstraints(min_length=1)]
-TextList = Annotated[list[Text], Field(min_length=1)]
+# The schema states OpenAI's 2,048-input limit; the engine enforces the server's openai_max_inputs.
+OPENAI_MAX_INPUTS = 2048
+TextList = Annotated[list[Text], Field(min_length=1, json_schema_extra={"maxItems": OPENAI_MAX_INPUTS})]
+LongText = Literal["window", "truncate", "error"]
+_LONG_TEXT = ("texts over max_tokens: window (cut into windows of max_tokens, each run, pooled by "
+              "token-weighted mean), truncate (keep the first max_tokens), error (422); omitted: the "
+              "server's long_text (window by default)")
+_TRUNCATE = "same as long_text=truncate (kept for older clients)"
 # Requests are strict (no 0 -> False, "5" -> 5 coercion) so the API accepts exactly what its
 # OpenAPI schema says, and unknown fields are errors (a typo like "text" is reported, not ignored).
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -23,7 +30,8 @@ def _examples(*examples: dict) -> ConfigDict:
 
 
 class Usage(BaseModel):
-    tokens: int = Field(description="tokens fed to the model (after truncation)")
+    tokens: int = Field(description="tokens of the texts the model saw: every token of a windowed "
+                        "text, the kept ones of a truncated one")
 
 
 class EmbedRequest(BaseModel):
@@ -31,7 +39,8 @@ class EmbedRequest(BaseModel):
                               "normalize": True})
     texts: list[Text] = Field(min_length=1, description="sentences to embed")
     normalize: bool = Field(False, description="L2-normalise each vector (cosine = dot product)")
-    truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    long_text: LongText | None = Field(None, description=_LONG_TEXT)
+    truncate: bool = Field(False, description=_TRUNCATE)
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: each vector as base64 of little-endian "
         "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
@@ -45,6 +54,14 @@ class TokenWeights(BaseModel):
                                        "features; sums to 1): each token's share of the sentence vector")
 
 
+class TextNote(BaseModel):
+    index: int = Field(description="position in `texts`")
+    tokens: int = Field(description="the text's tokens the model saw")
+    windows: int = Field(description="windows of at most max_tokens it was cut into (1: not cut)")
+    truncated: bool = Field(description="cut to max_tokens (long_text=truncate)")
+    empty: bool = Field(description="no tokens (only spaces or control characters): the empty text's vector")
+
+
 class EmbedResponse(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "default", "dim": 4, "embeddings": [[0.1, -0.2, 0.3, 0.0]], "usage": {"tokens": 7}}]})
@@ -54,6 +71,8 @@ class EmbedResponse(BaseModel):
         description="one vector per text: floats, or base64 strings with encoding_format=base64")
     usage: Usage
     explanations: list[TokenWeights] | None = Field(None, description="per text, with explain=true")
+    notes: list[TextNote] | None = Field(None, description="only the texts that were windowed, "
+                                         "truncated or empty; absent when none was")
 
 
 class NLIPair(BaseModel):
@@ -66,7 +85,8 @@ class NLIRequest(BaseModel):
     model_config = _examples({"pairs": [{"premise": "A man is playing a guitar on stage.",
                                          "hypothesis": "A man is performing music."}]})
     pairs: list[NLIPair] = Field(min_length=1, description="premise/hypothesis pairs")
-    truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    long_text: LongText | None = Field(None, description=_LONG_TEXT)
+    truncate: bool = Field(False, description=_TRUNCATE)
     explain: bool = Field(False, description="also return which premise/hypothesis tokens drive the "
                           "label (at most max_explain_texts pairs; needs the encoder_explain graph)")
 
@@ -105,7 +125,8 @@ class NLIResponse(BaseModel):
 class SentimentRequest(BaseModel):
     model_config = _examples({"texts": ["A gorgeous, witty, seductive movie."], "explain": False})
     texts: list[Text] = Field(min_length=1)
-    truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    long_text: LongText | None = Field(None, description=_LONG_TEXT)
+    truncate: bool = Field(False, description=_TRUNCATE)
     explain: bool = Field(False, description="also return attention maps (needs the explain graph)")
 
 
@@ -135,12 +156,16 @@ class SentimentResponse(BaseModel):
     usage: Usage
 
 
-# What a client that pre-tokenizes with tiktoken (LangChain's OpenAIEmbeddings by default) is told.
+# What a client that pre-tokenizes with tiktoken (LangChain's OpenAIEmbeddings by default) is told;
+# also the answer to such a body that is over the size limits (service.http.asgi).
 TOKEN_IDS_MESSAGE = (
-    "token-id arrays are not supported: this server tokenizes text itself, and its tokens are not "
-    "tiktoken's (POST /tokenize shows them). Send strings; with LangChain set "
-    "OpenAIEmbeddings(check_embedding_ctx_length=False). Texts over the token limit get a 422 "
-    "unless the server runs with --openai-truncate true")
+    "input: token-id arrays are not supported: this server tokenizes text itself, and its tokens are "
+    "not tiktoken's (POST /tokenize shows them). Send strings; with LangChain set "
+    "OpenAIEmbeddings(check_embedding_ctx_length=False). Texts of any length are embedded (long "
+    "ones in windows)")
+# JSON's names for what was sent, in messages (a client reads JSON, not Python).
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number", dict: "object",
+               list: "array", str: "string"}
 
 
 def _is_token_ids(value: object) -> bool:
@@ -148,6 +173,36 @@ def _is_token_ids(value: object) -> bool:
     def ints(v: object) -> bool:
         return isinstance(v, list) and bool(v) and all(type(i) is int for i in v)
     return ints(value) or (isinstance(value, list) and bool(value) and all(ints(v) for v in value))
+
+
+def _locations(indices: list[int]) -> str:
+    return ", ".join(f"input[{i}]" for i in indices)
+
+
+def input_problem(value: object) -> str | None:
+    """What is wrong with an OpenAI `input`, naming every offending item; None when nothing is.
+
+    Each case has its own message (pydantic's union errors said "Input should be a valid string
+    (and 1 more)" to all of them)."""
+    if isinstance(value, str):
+        return "input: the empty string; send at least one character" if not value else None
+    if not isinstance(value, list):
+        return (f"input: got {_JSON_TYPES.get(type(value), type(value).__name__)}, expected a string "
+                "or a non-empty list of strings")
+    if not value:
+        return "input: the list is empty; send at least one string"
+    if _is_token_ids(value):
+        return TOKEN_IDS_MESSAGE
+    empty = [i for i, v in enumerate(value) if v == ""]
+    wrong = [i for i, v in enumerate(value) if not isinstance(v, str)]
+    parts = []
+    if empty:
+        parts.append(f"{_locations(empty)}: the empty string (send at least one character; texts of "
+                     "only spaces or control characters are embedded as the empty text)")
+    if wrong:
+        kinds = sorted({_JSON_TYPES.get(type(value[i]), type(value[i]).__name__) for i in wrong})
+        parts.append(f"{_locations(wrong)}: not a string (got {', '.join(kinds)})")
+    return "; ".join(parts) or None
 
 
 class OpenAIEmbeddingsRequest(BaseModel):
@@ -159,18 +214,21 @@ class OpenAIEmbeddingsRequest(BaseModel):
         {"input": "hello world", "encoding_format": "base64"}]})
     input: Text | TextList = Field(
         description="a string or a non-empty list of strings (up to openai_max_inputs, 2,048 by "
-        "default); token-id arrays are refused with a 422 saying what to set instead")
-    model: str | None = Field(None, description="the served model's name (GET /v1/models) or an alias "
-                              "from the server's model_aliases; omitted: the served model")
+        "default), each of any length (long ones are embedded in windows, the server's "
+        "openai_long_text); token-id arrays are refused with a 422 saying what to set instead")
+    model: str | None = Field(None, description="any name: the served model answers and is named in "
+                              "the response (a server with openai_strict_model accepts only its name "
+                              "and model_aliases)")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="must equal the model's dim if given")
     user: str | None = None
 
     @field_validator("input", mode="before")
     @classmethod
-    def _no_token_ids(cls, value: object) -> object:
-        if _is_token_ids(value):
-            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE)
+    def _check_input(cls, value: object) -> object:
+        problem = input_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("input_items", problem)
         return value
 
 
@@ -184,7 +242,10 @@ class OpenAIUsage(BaseModel):
     prompt_tokens: int
     total_tokens: int
     truncated_inputs: int = Field(0, description="inputs cut to max_tokens (server setting "
-                                  "openai_truncate; otherwise over-long inputs get a 422)")
+                                  "openai_long_text=truncate)")
+    windowed_inputs: int = Field(0, description="inputs over max_tokens embedded in windows (the default)")
+    empty_inputs: int = Field(0, description="inputs of only spaces or control characters, embedded "
+                              "as the empty text")
 
 
 class OpenAIEmbeddingsResponse(BaseModel):
@@ -250,7 +311,8 @@ class TokenizedText(BaseModel):
     tokens: list[str] = Field(description="the model's tokens (lowercased, PTB-style), uncut")
     ids: list[int] = Field(description="vocabulary ids of the tokens (1 = unknown word)")
     count: int = Field(description="number of tokens")
-    over_limit: bool = Field(description="count > max_tokens: 422 unless truncated to max_tokens")
+    over_limit: bool = Field(description="count > max_tokens: windowed, truncated or refused as "
+                             "long_text says")
 
 
 class TokenizeResponse(BaseModel):
@@ -282,7 +344,8 @@ class SimilarityRequest(BaseModel):
     texts: list[Text] | None = Field(None, min_length=1,
                                      description="with `query`: the candidates; alone: all pairs")
     top_k: int | None = Field(None, ge=1, description="with `query`: keep the best k")
-    truncate: bool = Field(False, description="cut texts over max_tokens instead of rejecting them")
+    long_text: LongText | None = Field(None, description=_LONG_TEXT)
+    truncate: bool = Field(False, description=_TRUNCATE)
 
     @model_validator(mode="after")
     def _one_form(self) -> SimilarityRequest:

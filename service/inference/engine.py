@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from disan.encoder import normalized, prediction, sentiment_prediction
 from disan.runtime import Runtime
 from disan.text import tokenize
+from disan.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
 from service.backend.remote import InferenceClient, RemoteBatcher, RemoteRuntime
@@ -35,13 +35,20 @@ from service.inference.explain import (
     sentiment_explanation,
     token_weights,
 )
+from service.inference.longtext import (
+    Limits,
+    Tokenized,
+    check_chars,
+    flat_rows,
+    pool_rows,
+    prepare_texts,
+    require_fitting,
+)
 from service.settings import Settings
 
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
 _INLINE_CHARS = 20_000
-# How to get an over-long text cut, where a request field has no `truncate` flag (/v1's `input`).
-_TRUNCATE_HINTS = {"input": "a server started with --openai-truncate true cuts such inputs"}
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
@@ -49,25 +56,6 @@ FAILED_DETAIL = "the model bundle failed to load; the reason is in the server lo
 # (it exits, and `disan serve` with it, when loading fails; this bounds a hung one).
 INFERENCE_WAIT_S = 600.0
 INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
-
-
-class OneText(str):
-    """A request field that held one text, not a list (`query`; `input` given as a string): its
-    errors name the field alone."""
-
-
-def _location(field: str, i: int, member: str) -> str:
-    """Where an error is, in the API's one notation: ``texts[0]``, ``pairs[2].premise``, ``query``."""
-    return str(field) if isinstance(field, OneText) else f"{field}[{i}]{member}"
-
-
-@dataclass
-class Tokenized:
-    """Token strings and ids of one text (already truncated)."""
-
-    tokens: list[str]
-    ids: list[int]
-    truncated: bool = False  # cut to max_tokens (truncate=true)
 
 
 
@@ -236,43 +224,35 @@ class Engine:
             raise InvalidRequest(f"{field}: the list is empty")
         if len(texts) > limit:
             raise RequestTooLarge(f"{field}: {len(texts)} items, at most {limit} per request")
-        for i, text in enumerate(texts):
-            if len(text) > s.max_chars_per_text:
-                raise RequestTooLarge(f"{_location(field, i, member)}: {len(text)} characters, at most "
-                                      f"{s.max_chars_per_text}")
+        check_chars(texts, field, member, s.max_chars_per_text)
 
-    def prepare(self, texts: list[str], truncate: bool, field: str = "texts",
+    def limits(self, policy: LongTextPolicy | str) -> Limits:
+        """The long-text limits of a request under `policy` (service.inference.longtext)."""
+        s = self.settings
+        window = self.require_ready().max_tokens  # the setting, capped by the bundle's max_len
+        return Limits(max_tokens=window, policy=LongTextPolicy(policy),
+                      overlap=min(s.window_overlap, window - 1), max_tokens_per_text=s.max_tokens_per_text,
+                      max_tokens_per_request=s.max_tokens_per_request)
+
+    def prepare(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts",
                 max_items: int | None = None, member: str = "") -> list[Tokenized]:
-        """Enforce limits cheaply first (count, characters), then tokenize and check tokens."""
+        """Enforce limits cheaply first (count, characters), then tokenize, window and check tokens."""
         runtime = self.require_ready()
         t0 = time.perf_counter()
         self.check_sizes(texts, field, max_items, member)
-        out = []
-        for i, text in enumerate(texts):
-            tokens = tokenize(text)
-            if not tokens:
-                raise InvalidRequest(f"{_location(field, i, member)}: contains no tokens (only spaces or "
-                                     "control characters)")
-            cut = len(tokens) > runtime.max_tokens
-            if cut:
-                if not truncate:
-                    hint = _TRUNCATE_HINTS.get(field, "send truncate=true to cut it")
-                    raise InvalidRequest(f"{_location(field, i, member)}: {len(tokens)} tokens, at most "
-                                         f"{runtime.max_tokens} ({hint})")
-                tokens = tokens[: runtime.max_tokens]
-            out.append(Tokenized(tokens, runtime.vocab.ids(tokens), truncated=cut))
+        out = prepare_texts(texts, runtime.vocab, self.limits(policy), field, member)
         timing = CURRENT.get()
         if timing is not None:
             timing.tokenize_s += time.perf_counter() - t0
             timing.tokens += sum(len(t.ids) for t in out)
         return out
 
-    async def prepare_async(self, texts: list[str], truncate: bool, field: str = "texts",
+    async def prepare_async(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts",
                             max_items: int | None = None, member: str = "") -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
         if sum(map(len, texts)) > _INLINE_CHARS:
-            return await asyncio.to_thread(self.prepare, texts, truncate, field, max_items, member)
-        return self.prepare(texts, truncate, field, max_items, member)
+            return await asyncio.to_thread(self.prepare, texts, policy, field, max_items, member)
+        return self.prepare(texts, policy, field, max_items, member)
 
     async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
         try:
@@ -282,14 +262,18 @@ class Engine:
         except Exception as exc:  # ORT failures etc.: logged in full, reported generically
             raise InferenceError(f"{graph}: {type(exc).__name__}: {exc}") from exc
 
-    async def _run_sides(self, graph: str, first: list[Any], second: list[Any]) -> tuple[list, list]:
-        """Premise and hypothesis rows through one batcher: in one submission when the queue can
-        hold both (the settings only promise room for one request's count of items), else one
-        side after the other."""
-        if len(first) + len(second) <= self.settings.queue_limit:
-            out = await self._run(graph, first + second)
-            return out[:len(first)], out[len(first):]
-        return await self._run(graph, first), await self._run(graph, second)
+    async def _run_rows(self, graph: str, rows: list[Any]) -> list[Any]:
+        """`rows` through one batcher, max_texts_per_request at a time, one chunk after the other:
+        a request of many texts or long (windowed) ones never holds more of the queue than any
+        request can, so it can never be refused for its size alone, and the batcher's
+        fewest-left-first order lets short requests pass it."""
+        step = self.settings.max_texts_per_request
+        if len(rows) <= step:
+            return await self._run(graph, rows)
+        out: list[Any] = []
+        for start in range(0, len(rows), step):
+            out += await self._run(graph, rows[start:start + step])
+        return out
 
     def check_explain(self, count: int, field: str, graph: str) -> None:
         """Refuse an explain request the bundle cannot serve or that is over the limit (cheap,
@@ -309,46 +293,53 @@ class Engine:
                                   f"{self.settings.max_explain_tokens} with explain=true")
 
     # ---- tasks ----
-    async def embed(self, texts: list[str], normalize: bool, truncate: bool,
-                    field: str = "texts") -> tuple[np.ndarray, int]:
-        """Sentence vectors float32 [B, D] and the token count."""
-        items = await self.prepare_async(texts, truncate, field)
-        rows = await self._run("encoder", [t.ids for t in items])
-        return _vectors(rows, normalize), sum(len(t.ids) for t in items)
+    async def embed(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str,
+                    field: str = "texts", max_items: int | None = None, member: str = ""
+                    ) -> tuple[np.ndarray, list[Tokenized]]:
+        """Vectors float32 [B, D] of up to `max_items` texts (default max_texts_per_request; a
+        long text's is its windows' pooled vector) and the prepared texts (token counts, notes)."""
+        items = await self.prepare_async(texts, policy, field, max_items, member)
+        outs = await self._run_rows("encoder", flat_rows(items))
+        return normalized(pool_rows(items, outs)) if normalize else pool_rows(items, outs), items
 
-    async def embed_explained(self, texts: list[str], normalize: bool, truncate: bool
-                              ) -> tuple[np.ndarray, int, list[dict]]:
+    async def embed_explained(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str
+                              ) -> tuple[np.ndarray, list[Tokenized], list[dict]]:
         """`embed` plus, per text, its tokens and source2token weights (one explain-graph call)."""
         self.check_explain(len(texts), "texts", "encoder_explain")
-        items = await self.prepare_async(texts, truncate)
+        items = await self.prepare_async(texts, policy)
+        require_fitting(items, "texts")
         self.check_explain_tokens(items)
-        outs = await self._run("encoder_explain", [t.ids for t in items])
+        outs = await self._run("encoder_explain", [t.rows[0] for t in items])
         explanations = [token_weights(item.tokens, out) for item, out in zip(items, outs, strict=True)]
-        vectors = _vectors([o["embedding"] for o in outs], normalize)
-        return vectors, sum(len(t.ids) for t in items), explanations
+        vectors = np.stack([o["embedding"] for o in outs]).astype(np.float32, copy=False)
+        return normalized(vectors) if normalize else vectors, items, explanations
 
-    async def nli(self, pairs: list[tuple[str, str]], truncate: bool, explain: bool = False
+    async def nli(self, pairs: list[tuple[str, str]], policy: LongTextPolicy | str, explain: bool = False
                   ) -> tuple[list[dict], int]:
         """Per pair {label, scores[, explanation]} and the token count: the encoder on both
-        sentences (the /embed batches), then the head on the vector pairs."""
+        sentences (the /embed batches; a long one's windows pooled), then the head on the vector pairs."""
         runtime = self.require_ready()
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
         if explain:
             self.check_explain(len(pairs), "pairs", "encoder_explain")
-        premises = await self.prepare_async([p for p, _ in pairs], truncate, "pairs", member=".premise")
-        hypotheses = await self.prepare_async([h for _, h in pairs], truncate, "pairs", member=".hypothesis")
-        if explain:
-            self.check_explain_tokens(premises, hypotheses)
+        premises = await self.prepare_async([p for p, _ in pairs], policy, "pairs", member=".premise")
+        hypotheses = await self.prepare_async([h for _, h in pairs], policy, "pairs", member=".hypothesis")
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
-        sides = list(zip(*await self._run_sides("encoder_explain" if explain else "encoder",
-                                                [t.ids for t in premises], [t.ids for t in hypotheses]),
-                         strict=True))
         if not explain:
+            outs = await self._run_rows("encoder", flat_rows(premises) + flat_rows(hypotheses))
+            split = len(flat_rows(premises))
+            sides = list(zip(pool_rows(premises, outs[:split]), pool_rows(hypotheses, outs[split:]),
+                             strict=True))
             probs = await self._run("nli_head", sides)
             return [prediction(row, labels) for row in probs], tokens
+        require_fitting(premises, "pairs", ".premise")
+        require_fitting(hypotheses, "pairs", ".hypothesis")
+        self.check_explain_tokens(premises, hypotheses)
+        outs = await self._run_rows("encoder_explain", [t.rows[0] for t in premises + hypotheses])
+        sides = list(zip(outs[:len(premises)], outs[len(premises):], strict=True))
         rows = await self._run("nli_head", [leave_one_out_rows(p, h) for p, h in sides])
         results = []
         for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
@@ -358,53 +349,40 @@ class Engine:
             results.append(pred)
         return results, tokens
 
-    async def sentiment(self, texts: list[str], truncate: bool, explain: bool) -> tuple[list[dict], int]:
-        """Per text {label, polarity, scores[, explanation]} and the token count."""
+    async def sentiment(self, texts: list[str], policy: LongTextPolicy | str, explain: bool
+                        ) -> tuple[list[dict], int]:
+        """Per text {label, polarity, scores[, explanation]} and the token count (a long text's
+        class probabilities: its windows' token-weighted mean)."""
         runtime = self.require_ready()
         if explain:
             self.check_explain(len(texts), "texts", "sentiment_explain")
-        items = await self.prepare_async(texts, truncate)
+        items = await self.prepare_async(texts, policy)
         labels = runtime.labels["sentiment"]
         results = []
         if explain:
+            require_fitting(items, "texts")
             self.check_explain_tokens(items)
-            outs = await self._run("sentiment_explain", [t.ids for t in items])
+            outs = await self._run("sentiment_explain", [t.rows[0] for t in items])
             for item, out in zip(items, outs, strict=True):
                 pred = sentiment_prediction(out["probs"], labels)
                 pred["explanation"] = sentiment_explanation(item.tokens, out)
                 results.append(pred)
         else:
-            probs = await self._run("sentiment", [t.ids for t in items])
+            probs = pool_rows(items, await self._run_rows("sentiment", flat_rows(items)))
             results = [sentiment_prediction(row, labels) for row in probs]
         return results, sum(len(t.ids) for t in items)
 
 
-    # ---- long lists (/v1/embeddings, /similarity) and tokenizing alone (/tokenize) ----
-    async def embed_chunked(self, texts: list[str], truncate: bool, field: str,
-                            max_items: int, member: str = "") -> tuple[np.ndarray, int, int]:
-        """L2-normalised vectors of up to `max_items` texts, the token count and how many texts
-        were truncated. The encoder gets max_texts_per_request texts at a time, one chunk after
-        the other, so no request holds more of the queue than any other route's can."""
-        items = await self.prepare_async(texts, truncate, field, max_items, member)
-        step = self.settings.max_texts_per_request
-        rows: list[np.ndarray] = []
-        for start in range(0, len(items), step):
-            rows += await self._run("encoder", [t.ids for t in items[start:start + step]])
-        vectors = np.stack(rows).astype(np.float32, copy=False)
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors, sum(len(t.ids) for t in items), sum(t.truncated for t in items)
-
+    # ---- tokenizing alone (/tokenize) ----
     async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
         """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
         vocab = self.require_ready().vocab
         self.check_sizes(texts, field)
 
         def run() -> list[Tokenized]:
-            return [Tokenized(tokens, vocab.ids(tokens)) for tokens in map(tokenize, texts)]
+            return [Tokenized(tokens, ids, [ids]) for tokens in map(tokenize, texts)
+                    for ids in [vocab.ids(tokens)]]
 
         return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
 
 
-def _vectors(rows: list[np.ndarray], normalize: bool) -> np.ndarray:
-    vectors = np.stack(rows).astype(np.float32, copy=False)
-    return normalized(vectors) if normalize else vectors
