@@ -129,6 +129,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     if resume:
         student.load_state_dict(resume["student_state"])
         optimizer.load_state_dict(resume["optimizer_state"])
+        for group in optimizer.param_groups:  # --lr applies on resume too: a cool-down phase
+            group["lr"] = args.lr
         step, best = resume["step"], resume["best"]
     else:
         vectors = None if args.init == "random" else E.static_vectors(vocab, args.embed_dim, args.init)

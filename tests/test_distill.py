@@ -98,3 +98,12 @@ def test_checkpoint_encoder_gives_the_trained_vectors(tmp_path: Path) -> None:
     ids = vocab.text_ids("the cat sat")
     want = enc(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)).detach().numpy()[0]
     np.testing.assert_allclose(encode(["the cat sat"])[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_takes_the_new_learning_rate(tmp_path: Path) -> None:
+    # A cool-down phase resumes with a lower --lr; the saved optimizer state must not override it.
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path), sentences, lambda: teacher)
+    distill.distill(_args(tmp_path, resume=True, steps=9, lr=1e-4), sentences, lambda: teacher)
+    state = load_checkpoint(tmp_path / "last.pt")["optimizer_state"]
+    assert [g["lr"] for g in state["param_groups"]] == [1e-4]
