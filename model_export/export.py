@@ -29,6 +29,7 @@ from disan.manifest import (
     ROUTES,
     WEIGHTS_FILE,
     load_manifest,
+    routes,
     sha256_file,
     write_manifest,
 )
@@ -363,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")
     print(f"{sum(sizes.values()) / 1e6:9.2f} MB  total in {args.out}")
+    print("routes: " + ", ".join(f"{route} -> {graph}" for route, graph in routes(manifest).items()))
     for set_name, report in manifest["verification"]["sets"].items():
         for graph, g in report["fp32"].items():
             print(f"parity {set_name}/{graph}: max |ORT - torch| = {g['max_abs_diff']:.2e}, "

@@ -299,7 +299,8 @@ def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
     """Hashes (via load_manifest), fp32 parity (or consistency) for every set, variant agreement."""
     bundle_dir = Path(bundle_dir)
     manifest = load_manifest(bundle_dir)  # raises BundleError on bad hashes / version
-    result: dict[str, Any] = {"hashes": "ok"}
+    # which graph serves what: the parity and agreement checks below follow these routes
+    result: dict[str, Any] = {"hashes": "ok", "routes": routes(manifest)}
     refs = None
     if checkpoints:
         places = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
@@ -366,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"disan verify: bundle rejected: {exc}")
         return 1
     print(json.dumps(result, indent=2))
+    print("routes: " + ", ".join(f"{route} -> {graph}" for route, graph in result["routes"].items()))
     if args.update_manifest:
         manifest = load_manifest(args.bundle)
         manifest["reverification"] = result
