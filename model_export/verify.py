@@ -1,9 +1,11 @@
 """`disan verify DIR`: check a bundle's hashes, then every graph set against PyTorch (or itself).
 
 fp32 graphs of every set must match PyTorch within 1e-5 and predict identical labels, graph by
-graph and for NLI as served (encoder on both sentences, then nli_head) against the whole PyTorch
-NLI model. Parity cases: random-id and real-sentence batches at lengths 1, 2, 7, 33, 100
-(capped at the bundle's max_len) and batch sizes 1 and 16, batch-16 rows with mixed lengths.
+graph and for NLI as served (the NLI route's encoder on both sentences, then nli_head: see
+`disan.manifest.routes`) against the whole PyTorch NLI model. Parity cases: random-id and
+real-sentence batches at lengths 1, 2, 7, 33, 100 (capped at the bundle's max_len) and batch sizes
+1 and 16, batch-16 rows with mixed lengths; random ids span the whole bundle vocabulary (with a
+distilled encoder: words of either model's vocabulary).
 
 The PyTorch reference comes from, in order:
 1. `--checkpoints DIR`: the source checkpoints, found by the sha256 the manifest records;

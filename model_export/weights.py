@@ -3,7 +3,9 @@
 Every graph of a bundle is saved with its large initializers as ONNX external data in ONE shared
 file (`weights.data`), deduplicated by content: the CPU and GPU graph sets, the explain graphs and
 the fp16 variant (fp32 weights cast once at session load, see `share_fp32_weights`) all read
-the same bytes, so each encoder's weights are on disk once.
+the same bytes, so each encoder's weights are on disk once. The word-vector tables, most of the
+bytes, may be stored in fp16 or as per-row int8 with fp32 scales (`store_tables`), the models
+rounded to those values first (`round_tables`) so the parity check sees what ships.
 
 Initializers are renamed after the parameter they hold, ``<task>/<state-dict key>`` (``/T`` when
 the exporter stored the matrix transposed), so a bundle is self-describing: the PyTorch models
