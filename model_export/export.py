@@ -223,7 +223,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.graphs import ATTENTION_CHUNK_CELLS
     from model_export.verify import FP32_TOL, check_parity, references_from_models
-    from model_export.weights import round_tables
+    from model_export.weights import round_tables  # onnx, as above
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):
@@ -243,7 +243,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
     if embed_path is not None:
-        from model_export.embed import load_embed, merged_vocab, reindexed
+        from model_export.embed import load_embed, merged_vocab, reindexed  # torch, as above
 
         payloads["embed"], own_model, own_vocab = load_embed(embed_path)
         vocab = merged_vocab(loaded["nli"][1], own_vocab)

@@ -32,12 +32,27 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from disan.checkpoint import save_checkpoint
-from disan.manifest import GRAPHS, read_manifest_json, sha256_file, verify_files
+from disan.manifest import (
+    GRAPHS,
+    available_variants,
+    read_manifest_json,
+    sha256_file,
+    variant_files,
+    verify_files,
+)
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
+from model_export.agreement import NLI
 from model_export.graphs import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
 from model_export.sessions import session
-from model_export.verify import FP32_TOL, load_state, parity_cases
+from model_export.verify import (
+    FP32_TOL,
+    bundle_models,
+    check_parity,
+    load_state,
+    parity_cases,
+    references_from_models,
+)
 from model_export.weights import TRANSPOSED, name_by_parameters
 
 PREFIX = "model."  # the wrappers of format-1 graphs hold the model as `self.model`
@@ -183,10 +198,6 @@ def _rebuild_v1(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -
 def _rebuild_v2(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -> dict[str, tuple]:
     """{task: (model, labels, provenance)} from a format-2 bundle's parameter-named weights,
     checked as `disan verify` checks a bundle: every fp32 graph of every set, and NLI as served."""
-    from disan.manifest import available_variants, variant_files
-    from model_export.agreement import NLI
-    from model_export.verify import bundle_models, check_parity, references_from_models
-
     models = bundle_models(bundle_dir, manifest)
     refs = references_from_models(models["nli"], models["sentiment"], models.get("embed"))
     done: dict[str, dict] = {}
