@@ -60,11 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=["int8"], help="also write a dynamically quantised cpu set")
     parser.add_argument("--int8-embedding", choices=["int8", "fp32"], default="int8",
                         help="int8 variant: quantise the embedding table too (4x smaller) or keep fp32")
-    parser.add_argument("--embedding-storage", choices=list(STORAGES), default="fp32",
+    parser.add_argument("--embedding-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how the word-vector tables are stored (in the file and in a running "
-                        "fp32 graph): fp16 halves the largest tensors, int8 (per-row symmetric, an "
-                        "fp32 scale per row) quarters them; the tables are rounded to what is stored "
-                        "before the parity check, so the bundle is checked as shipped")
+                        "fp32 graph): fp32, fp16 (halves the largest tensors) or int8 (per-row "
+                        "symmetric, an fp32 scale per row: a quarter); MODEL=STORAGE sets one model's "
+                        "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
+                        "rounded to what is stored before the parity check: checked as shipped")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
@@ -74,6 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu set: compute the token2token attention in query-row chunks of ~N "
                         "pairs (an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
                         "bench/packing.py); 0: unchunked, like the gpu set")
+
+
+def storage_by_model(spec: str | dict[str, str], models) -> dict[str, str]:
+    """{model: storage} from an --embedding-storage value: "int8" (every model), "int8,nli=fp16"
+    (a default, then per-model overrides) or such a dict already; raises ValueError if unknown."""
+    parts = dict(spec) if isinstance(spec, dict) else {
+        (p.split("=", 1)[0] if "=" in p else "*"): p.split("=", 1)[-1] for p in spec.split(",") if p}
+    default = parts.pop("*", "fp32")
+    out = {model: parts.pop(model, default) for model in models}
+    bad = [v for v in out.values() if v not in STORAGES]
+    if parts or bad:
+        raise ValueError(f"--embedding-storage {spec!r}: storages are {', '.join(STORAGES)}, models "
+                         f"{', '.join(models)}")
+    return out
 
 
 def load_sources(nli_path: Path, sentiment_path: Path):
@@ -162,33 +177,39 @@ def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_c
     return layout, paths, dict(sorted(aliases.items()))
 
 
-def write_graphs(paths: dict[str, Path], files: set[str], out: Path, embedding_storage: str = "fp32"
-                 ) -> dict[str, Any]:
-    """Write `files` into `out` with their large initializers in the shared weights file (the
-    word-vector tables in fp16 or int8 if `embedding_storage` says so)."""
+def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
+                 storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write `files` into `out` with their large initializers in the shared weights file (each
+    model's word-vector table in fp16 or int8 if `storage` {model: storage} says so)."""
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx
     from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_name
 
-    tables = {table_name(task) for task in ("nli", "sentiment", "embed")}
+    storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     weights = SharedWeights(out / WEIGHTS_FILE)
     try:
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
-            store_tables(model, tables, embedding_storage)
+            for task, kind in storage.items():
+                store_tables(model, {table_name(task)}, kind)
             weights.externalize(model)
             onnx.save(model, str(out / file))
     finally:
         weights.close()
     for file in sorted(files):
         check_onnx(out / file)
+    kinds = sorted(set(storage.values()))
     return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
-            "embedding_storage": embedding_storage,
+            # one storage for every table (all bundles before per-model storage), else each model's
+            "embedding_storage": kinds[0] if len(kinds) == 1 else storage,
             "note": "every initializer of 1 KiB or more of every graph, each distinct tensor once "
                     "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed; "
                     "/half: an fp32 parameter stored in fp16; /int8 + /scale: stored as per-row int8 "
-                    f"and fp32 scales); {STORAGE_NOTES[embedding_storage]}"}
+                    "and fp32 scales); " + "; ".join(
+                        STORAGE_NOTES[kind] + ("" if len(kinds) == 1 else
+                                               f" ({', '.join(t for t, k in storage.items() if k == kind)})")
+                        for kind in kinds)}
 
 
 def versions() -> dict[str, str]:
@@ -216,7 +237,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                  sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
                  force: bool = False, log=print, name: str = "disan",
-                 chunk_cells: int | None = None, embedding_storage: str = "fp32",
+                 chunk_cells: int | None = None, embedding_storage: str | dict[str, str] = "fp32",
                  embed_path: Path | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
@@ -237,8 +258,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
-    if embedding_storage not in STORAGES:
-        raise ValueError(f"--embedding-storage: one of {', '.join(STORAGES)}, got {embedding_storage!r}")
+    storage = storage_by_model(embedding_storage, ("nli", "sentiment", "embed") if embed_path else
+                               ("nli", "sentiment"))
     payloads, loaded = load_sources(nli_path, sentiment_path)
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
@@ -252,7 +273,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
         log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
             f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
     # the models the graphs and the parity check use hold exactly the stored tables
-    round_tables([m for m, _, _ in loaded.values()], embedding_storage)
+    for task, (model, _, _) in loaded.items():
+        round_tables([model], storage[task])
     sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -261,7 +283,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
             layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
                                                   chunk_cells, int8_embedding, log, embed)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
-            weights = {**write_graphs(paths, files, tmp, embedding_storage), "aliases": aliases}
+            weights = {**write_graphs(paths, files, tmp, storage), "aliases": aliases}
         vocab.save(tmp / "vocab.json")
         paths_by_task = {"nli": nli_path, "sentiment": sentiment_path, "embed": embed_path}
         manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,

@@ -52,6 +52,7 @@ from model_export.verify import (
     load_state,
     parity_cases,
     references_from_models,
+    storage_of,
 )
 from model_export.weights import TRANSPOSED, name_by_parameters
 
@@ -210,7 +211,6 @@ def _rebuild_v2(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -
         log(f"{graph}: max |ORT - rebuilt PyTorch| = {diff:.2e}")
     if failed:
         raise ValueError(f"{bundle_dir}: the rebuilt models do not reproduce {failed} (tolerance {FP32_TOL})")
-    storage = (manifest.get("weights") or {}).get("embedding_storage", "fp32")
     source = {g: e.get("source") or GRAPHS[g].task for g, e in manifest["graphs"].items()}
     fp32 = {f: g for s, v in available_variants(manifest) if v == "fp32"
             for g, f in variant_files(manifest, s, v).items()}
@@ -225,7 +225,7 @@ def _rebuild_v2(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -
             "graphs": {f: sha256_file(bundle_dir / f) for f in mine},
             "max_abs_diff_vs_graphs": max(diffs, default=0.0),
             "note": "weights read from the graphs' parameter-named initializers (word vectors as stored: "
-                    f"{storage}); " + TRAINABLE_NOTE})
+                    f"{storage_of(manifest, task)}); " + TRAINABLE_NOTE})
     return out
 
 

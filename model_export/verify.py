@@ -207,6 +207,12 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
 
 # ---- where the PyTorch reference comes from ----
 
+def storage_of(manifest: dict[str, Any], task: str) -> str:
+    """How `task`'s word-vector table is stored: the manifest's one storage, or its per-model one."""
+    storage = (manifest.get("weights") or {}).get("embedding_storage") or "fp32"
+    return storage if isinstance(storage, str) else storage.get(task, "fp32")
+
+
 def references_from_models(nli, sent, embed=None) -> dict[str, Any]:
     """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph
     (`embed`: the distilled encoder, over the bundle's vocabulary, if the bundle has one)."""
@@ -241,8 +247,8 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
                 raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
             model = reindexed(model, own_vocab, vocab)
         models[task] = model
-    # as the export did: the bundle holds these values
-    round_tables(models.values(), (manifest.get("weights") or {}).get("embedding_storage", "fp32"))
+    for task, model in models.items():  # as the export did: the bundle holds these values
+        round_tables([model], storage_of(manifest, task))
     return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 

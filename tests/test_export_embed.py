@@ -56,10 +56,11 @@ def embed_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:
 
 @pytest.fixture(scope="module")
 def int8_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:
-    """--embedding-storage int8, with the dynamically quantised cpu variant too."""
+    """--embedding-storage int8,nli=fp16 (int8 tables but the NLI model's), with the dynamically
+    quantised cpu variant too."""
     out = tmp_path_factory.mktemp("embed-int8") / "bundle"
     build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=embed_ckpt, int8=True,
-                 embedding_storage="int8", log=lambda *_: None)
+                 embedding_storage="int8,nli=fp16", log=lambda *_: None)
     return out
 
 
@@ -82,11 +83,11 @@ def nli_probs(model, vocab: Vocab, pairs) -> np.ndarray:
         return torch.softmax(model(t(p.ids), t(p.mask), t(h.ids), t(h.mask)), -1).numpy()
 
 
-def rounded(model):
-    """A copy of `model` with its table rounded as int8 storage keeps it."""
+def rounded(model, storage: str = "int8"):
+    """A copy of `model` with its table rounded as `storage` keeps it."""
     twin = type(model)(model.cfg)
     twin.load_state_dict(model.state_dict())
-    round_tables([twin], "int8")
+    round_tables([twin], storage)
     return twin.eval()
 
 
@@ -205,21 +206,24 @@ def test_verify_and_recover_an_embed_bundle(embed_bundle, tiny_checkpoints, embe
 
 
 def test_int8_embedding_storage_is_checked_as_shipped(int8_bundle, embed_ckpt, tiny_checkpoints):
-    """Tables stored as per-row int8 + fp32 scales: the bundle serves exactly the tables rounded
-    that way (the rebuilt models equal the rounded checkpoints), its graphs match those models,
-    and the rounding is visible, so the check could fail."""
+    """Tables stored as per-row int8 + fp32 scales (the NLI model's in fp16): the bundle serves
+    exactly the tables rounded that way (the rebuilt models equal the rounded checkpoints), its
+    graphs match those models, and the rounding is visible, so the check could fail."""
     m = load_manifest(int8_bundle)
-    assert m["weights"]["embedding_storage"] == "int8" and "int8" in m["weights"]["note"]
+    assert m["weights"]["embedding_storage"] == {"nli": "fp16", "sentiment": "int8", "embed": "int8"}
+    assert "int8" in m["weights"]["note"] and "fp16" in m["weights"]["note"]
     assert m["verification"]["passed"] and m["sets"]["cpu"]["variants"]["int8"]["meets_bars"]
     data = (int8_bundle / "weights.data").read_bytes()
     own, own_vocab = loaded(embed_ckpt)
     rebuilt = bundle_models(int8_bundle, m)
-    for task, path in (("nli", tiny_checkpoints.nli), ("sentiment", tiny_checkpoints.sentiment)):
-        want = rounded(loaded(path)[0])
+    for task, path, storage in (("nli", tiny_checkpoints.nli, "fp16"),
+                                ("sentiment", tiny_checkpoints.sentiment, "int8")):
+        want = rounded(loaded(path)[0], storage)
         assert torch.equal(rebuilt[task].encoder.embed.weight, want.encoder.embed.weight), task
         table = loaded(path)[0].encoder.embed.weight.detach().numpy()
         assert data.count(table.tobytes()) == 0  # no fp32 copy of the table left in the bundle
-        assert data.count(quantize_rows(table)[0].tobytes()) == 1  # its int8 rows, once
+        stored = quantize_rows(table)[0] if storage == "int8" else table.astype(np.float16)
+        assert data.count(stored.tobytes()) == 1, task  # as stored, once
     vocab = Vocab.load(int8_bundle / "vocab.json")
     ids = torch.tensor([own_vocab.stoi.get(w, 1) for w in vocab.itos])
     assert torch.equal(rebuilt["embed"].embed.weight, rounded(own).embed.weight[ids])
@@ -232,7 +236,8 @@ def test_int8_embedding_storage_is_checked_as_shipped(int8_bundle, embed_ckpt, t
     half = Encoder(runtime=_runtime(int8_bundle, "gpu", "fp16")).encode(TEXTS)
     cos = (half * want).sum(-1) / np.linalg.norm(half, axis=-1) / np.linalg.norm(want, axis=-1)
     assert cos.min() > 0.999
-    probs = nli_probs(rounded(loaded(tiny_checkpoints.nli)[0]), loaded(tiny_checkpoints.nli)[1], PAIRS)
+    nli, nli_vocab = loaded(tiny_checkpoints.nli)
+    probs = nli_probs(rounded(nli, "fp16"), nli_vocab, PAIRS)
     got = Encoder(int8_bundle, providers="cpu").nli(PAIRS)
     np.testing.assert_allclose([[p["scores"][k] for k in tiny_checkpoints.nli_labels] for p in got], probs,
                                atol=1e-5, rtol=0)
@@ -244,6 +249,18 @@ def _runtime(bundle: Path, graph_set: str, variant: str):
     from disan.runtime import Runtime, RuntimeOptions
 
     return Runtime(bundle, RuntimeOptions(providers="cpu", graph_set=graph_set, variant=variant))
+
+
+def test_embedding_storage_per_model():
+    from model_export.export import storage_by_model
+
+    models = ("nli", "sentiment", "embed")
+    assert storage_by_model("int8", models) == dict.fromkeys(models, "int8")
+    assert storage_by_model("int8,nli=fp16", models) == {"nli": "fp16", "sentiment": "int8", "embed": "int8"}
+    assert storage_by_model("embed=int8", models) == {"nli": "fp32", "sentiment": "fp32", "embed": "int8"}
+    for bad in ("int4", "int8,vision=fp16", "nli=fp8"):
+        with pytest.raises(ValueError, match="storages are fp32, fp16, int8"):
+            storage_by_model(bad, models)
 
 
 def test_export_refuses_a_classifier_as_the_sentence_encoder(tiny_checkpoints, tmp_path):
