@@ -43,8 +43,9 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths), versions, verification, sizes. `weights.embedding_storage` says how the
-    word-vector tables are stored: fp32, fp16 (`/half`) or int8 (`/int8` per-row symmetric int8
-    plus `/scale`, an fp32 scale per row; dequantised by Cast and Mul inside the graphs).
+    word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`) or int8
+    (`/int8` per-row symmetric int8 plus `/scale`, an fp32 scale per row; dequantised by a Cast
+    and a Mul inside the graphs).
 
 The `cpu` set computes the token2token attention in query-row chunks (an ONNX Scan, fastest on a
 CPU cache); the `gpu` set unchunked, fp16 by default with fp32 kept for parity. The runtime picks
