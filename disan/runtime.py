@@ -9,6 +9,10 @@ active -> the `gpu` set, else the `cpu` set) in that set's default variant (gpu:
 `RuntimeOptions.variant` overrides the variant (taken from the other set when the chosen one
 lacks it, e.g. fp16 on a CPU-only host) and `graph_set` the set. The embedding dim and the
 providers actually in use are read from the live sessions, never assumed.
+
+Which graph serves what follows the manifest's routes (`disan.manifest.routes`, `graph_for`):
+`embed` runs the embed route's encoder (a distilled one in a bundle exported with `--embed`),
+`nli` the NLI route's encoder (the NLI model's own) and then `nli_head`.
 """
 
 from __future__ import annotations
