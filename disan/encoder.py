@@ -156,19 +156,24 @@ class Encoder:
         return cell_batches([len(r) for r in rows], limits)
 
     def embed_rows(self, rows: Sequence[Sequence[int]], batch_size: int | None = None,
-                   progress: object | None = None) -> np.ndarray:
-        """Sentence vectors float32 [len(rows), D] of token id rows, in input order."""
+                   progress: object | None = None, route: str = "embed") -> np.ndarray:
+        """Sentence vectors float32 [len(rows), D] of token id rows, in input order (`route`
+        "nli": the NLI model's vectors, what its head takes)."""
+        graph = self.runtime.graph_for(route)
         out = np.empty((len(rows), self.dim), dtype=np.float32)
         for idx in self.batches(rows, batch_size):
-            out[idx] = self.runtime.embed([list(rows[i]) for i in idx])
+            vectors = self.runtime.encode_with(graph, [list(rows[i]) for i in idx])
+            if vectors.shape[1] != out.shape[1]:  # the NLI encoder beside a distilled one: its own width
+                out = np.empty((len(rows), vectors.shape[1]), dtype=np.float32)
+            out[idx] = vectors
             if progress is not None:
                 progress.update(len(idx))  # type: ignore[attr-defined]
         return out
 
     def embed_prepared(self, prepared: Prepared, batch_size: int | None = None,
-                       progress: object | None = None) -> np.ndarray:
+                       progress: object | None = None, route: str = "embed") -> np.ndarray:
         """Vectors float32 [texts, D] of prepared texts (windows pooled)."""
-        return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress))
+        return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress, route))
 
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, normalize: bool = False,
                show_progress: bool = False) -> np.ndarray:
@@ -194,14 +199,15 @@ class Encoder:
         return np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
 
     def nli(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> list[dict]:
-        """Per (premise, hypothesis) pair {label, scores}: both sentences through the encoder,
-        then the head on the vector pairs (as /nli)."""
-        if "nli_head" not in self.runtime.graphs:
+        """Per (premise, hypothesis) pair {label, scores}: both sentences through the NLI route's
+        encoder (the NLI model's own), then the head on the vector pairs (as /nli)."""
+        head = self.runtime.graph_for("nli_head")
+        if head not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no nli_head graph")
-        u = self.embed_prepared(self.prepare([p for p, _ in pairs]), batch_size)
-        v = self.embed_prepared(self.prepare([h for _, h in pairs]), batch_size)
+        u = self.embed_prepared(self.prepare([p for p, _ in pairs]), batch_size, route="nli")
+        v = self.embed_prepared(self.prepare([h for _, h in pairs]), batch_size, route="nli")
         step = self.limits.max_batch_size
-        probs = [self.runtime.graphs["nli_head"].run(u[i:i + step], v[i:i + step])[0]
+        probs = [self.runtime.graphs[head].run(u[i:i + step], v[i:i + step])[0]
                  for i in range(0, len(u), step)]
         labels = self.runtime.labels["nli"]
         return [prediction(p, labels) for p in (np.concatenate(probs) if probs else [])]

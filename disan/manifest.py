@@ -5,15 +5,30 @@ A bundle directory holds ONNX graphs, the weights they share (`weights.data`), `
 both take graph names, I/O names and default labels from `GRAPHS` and `DEFAULT_LABELS` below.
 
 Graphs (all batch and sequence axes dynamic; ids int64 [B,n], masks bool [B,n], outputs float32):
-    encoder            ids, mask -> embedding [B,D]                       (the NLI model's encoder)
+    encoder            ids, mask -> embedding [B,D]     (the sentence encoder: /embed, encode())
     encoder_explain    ids, mask -> embedding [B,D], s2t [B,n], loo_embedding [B,n,D]   (optional)
-    nli_head           premise_embedding, hypothesis_embedding [B,D] -> probs [B,3]
+    nli_encoder        ids, mask -> embedding [B,E]     (optional: the NLI model's own encoder)
+    nli_encoder_explain   as encoder_explain, of nli_encoder                          (optional)
+    nli_head           premise_embedding, hypothesis_embedding [B,E] -> probs [B,3]
     sentiment          ids, mask -> probs [B,K]                (its own encoder, inside the graph)
     sentiment_explain  ids, mask -> probs, attn_fw, attn_bw [B,n,n], gate_fw, gate_bw, s2t [B,n]
                                                                                       (optional)
-NLI runs as encoder (premises and hypotheses) then nli_head, so /nli shares the encoder's batches.
-`loo_embedding[:, i]` is the embedding with token i left out of the source2token pooling
+NLI runs as the NLI route's encoder (premises and hypotheses) then nli_head. `loo_embedding[:, i]`
+is the embedding with token i left out of the source2token pooling
 (`disan.model.pooled_without_each`): the head on it tells which tokens drive an NLI label.
+
+Routes: which graph serves what (`routes(manifest)`, ROUTES the defaults). A bundle exported
+from the NLI and sentiment checkpoints alone has no "routes" entry: `encoder` is the NLI model's
+encoder and serves both /embed and /nli (which then share its batches). A bundle exported with a
+distilled sentence encoder (`disan export --embed`) says
+    "routes": {"embed": "encoder", "embed_explain": "encoder_explain", "nli": "nli_encoder",
+               "nli_explain": "nli_encoder_explain", "nli_head": "nli_head", "sentiment": ...}
+so /embed, /v1/embeddings, /similarity and `disan.Encoder.encode` run that encoder, and /nli the
+NLI model's own (`nli_encoder` into `nli_head`). Each graph's manifest entry names its "source"
+model ("nli", "sentiment", "embed"). The vocabulary is then the NLI model's (equal to the
+sentiment model's) followed by the distilled encoder's other words: ids past a model's own
+table are unknown words to it (`disan.model.DiSANEncoder`), and the distilled encoder's table
+is re-indexed to the bundle's order (`model_export.embed`).
 
 Format version 2 (this code reads only 2; version 1 bundles, one fp32 graph set with the whole
 NLI model in one graph, are refused with a message saying how to rebuild them):
@@ -24,8 +39,13 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     "weights": {"file": "weights.data", ...}   every large initializer of every graph, stored
                                                 once (ONNX external data shared by the graphs)
     "files": {file: sha256}                     every file of the bundle but the manifest
-    plus name, created, vocab, vocab_size, max_len, embedding_dim, models (configs, labels,
-    metrics), sources (file names + sha256, never paths), versions, verification, sizes.
+    "routes": {route: graph}                    optional (see Routes above)
+    plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
+    models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
+    never paths), versions, verification, sizes. `weights.embedding_storage` says how the
+    word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`) or int8
+    (`/int8` per-row symmetric int8 plus `/scale`, an fp32 scale per row; dequantised by a Cast
+    and a Mul inside the graphs).
 
 The `cpu` set computes the token2token attention in query-row chunks (an ONNX Scan, fastest on a
 CPU cache); the `gpu` set unchunked, fp16 by default with fp32 kept for parity. The runtime picks
@@ -64,11 +84,17 @@ ENCODER_EXPLAIN_OUTPUTS = ("embedding", "s2t", "loo_embedding")
 GRAPHS: dict[str, GraphSpec] = {g.name: g for g in (
     GraphSpec("encoder", SENTENCE, ("embedding",), "nli"),
     GraphSpec("encoder_explain", SENTENCE, ENCODER_EXPLAIN_OUTPUTS, "nli", required=False),
+    GraphSpec("nli_encoder", SENTENCE, ("embedding",), "nli", required=False),
+    GraphSpec("nli_encoder_explain", SENTENCE, ENCODER_EXPLAIN_OUTPUTS, "nli", required=False),
     GraphSpec("nli_head", HEAD_INPUTS, ("probs",), "nli"),
     GraphSpec("sentiment", SENTENCE, ("probs",), "sentiment"),
     GraphSpec("sentiment_explain", SENTENCE, EXPLAIN_OUTPUTS, "sentiment", required=False),
 )}
 REQUIRED_GRAPHS = tuple(name for name, g in GRAPHS.items() if g.required)
+# Route -> the graph serving it when the manifest names none (the format-2 layout before routes).
+ROUTES = {"embed": "encoder", "embed_explain": "encoder_explain", "nli": "encoder",
+          "nli_explain": "encoder_explain", "nli_head": "nli_head", "sentiment": "sentiment",
+          "sentiment_explain": "sentiment_explain"}
 # Outputs with token axes right after the batch axis (how many): cut to a row's own length.
 TOKEN_AXES = {"attn_fw": 2, "attn_bw": 2, "gate_fw": 1, "gate_bw": 1, "s2t": 1, "loo_embedding": 1}
 # Graph set -> the execution provider it is shaped for.
@@ -142,14 +168,37 @@ def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[st
     sets = manifest.get("sets")
     if not isinstance(sets, dict) or not sets:
         raise BundleError(f"{path}: manifest lists no graph sets")
+    served = routes(manifest, path)  # raises on a route that cannot be served
+    # a graph a (non-explain) route points at is as required as the contract's own
+    needed = [*REQUIRED_GRAPHS, *(g for r, g in served.items()
+                                  if not r.endswith("_explain") and g not in REQUIRED_GRAPHS)]
     for set_name, variant in available_variants(manifest):
         files = variant_files(manifest, set_name, variant)
-        lacking = [g for g in REQUIRED_GRAPHS if g not in files]
+        lacking = [g for g in needed if g not in files]
         if lacking:
             raise BundleError(f"{path}: graph set {set_name}/{variant} lacks graphs {lacking}")
     if verify_hashes:
         verify_files(bundle_dir, manifest)
     return manifest
+
+
+def routes(manifest: dict[str, Any], where: str | Path = MANIFEST_NAME) -> dict[str, str]:
+    """Route -> graph: the manifest's "routes" over ROUTES. Each must be a route of ROUTES and
+    point at a graph with the I/O of its default (an explain route may point at a graph the
+    bundle lacks: that explanation is then unavailable); raises BundleError otherwise."""
+    given = manifest.get("routes") or {}
+    if not isinstance(given, dict):
+        raise BundleError(f"{where}: routes must be an object of route -> graph")
+    for route, graph in given.items():
+        spec, default = GRAPHS.get(graph), GRAPHS[ROUTES[route]] if route in ROUTES else None
+        if default is None:
+            raise BundleError(f"{where}: unknown route {route!r} (routes are {sorted(ROUTES)})")
+        if spec is None or (spec.inputs, spec.outputs) != (default.inputs, default.outputs):
+            raise BundleError(f"{where}: route {route!r} -> {graph!r}: not a graph with the I/O of "
+                              f"{default.name!r}")
+        if not route.endswith("_explain") and graph not in (manifest.get("graphs") or {}):
+            raise BundleError(f"{where}: route {route!r} -> {graph!r}, which the bundle lacks")
+    return {**ROUTES, **given}
 
 
 def available_variants(manifest: dict[str, Any]) -> list[tuple[str, str]]:

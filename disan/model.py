@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from disan.text import UNK
+
 AttentionKind = Literal["multi_dim", "additive", "coda"]
 MaskKind = Literal["directional", "diag", "none"]
 S2TKind = Literal["multi_dim", "additive"]
@@ -402,6 +404,9 @@ class DiSANEncoder(nn.Module):
         (fusion gates); s2t [B,n] (source2token weights averaged over features); u [B,n,2*d_h]
         and s2t_probs [B,n,2*d_h] (per-feature source2token weights; [B,n,1] if additive).
         """
+        # An id past this model's table is a word it never saw: one bundle vocabulary can extend a
+        # model's own with another model's words (appended), and those must read as UNK here.
+        ids = torch.where(ids < self.embed.num_embeddings, ids, UNK)
         x = self.embed(ids)                                               # [B,n,d_e]
         extras: dict[str, Tensor] = {}
         if self.cfg.encoder_kind != "disan":

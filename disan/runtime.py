@@ -9,6 +9,10 @@ active -> the `gpu` set, else the `cpu` set) in that set's default variant (gpu:
 `RuntimeOptions.variant` overrides the variant (taken from the other set when the chosen one
 lacks it, e.g. fp16 on a CPU-only host) and `graph_set` the set. The embedding dim and the
 providers actually in use are read from the live sessions, never assumed.
+
+Which graph serves what follows the manifest's routes (`disan.manifest.routes`, `graph_for`):
+`embed` runs the embed route's encoder (a distilled one in a bundle exported with `--embed`),
+`nli` the NLI route's encoder (the NLI model's own) and then `nli_head`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from disan.manifest import (
     BundleError,
     available_variants,
     load_manifest,
+    routes,
     variant_files,
 )
 from disan.optional import require
@@ -200,19 +205,35 @@ def choose_graphs(manifest: dict[str, Any], options: RuntimeOptions, cuda: bool)
 
 
 class ExplainFlags:
-    """Which explanations a runtime's graphs can give (`graphs`: the names of the loaded graphs)."""
+    """Which graph serves which route, and which explanations the loaded graphs can give
+    (`graphs`: the names of the loaded graphs; `manifest`: the bundle's)."""
 
     graphs: Any
+    manifest: dict[str, Any]
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """Route -> graph (disan.manifest.routes): e.g. "embed" -> "encoder", "nli" -> "nli_encoder"."""
+        return routes(self.manifest)
+
+    def graph_for(self, route: str) -> str:
+        """The graph serving `route` ("embed", "nli", "nli_head", "sentiment", "<route>_explain")."""
+        return self.routes[route]
 
     @property
     def has_explain(self) -> bool:
         """Whether /sentiment can explain (attention maps, gates, token weights)."""
-        return "sentiment_explain" in self.graphs
+        return self.graph_for("sentiment_explain") in self.graphs
 
     @property
     def has_embed_explain(self) -> bool:
-        """Whether /embed and /nli can explain (token weights, NLI token attribution)."""
-        return "encoder_explain" in self.graphs
+        """Whether /embed can explain (token weights)."""
+        return self.graph_for("embed_explain") in self.graphs
+
+    @property
+    def has_nli_explain(self) -> bool:
+        """Whether /nli can explain (token attribution through the NLI route's encoder)."""
+        return self.graph_for("nli_explain") in self.graphs
 
 
 class Runtime(ExplainFlags):
@@ -289,31 +310,40 @@ class Runtime(ExplainFlags):
         enc = Vocab.pad(rows)
         return enc.ids, enc.mask
 
+    def encode_with(self, graph: str, rows: list[list[int]]) -> np.ndarray:
+        """Token id rows -> the sentence vectors float32 [B, D] of encoder graph `graph`."""
+        return self.graphs[graph].run(*self._pad(rows))[0]
+
     def embed(self, rows: list[list[int]]) -> np.ndarray:
-        """Token id rows -> sentence embeddings float32 [B, D]."""
-        return self.graphs["encoder"].run(*self._pad(rows))[0]
+        """Token id rows -> sentence embeddings float32 [B, D] (the embed route's encoder)."""
+        return self.encode_with(self.graph_for("embed"), rows)
+
+    def nli_embed(self, rows: list[list[int]]) -> np.ndarray:
+        """Token id rows -> the NLI model's sentence vectors, what nli_head takes (the nli route's
+        encoder: the embed route's too unless the bundle has a distilled encoder)."""
+        return self.encode_with(self.graph_for("nli"), rows)
 
     def nli_head(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """(premise, hypothesis) vector pairs -> class probabilities: a [D] pair gives [K], a
         pair of [m, D] matrices (m rows of one explained pair) gives [m, K]. One graph call."""
         us = [np.atleast_2d(u) for u, _ in pairs]
         vs = [np.atleast_2d(v) for _, v in pairs]
-        probs = self.graphs["nli_head"].run(np.concatenate(us), np.concatenate(vs))[0]
+        probs = self.graphs[self.graph_for("nli_head")].run(np.concatenate(us), np.concatenate(vs))[0]
         parts = np.split(probs, np.cumsum([len(u) for u in us])[:-1])
         return [part if np.ndim(u) == 2 else part[0] for part, (u, _) in zip(parts, pairs, strict=True)]
 
     def nli(self, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
-        """(premise ids, hypothesis ids) pairs -> class probabilities [B, 3]: the encoder on
-        each side (two padded batches), then the head."""
-        u = self.embed([p for p, _ in pairs])
-        v = self.embed([h for _, h in pairs])
-        return self.graphs["nli_head"].run(u, v)[0]
+        """(premise ids, hypothesis ids) pairs -> class probabilities [B, 3]: the NLI route's
+        encoder on each side (two padded batches), then the head."""
+        u = self.nli_embed([p for p, _ in pairs])
+        v = self.nli_embed([h for _, h in pairs])
+        return self.graphs[self.graph_for("nli_head")].run(u, v)[0]
 
     def sentiment(self, rows: list[list[int]]) -> np.ndarray:
         """Token id rows -> class probabilities [B, K]."""
-        return self.graphs["sentiment"].run(*self._pad(rows))[0]
+        return self.graphs[self.graph_for("sentiment")].run(*self._pad(rows))[0]
 
-    def _per_row(self, graph: str, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
+    def per_row(self, graph: str, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
         """Every output of a sentence graph per row, token axes cut to the row's own length."""
         outs = self.graphs[graph].run(*self._pad(rows))
         names = GRAPHS[graph].outputs
@@ -326,11 +356,15 @@ class Runtime(ExplainFlags):
 
     def explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
         """Sentiment per row: probs, attn_fw/attn_bw [n,n], gate_fw/gate_bw/s2t [n]."""
-        return self._per_row("sentiment_explain", rows)
+        return self.per_row(self.graph_for("sentiment_explain"), rows)
 
     def embed_explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
         """Encoder per row: embedding [D], s2t [n], loo_embedding [n,D] (see disan.manifest)."""
-        return self._per_row("encoder_explain", rows)
+        return self.per_row(self.graph_for("embed_explain"), rows)
+
+    def nli_explain(self, rows: list[list[int]]) -> list[dict[str, np.ndarray]]:
+        """`embed_explain` of the NLI route's encoder (what /nli's explanation runs on)."""
+        return self.per_row(self.graph_for("nli_explain"), rows)
 
     def text_ids(self, text: str) -> list[int]:
         """Raw text -> token ids cut to `max_tokens` (the offline path; the service checks limits)."""
@@ -342,10 +376,14 @@ class Runtime(ExplainFlags):
             rows = [[1] * n, [1] * max(1, n // 2)]
             self.nli(list(zip(rows, rows, strict=True)))
             self.sentiment(rows)
+            if self.graph_for("embed") != self.graph_for("nli"):
+                self.embed(rows)
             if self.has_explain:
                 self.explain(rows)
             if self.has_embed_explain:
                 self.embed_explain(rows)
+            if self.has_nli_explain and self.graph_for("nli_explain") != self.graph_for("embed_explain"):
+                self.nli_explain(rows)
 
 
 def load_offline(bundle: str | Path, variant: str = "auto", threads: int = 0,

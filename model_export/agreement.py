@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from disan.manifest import GRAPHS, variant_files
+from disan.manifest import GRAPHS, routes, variant_files
 from disan.recipes import DEV_FILES
 from disan.text import Vocab
 from model_export.sessions import run_graph, session, trim
 
-NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check
+NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check (its route's encoder)
 # A reduced-precision variant that misses these is broken (an overflow, a wrong op), not just
 # imprecise: the set's default variant must meet them for `verify` to pass.
 VARIANT_BARS = {"label_agreement": 0.95, "min_cosine": 0.99}
@@ -116,10 +116,11 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str,
     gold = (np.array([labels.index(lab) if lab in labels else -1 for lab in data["pair_labels"]])
             if "pair_labels" in data and labels else None)
     nli_probs = []
+    encoder = routes(manifest)["nli"]  # the NLI model's encoder feeds the head
     for names in (ref_files, files):
-        enc, head = session(bundle_dir / names["encoder"]), session(bundle_dir / names["nli_head"])
-        u = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [p for p, _ in data["pairs"]], max_len)])
-        v = np.stack([r[0] for r in _run_rows(enc, "encoder", vocab, [h for _, h in data["pairs"]], max_len)])
+        enc, head = session(bundle_dir / names[encoder]), session(bundle_dir / names["nli_head"])
+        u = np.stack([r[0] for r in _run_rows(enc, encoder, vocab, [p for p, _ in data["pairs"]], max_len)])
+        v = np.stack([r[0] for r in _run_rows(enc, encoder, vocab, [h for _, h in data["pairs"]], max_len)])
         nli_probs.append(run_graph(head, "nli_head", u, v)[0])
     report[NLI] = _agreement(nli_probs[0], nli_probs[1], True, gold)
     report[NLI]["max_abs_diff"] = float(np.abs(nli_probs[0] - nli_probs[1]).max())

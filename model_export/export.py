@@ -1,8 +1,11 @@
-"""`disan export --nli CKPT --sentiment CKPT --out DIR`: checkpoints -> verified ONNX bundle.
+"""`disan export --nli CKPT --sentiment CKPT [--embed CKPT] --out DIR`: checkpoints -> verified bundle.
 
 A bundle carries one graph set per provider (see `disan.manifest`): `cpu` (attention in
 query-row chunks, fp32; int8 with --quantize) and `gpu` (unchunked; fp16 by default, fp32 kept
 for parity). All graphs read their weights from one shared file, each tensor stored once.
+With --embed, a distilled sentence encoder serves the embedding routes (`encoder` graphs, over
+the vocabulary of model_export.embed) and the NLI model's own encoder `nli_encoder` feeds
+`nli_head`; the manifest's `routes` say so.
 The bundle is built in a temporary sibling directory and moved into place only after every
 graph passed `onnx.checker` and the ORT-vs-PyTorch parity check, so a failed export never
 leaves a half-written bundle where the service would look for one.
@@ -23,11 +26,18 @@ from disan.manifest import (
     GRAPH_SETS,
     GRAPHS,
     MANIFEST_NAME,
+    ROUTES,
     WEIGHTS_FILE,
     load_manifest,
+    routes,
     sha256_file,
     write_manifest,
 )
+
+# the storage names are torch- and onnx-free facts; model_export.weights holds the same tuple
+STORAGES = ("fp32", "fp16", "int8")
+# Routes of a bundle with a distilled sentence encoder: /nli keeps the NLI model's own encoder.
+EMBED_ROUTES = {"nli": "nli_encoder", "nli_explain": "nli_encoder_explain"}
 
 FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_io_types: ids int64, "
              "mask bool in, float32 out); fp16 weights and activations, the weights stored once in "
@@ -38,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `disan export`."""
     parser.add_argument("--nli", required=True, type=Path, help="NLI checkpoint (.pt)")
     parser.add_argument("--sentiment", required=True, type=Path, help="sentiment checkpoint (.pt)")
+    parser.add_argument("--embed", type=Path, help="a distilled sentence encoder checkpoint (task "
+                        "'encoder', from `disan pretrain`) to serve /embed, /v1/embeddings, /similarity "
+                        "and encode(); /nli keeps the NLI model's own encoder")
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     parser.add_argument("--max-len", type=int, default=128, help="longest input the service accepts")
     parser.add_argument("--sets", nargs="+", choices=sorted(GRAPH_SETS), default=sorted(GRAPH_SETS),
@@ -47,10 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=["int8"], help="also write a dynamically quantised cpu set")
     parser.add_argument("--int8-embedding", choices=["int8", "fp32"], default="int8",
                         help="int8 variant: quantise the embedding table too (4x smaller) or keep fp32")
-    parser.add_argument("--embedding-storage", choices=["fp32", "fp16"], default="fp32",
+    parser.add_argument("--embedding-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how the word-vector tables are stored (in the file and in a running "
-                        "fp32 graph): fp16 halves the largest tensors; the tables are rounded to "
-                        "fp16 before the parity check, so the bundle is checked as shipped")
+                        "fp32 graph): fp32, fp16 (halves the largest tensors) or int8 (per-row "
+                        "symmetric, an fp32 scale per row: a quarter); MODEL=STORAGE sets one model's "
+                        "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
+                        "rounded to what is stored before the parity check: checked as shipped")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
@@ -60,6 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu set: compute the token2token attention in query-row chunks of ~N "
                         "pairs (an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
                         "bench/packing.py); 0: unchunked, like the gpu set")
+
+
+def storage_by_model(spec: str | dict[str, str], models) -> dict[str, str]:
+    """{model: storage} from an --embedding-storage value: "int8" (every model), "int8,nli=fp16"
+    (a default, then per-model overrides) or such a dict already; raises ValueError if unknown."""
+    parts = dict(spec) if isinstance(spec, dict) else {
+        (p.split("=", 1)[0] if "=" in p else "*"): p.split("=", 1)[-1] for p in spec.split(",") if p}
+    default = parts.pop("*", "fp32")
+    out = {model: parts.pop(model, default) for model in models}
+    bad = [v for v in out.values() if v not in STORAGES]
+    if parts or bad:
+        raise ValueError(f"--embedding-storage {spec!r}: storages are {', '.join(STORAGES)}, models "
+                         f"{', '.join(models)}")
+    return out
 
 
 def load_sources(nli_path: Path, sentiment_path: Path):
@@ -107,26 +136,28 @@ def set_layout(fp32_files: set[str], sets: tuple[str, ...], fp16: bool, int8: bo
 
 
 def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_cells: int,
-                 int8_embedding: bool, log=print) -> tuple[dict, dict[str, Path], dict[str, str]]:
+                 int8_embedding: bool, log=print, embed=None) -> tuple[dict, dict[str, Path], dict[str, str]]:
     """Every graph file as a self-contained ONNX file in `stage`: (layout, {file: path}, the
-    weight aliases of name_by_parameters)."""
+    weight aliases of name_by_parameters). `embed`: the distilled encoder, re-indexed."""
     # torch and onnx: imported when exporting (see load_sources)
     import onnx
 
-    from model_export.graphs import export_fp32_graphs  # torch, as above
+    from model_export.graphs import export_fp32_graphs, graph_source  # torch, as above
     from model_export.onnx_files import convert_fp16, quantize_int8  # onnx, as above
     from model_export.weights import name_by_parameters, share_fp32_weights  # onnx, as above
 
     t0 = time.perf_counter()
-    paths = export_fp32_graphs(nli_model, sent_model, stage, chunk_cells)
+    paths = export_fp32_graphs(nli_model, sent_model, stage, chunk_cells, embed)
     log(f"exported {len(paths)} fp32 graphs in {time.perf_counter() - t0:.1f}s")
-    params = {task: {k: v.detach().numpy() for k, v in m.state_dict().items()}
-              for task, m in (("nli", nli_model), ("sentiment", sent_model))}
+    sources = {"nli": nli_model, "sentiment": sent_model, **({"embed": embed} if embed is not None else {})}
+    params = {task: {k: v.detach().numpy() for k, v in m.state_dict().items()} for task, m in sources.items()}
+    # the wrappers hold a model as `model` and an encoder as `encoder`: a bare encoder's own keys
+    prefixes = {"embed": ("encoder.",)}
     models, aliases = {}, {}
     for file, path in paths.items():
-        task = "sentiment" if file.startswith("sentiment") else "nli"
+        task = graph_source(file, embed is not None)
         models[file] = onnx.load(str(path))
-        aliases.update(name_by_parameters(models[file], task, params[task]))
+        aliases.update(name_by_parameters(models[file], task, params[task], prefixes.get(task, ("model.",))))
         onnx.save(models[file], str(path))
     layout = set_layout(set(paths), *layout_args)
     for variants in layout.values():
@@ -146,34 +177,39 @@ def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_c
     return layout, paths, dict(sorted(aliases.items()))
 
 
-def write_graphs(paths: dict[str, Path], files: set[str], out: Path, embedding_storage: str = "fp32"
-                 ) -> dict[str, Any]:
-    """Write `files` into `out` with their large initializers in the shared weights file (the
-    word-vector tables in fp16 if `embedding_storage` says so)."""
+def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
+                 storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write `files` into `out` with their large initializers in the shared weights file (each
+    model's word-vector table in fp16 or int8 if `storage` {model: storage} says so)."""
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx
-    from model_export.weights import EMBEDDING, SharedWeights, store_tables_fp16
+    from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_name
 
-    tables = {f"{task}/{EMBEDDING}" for task in ("nli", "sentiment")}
+    storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     weights = SharedWeights(out / WEIGHTS_FILE)
     try:
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
-            if embedding_storage == "fp16":
-                store_tables_fp16(model, tables)
+            for task, kind in storage.items():
+                store_tables(model, {table_name(task)}, kind)
             weights.externalize(model)
             onnx.save(model, str(out / file))
     finally:
         weights.close()
     for file in sorted(files):
         check_onnx(out / file)
+    kinds = sorted(set(storage.values()))
     return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
-            "embedding_storage": embedding_storage,
+            # one storage for every table (all bundles before per-model storage), else each model's
+            "embedding_storage": kinds[0] if len(kinds) == 1 else storage,
             "note": "every initializer of 1 KiB or more of every graph, each distinct tensor once "
                     "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed; "
-                    "/half: an fp32 parameter stored in fp16, the word-vector tables with "
-                    "--embedding-storage fp16)"}
+                    "/half: an fp32 parameter stored in fp16; /int8 + /scale: stored as per-row int8 "
+                    "and fp32 scales); " + "; ".join(
+                        STORAGE_NOTES[kind] + ("" if len(kinds) == 1 else
+                                               f" ({', '.join(t for t, k in storage.items() if k == kind)})")
+                        for kind in kinds)}
 
 
 def versions() -> dict[str, str]:
@@ -201,12 +237,14 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                  sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
                  force: bool = False, log=print, name: str = "disan",
-                 chunk_cells: int | None = None, embedding_storage: str = "fp32") -> dict[str, Any]:
+                 chunk_cells: int | None = None, embedding_storage: str | dict[str, str] = "fp32",
+                 embed_path: Path | None = None) -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.graphs import ATTENTION_CHUNK_CELLS
     from model_export.verify import FP32_TOL, check_parity, references_from_models
+    from model_export.weights import round_tables  # onnx, as above
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):
@@ -220,51 +258,38 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
-    if embedding_storage not in ("fp32", "fp16"):
-        raise ValueError(f"--embedding-storage: fp32 or fp16, got {embedding_storage!r}")
+    storage = storage_by_model(embedding_storage, ("nli", "sentiment", "embed") if embed_path else
+                               ("nli", "sentiment"))
     payloads, loaded = load_sources(nli_path, sentiment_path)
-    (nli_model, vocab, nli_labels), (sent_model, _, sent_labels) = loaded["nli"], loaded["sentiment"]
-    if embedding_storage == "fp16":
-        from model_export.weights import round_embedding_fp16  # onnx, as above
+    nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
+    embed = None
+    if embed_path is not None:
+        from model_export.embed import load_embed, merged_vocab, reindexed  # torch, as above
 
-        for model in (nli_model, sent_model):  # the models the graphs and the parity check use
-            round_embedding_fp16(model)
+        payloads["embed"], own_model, own_vocab = load_embed(embed_path)
+        vocab = merged_vocab(loaded["nli"][1], own_vocab)
+        embed = reindexed(own_model, own_vocab, vocab)
+        loaded["embed"] = (embed, own_vocab, [])
+        log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
+            f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
+    # the models the graphs and the parity check use hold exactly the stored tables
+    for task, (model, _, _) in loaded.items():
+        round_tables([model], storage[task])
+    sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         with tempfile.TemporaryDirectory(prefix="disan-export-") as stage:
             layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
-                                         chunk_cells, int8_embedding, log)
+                                                  chunk_cells, int8_embedding, log, embed)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
-            weights = {**write_graphs(paths, files, tmp, embedding_storage), "aliases": aliases}
+            weights = {**write_graphs(paths, files, tmp, storage), "aliases": aliases}
         vocab.save(tmp / "vocab.json")
-        present = set().union(*(v["fp32"] for v in layout.values()))
-        labels = {"nli": nli_labels, "sentiment": sent_labels}
-        manifest: dict[str, Any] = {
-            "name": name,  # the model name the service reports
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
-            "embedding_dim": nli_model.encoder.out_dim, "word_embedding_dim": nli_model.cfg.embed_dim,
-            "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs), "source": spec.task,
-                           "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
-                       for g, spec in GRAPHS.items() if g in present},
-            "sets": {s: {"provider": GRAPH_SETS[s],
-                         "attention_chunk_cells":
-                             chunk_cells if ".chunked." in variants["fp32"]["encoder"] else 0,
-                         "default_variant": next(iter(variants)),
-                         "variants": {v: {"files": f} for v, f in variants.items()}}
-                     for s, variants in layout.items()},
-            "weights": weights,
-            "models": {task: {"config": payloads[task]["config"], "labels": loaded[task][2],
-                              "metrics": payloads[task].get("metrics", {}),
-                              "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
-                       for task in ("nli", "sentiment")},
-            "sources": {"nli": source_entry(nli_path, payloads["nli"]),
-                        "sentiment": source_entry(sentiment_path, payloads["sentiment"])},
-            "versions": versions(),
-        }
+        paths_by_task = {"nli": nli_path, "sentiment": sentiment_path, "embed": embed_path}
+        manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
+                                   {t: p for t, p in paths_by_task.items() if t in loaded})
         write_manifest(tmp, manifest)  # hashes first, so the checks below see a complete bundle
-        refs, done, parity = references_from_models(nli_model, sent_model), {}, {}
+        refs, done, parity = references_from_models(nli_model, sent_model, embed), {}, {}
         for s in layout:
             parity[s] = {"fp32": check_parity(tmp, manifest, refs, layout[s]["fp32"], done=done)}
         passed = all(g["passed"] for p in parity.values() for g in p["fp32"].values())
@@ -297,9 +322,61 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     return manifest
 
 
+def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: int, weights: dict[str, Any],
+                    loaded: dict[str, tuple], payloads: dict[str, dict], paths: dict[str, Path]
+                    ) -> dict[str, Any]:
+    """The manifest of an exported bundle, before its hashes and verification (write_manifest)."""
+    from model_export.graphs import graph_source  # torch, as in load_sources
+
+    has_embed = "embed" in loaded
+    encoder = loaded["embed" if has_embed else "nli"][0]
+    encoder = getattr(encoder, "encoder", encoder)  # the NLI model's, or the bare distilled one
+    present = set().union(*(v["fp32"] for v in layout.values()))
+    labels = {"nli": loaded["nli"][2], "sentiment": loaded["sentiment"][2]}
+    manifest: dict[str, Any] = {
+        "name": name,  # the model name the service reports
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
+        "embedding_dim": encoder.out_dim, "word_embedding_dim": encoder.cfg.embed_dim,
+        "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs),
+                       "source": graph_source(g, has_embed),
+                       "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
+                   for g, spec in GRAPHS.items() if g in present},
+    }
+    if has_embed:  # without, the defaults (disan.manifest.ROUTES): the bundle reads as before routes
+        manifest["routes"] = {route: graph for route, graph in {**ROUTES, **EMBED_ROUTES}.items()
+                              if graph in present}
+    # the distilled encoder's config as served: over the bundle's vocabulary (model_export.embed)
+    configs = {task: loaded[task][0].cfg.to_dict() if task == "embed" else payloads[task]["config"]
+               for task in loaded}
+    manifest.update({
+        "sets": {s: {"provider": GRAPH_SETS[s],
+                     "attention_chunk_cells":
+                         chunk_cells if ".chunked." in variants["fp32"]["encoder"] else 0,
+                     "default_variant": next(iter(variants)),
+                     "variants": {v: {"files": f} for v, f in variants.items()}}
+                 for s, variants in layout.items()},
+        "weights": weights,
+        "models": {task: {"config": configs[task], "labels": loaded[task][2],
+                          "metrics": payloads[task].get("metrics", {}),
+                          "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
+                   for task in loaded},
+        "sources": {task: source_entry(path, payloads[task]) for task, path in paths.items()},
+        "versions": versions(),
+    })
+    if has_embed:
+        own = loaded["embed"][1]
+        manifest["models"]["embed"]["vocab"] = {
+            "own_words": len(own), "bundle_words": len(vocab),
+            "note": "the checkpoint's table re-indexed to the bundle vocabulary (its config's "
+                    "vocab_size is the bundle's); bundle words it lacks read its UNK row"}
+    return manifest
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan export`."""
     manifest = build_bundle(args.nli, args.sentiment, args.out, max_len=args.max_len, sets=tuple(args.sets),
+                            embed_path=args.embed,
                             fp16=args.fp16, int8=args.quantize == "int8",
                             int8_embedding=args.int8_embedding == "int8", dev_data=args.dev_data,
                             dev_limit=args.dev_limit, force=args.force, name=args.name,
@@ -309,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")
     print(f"{sum(sizes.values()) / 1e6:9.2f} MB  total in {args.out}")
+    print("routes: " + ", ".join(f"{route} -> {graph}" for route, graph in routes(manifest).items()))
     for set_name, report in manifest["verification"]["sets"].items():
         for graph, g in report["fp32"].items():
             print(f"parity {set_name}/{graph}: max |ORT - torch| = {g['max_abs_diff']:.2e}, "

@@ -50,13 +50,14 @@ class SentenceGraph(nn.Module):
 
 
 class EncoderGraph(SentenceGraph):
-    """ids, mask -> embedding [B,D] (float32)."""
+    """ids, mask -> embedding [B,D] (float32). `graph`: encoder, or nli_encoder (same I/O)."""
 
     graph = "encoder"
 
-    def __init__(self, encoder: DiSANEncoder):
+    def __init__(self, encoder: DiSANEncoder, graph: str = "encoder"):
         super().__init__()
         self.encoder = encoder
+        self.graph = graph
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         return self.encoder(ids, mask).float()
@@ -68,9 +69,10 @@ class EncoderExplainGraph(SentenceGraph):
 
     graph = "encoder_explain"
 
-    def __init__(self, encoder: DiSANEncoder):
+    def __init__(self, encoder: DiSANEncoder, graph: str = "encoder_explain"):
         super().__init__()
         self.encoder = encoder
+        self.graph = graph
 
     def forward(self, ids: Tensor, mask: Tensor):
         sent, ex = self.encoder(ids, mask, return_tokens=True)
@@ -218,21 +220,37 @@ def has_attention(model: SentimentModel | NLIModel) -> bool:
     return model.cfg.mask_kind != "none" and model.cfg.encoder_kind == "disan"
 
 
-def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel) -> dict[str, nn.Module]:
+def sentence_encoders(nli_model: NLIModel, embed: DiSANEncoder | None) -> dict[str, DiSANEncoder]:
+    """Encoder graph name -> the encoder it exports: `encoder` is the distilled one if given
+    (then the NLI model's own is `nli_encoder`), else the NLI model's."""
+    if embed is None:
+        return {"encoder": nli_model.encoder}
+    return {"encoder": embed, "nli_encoder": nli_model.encoder}
+
+
+def graph_source(graph: str, has_embed: bool) -> str:
+    """Which model a graph is exported from: "embed" (the distilled encoder), "nli" or "sentiment"."""
+    if has_embed and graph.split(".")[0] in ("encoder", "encoder_explain"):
+        return "embed"
+    return GRAPHS[graph.split(".")[0]].task
+
+
+def build_wrappers(nli_model: NLIModel, sentiment_model: SentimentModel,
+                   embed: DiSANEncoder | None = None) -> dict[str, nn.Module]:
     """Bundle graph name -> wrapper module (eval mode): the PyTorch reference of each graph."""
-    wrappers: dict[str, nn.Module] = {
-        "encoder": EncoderGraph(nli_model.encoder),
-        "encoder_explain": EncoderExplainGraph(nli_model.encoder),
-        "nli_head": NLIHeadGraph(nli_model),
-        "sentiment": SentimentGraph(sentiment_model),
-    }
+    wrappers: dict[str, nn.Module] = {}
+    for name, encoder in sentence_encoders(nli_model, embed).items():
+        wrappers[name] = EncoderGraph(encoder, name)
+        wrappers[f"{name}_explain"] = EncoderExplainGraph(encoder, f"{name}_explain")
+    wrappers["nli_head"] = NLIHeadGraph(nli_model)
+    wrappers["sentiment"] = SentimentGraph(sentiment_model)
     if has_attention(sentiment_model):
         wrappers["sentiment_explain"] = SentimentExplainGraph(sentiment_model)
     return {name: w.eval() for name, w in wrappers.items()}
 
 
 def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out: Path,
-                       chunk_cells: int) -> dict[str, Path]:
+                       chunk_cells: int, embed: DiSANEncoder | None = None) -> dict[str, Path]:
     """Self-contained fp32 graphs in `out`, keyed by bundle file name.
 
     Unchunked (the GPU set; the explain graphs serve both sets): encoder_explain.onnx,
@@ -240,17 +258,21 @@ def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out
     explain graphs (onnx.utils.Extractor keeps exactly the nodes an output needs: the same
     computation without the explain outputs, and one export less each). Chunked (the CPU set,
     when chunk_cells > 0 and the model has packed attention): encoder.chunked.onnx,
-    sentiment.chunked.onnx. Returns {file name: path}.
+    sentiment.chunked.onnx. With a distilled encoder `embed`, the encoder graphs are its and
+    nli_encoder(_explain).onnx and nli_encoder.chunked.onnx the NLI model's. Returns {file name: path}.
     """
+    # example ids stay within every model's own table (the smallest: ids past it are UNK anyway)
     vocab_size = nli_model.cfg.vocab_size
     paths: dict[str, Path] = {}
 
     def save(name: str, module: nn.Module) -> None:
         paths[name] = export_graph(module, out / name, vocab_size)
 
-    save("encoder_explain.onnx", EncoderExplainGraph(nli_model.encoder))
-    paths["encoder.onnx"] = extract(paths["encoder_explain.onnx"], out / "encoder.onnx",
-                                    SENTENCE, ("embedding",))
+    encoders = sentence_encoders(nli_model, embed)
+    for graph, encoder in encoders.items():
+        save(f"{graph}_explain.onnx", EncoderExplainGraph(encoder, f"{graph}_explain"))
+        paths[f"{graph}.onnx"] = extract(paths[f"{graph}_explain.onnx"], out / f"{graph}.onnx",
+                                         SENTENCE, ("embedding",))
     save("nli_head.onnx", NLIHeadGraph(nli_model))
     if has_attention(sentiment_model):
         save("sentiment_explain.onnx", SentimentExplainGraph(sentiment_model))
@@ -258,13 +280,14 @@ def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out
                                           SENTENCE, ("probs",))
     else:
         save("sentiment.onnx", SentimentGraph(sentiment_model))
-    chunked = {"encoder.chunked.onnx": (nli_model, EncoderGraph(nli_model.encoder)),
-               "sentiment.chunked.onnx": (sentiment_model, SentimentGraph(sentiment_model))}
-    for name, (model, wrapper) in chunked.items():
-        if chunk_cells > 0 and model.encoder.packed:
-            model.encoder.chunk_cells = chunk_cells  # the PyTorch reference stays unchunked
+    chunked = {f"{graph}.chunked.onnx": (encoder, EncoderGraph(encoder, graph))
+               for graph, encoder in encoders.items()}
+    chunked["sentiment.chunked.onnx"] = (sentiment_model.encoder, SentimentGraph(sentiment_model))
+    for name, (encoder, wrapper) in chunked.items():
+        if chunk_cells > 0 and encoder.packed:
+            encoder.chunk_cells = chunk_cells  # the PyTorch reference stays unchunked
             try:
                 save(name, wrapper)
             finally:
-                model.encoder.chunk_cells = 0
+                encoder.chunk_cells = 0
     return paths

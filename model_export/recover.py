@@ -1,20 +1,27 @@
-"""Checkpoints rebuilt from a format-1 bundle's graphs, for bundles whose checkpoints are gone.
+"""Checkpoints rebuilt from a bundle's graphs, for bundles whose checkpoints are gone.
 
-    python -m model_export.recover OLD_BUNDLE OUT_DIR     # writes OUT_DIR/nli.pt, sentiment.pt
+    python -m model_export.recover BUNDLE OUT_DIR     # writes OUT_DIR/nli.pt, sentiment.pt (embed.pt)
     disan export --nli OUT_DIR/nli.pt --sentiment OUT_DIR/sentiment.pt --out NEW_BUNDLE
 
-A format-1 bundle holds the whole NLI model in `nli.onnx` and the sentiment model in
-`sentiment.onnx` (or `sentiment_explain.onnx`); the manifest holds their configs, labels and
-metrics. Each PyTorch model is rebuilt from its config and the graph's initializers: those
-named after a parameter are read by name; the others (the exporter's `val_N`, e.g. transposed
-weights) are matched by position, against a probe export of the same wrapper from a model with
-distinct random weights whose values identify every parameter. The rebuilt model must then
-reproduce the old graph (ORT vs PyTorch within 1e-5 on the verify cases) or nothing is written.
+Format 2 (the current one): every initializer is named after the parameter it holds
+(`<task>/<parameter>`, see model_export.weights), so each model the manifest lists is rebuilt
+from its config and those weights, word-vector tables as stored (fp16 or int8 storage: the
+values the bundle serves). A distilled encoder (`embed`) comes back over the bundle's vocabulary.
+
+Format 1 held the whole NLI model in `nli.onnx` and the sentiment model in `sentiment.onnx` (or
+`sentiment_explain.onnx`). Initializers named after a parameter are read by name; the others
+(the exporter's `val_N`, e.g. transposed weights) are matched by use site against a probe export
+of the same wrapper from a model with distinct random weights whose values identify every
+parameter.
+
+Either way the rebuilt models must reproduce the graphs (ORT vs PyTorch within 1e-5 on the
+verify cases) or nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,12 +32,28 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from disan.checkpoint import save_checkpoint
-from disan.manifest import read_manifest_json, sha256_file, verify_files
+from disan.manifest import (
+    GRAPHS,
+    available_variants,
+    read_manifest_json,
+    sha256_file,
+    variant_files,
+    verify_files,
+)
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
+from model_export.agreement import NLI
 from model_export.graphs import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
 from model_export.sessions import session
-from model_export.verify import FP32_TOL, load_state, parity_cases
+from model_export.verify import (
+    FP32_TOL,
+    bundle_models,
+    check_parity,
+    load_state,
+    parity_cases,
+    references_from_models,
+    storage_of,
+)
 from model_export.weights import TRANSPOSED, name_by_parameters
 
 PREFIX = "model."  # the wrappers of format-1 graphs hold the model as `self.model`
@@ -81,11 +104,10 @@ def _probe(graph: onnx.GraphProto, task: str, cfg: DiSANConfig, outputs: list[st
     old = {init.name: init for init in graph.initializer if init.data_type == TensorProto.FLOAT}
     dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
     found: dict[str, np.ndarray] = {}
-    for k, node in enumerate(model.graph.node):
-        if k >= len(graph.node) or graph.node[k].op_type != node.op_type:
-            continue
+    for k, j in _aligned_nodes(model.graph, graph):
+        node = model.graph.node[k]
         for slot, name in enumerate(node.input):
-            theirs = graph.node[k].input[slot] if slot < len(graph.node[k].input) else None
+            theirs = graph.node[j].input[slot] if slot < len(graph.node[j].input) else None
             if not name.startswith(f"{task}/") or theirs not in old or tuple(old[theirs].dims) != dims[name]:
                 continue
             key, arr = name.removeprefix(f"{task}/"), numpy_helper.to_array(old[theirs])
@@ -93,6 +115,16 @@ def _probe(graph: onnx.GraphProto, task: str, cfg: DiSANConfig, outputs: list[st
                 key, arr = key.removesuffix(TRANSPOSED), arr.T
             found.setdefault(key, np.ascontiguousarray(arr))
     return found
+
+
+def _aligned_nodes(probe: onnx.GraphProto, graph: onnx.GraphProto) -> list[tuple[int, int]]:
+    """(probe node, old node) index pairs of the same computation step, aligned on op types:
+    today's export adds nodes the old graphs lack (e.g. the UNK mapping of out-of-table ids
+    before the embedding Gather), which would shift a plain position match."""
+    ours = [n.op_type for n in probe.node]
+    theirs = [n.op_type for n in graph.node]
+    blocks = difflib.SequenceMatcher(None, ours, theirs, autojunk=False).get_matching_blocks()
+    return [(b.a + i, b.b + i) for b in blocks for i in range(b.size)]
 
 
 def graph_parity(path: Path, wrapper, vocab: Vocab, max_len: int) -> float:
@@ -112,19 +144,40 @@ def graph_parity(path: Path, wrapper, vocab: Vocab, max_len: int) -> float:
     return worst
 
 
+TRAINABLE_NOTE = ("trainable_rows (which embedding rows were trained; training only) is not in the "
+                  "graphs: all True")
+
+
 def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
-    """Write `out_dir`/nli.pt and sentiment.pt rebuilt from a format-1 bundle; return their paths."""
-    bundle_dir, out_dir = Path(bundle_dir), Path(out_dir)
+    """Write `out_dir`/<task>.pt for every model of a format-1 or format-2 bundle, rebuilt from its
+    graphs, once every one reproduces them; return their paths."""
+    bundle_dir = Path(bundle_dir)
     manifest = read_manifest_json(bundle_dir)
-    if manifest.get("format_version") != 1:
-        raise ValueError(f"{bundle_dir}: format version {manifest.get('format_version')}, this tool "
-                         "converts version 1 (newer bundles carry parameter-named weights: `disan verify`)")
+    version = manifest.get("format_version")
+    if version not in (1, 2):
+        raise ValueError(f"{bundle_dir}: format version {version}, this tool reads versions 1 and 2")
     verify_files(bundle_dir, manifest)
     vocab = Vocab.load(bundle_dir / manifest.get("vocab", "vocab.json"))
-    graphs = manifest["graphs"]
+    rebuilt = (_rebuild_v1 if version == 1 else _rebuild_v2)(bundle_dir, manifest, vocab, log)
+    # written only now: a model that fails its check leaves no checkpoint of the others behind
     written: dict[str, Path] = {}
-    for task, graph_name in (("nli", "nli"), ("sentiment", "sentiment")):
-        entry: dict[str, Any] = graphs[graph_name]
+    for task, (model, labels, recovered_from) in rebuilt.items():
+        info = manifest["models"][task]
+        source = (manifest.get("sources") or {}).get(task) or {}
+        recovered_from["original_checkpoint"] = {
+            **source, "file": Path(str(source.get("path") or source.get("file") or "?")).name}
+        recovered_from["original_checkpoint"].pop("path", None)  # format 1 recorded paths
+        written[task] = Path(out_dir) / f"{task}.pt"
+        save_checkpoint(written[task], model, vocab, labels, metrics=info.get("metrics", {}),
+                        step=info.get("step"), epoch=info.get("epoch"), recovered_from=recovered_from)
+    return written
+
+
+def _rebuild_v1(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -> dict[str, tuple]:
+    """{task: (model, labels, provenance)} from a format-1 bundle's whole-model graphs."""
+    out = {}
+    for task in ("nli", "sentiment"):
+        entry: dict[str, Any] = manifest["graphs"][task]
         info = manifest["models"][task]
         cfg = DiSANConfig.from_dict(info["config"])
         path = bundle_dir / entry["file"]
@@ -136,28 +189,51 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
         if not diff <= FP32_TOL:
             raise ValueError(f"{path}: the rebuilt {task} model does not reproduce the graph "
                              f"(max |diff| {diff:.2e} > {FP32_TOL})")
-        source = (manifest.get("sources") or {}).get(task) or {}
-        recovered_from = {
+        out[task] = (model, entry.get("labels") or info["labels"], {
             "bundle_format_version": 1, "graph": {"file": entry["file"], "sha256": sha256_file(path)},
-            "original_checkpoint": {"file": Path(str(source.get("path") or source.get("file") or "?")).name,
-                                    "sha256": source.get("sha256")},
             "max_abs_diff_vs_graph": diff,
-            "note": "weights read from the graph's initializers; trainable_rows (which embedding "
-                    "rows were trained; training only) is not in the graph: all True",
-        }
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written[task] = out_dir / f"{task}.pt"
-        save_checkpoint(written[task], model, vocab, entry.get("labels") or info["labels"],
-                        metrics=info.get("metrics", {}), step=info.get("step"), epoch=info.get("epoch"),
-                        recovered_from=recovered_from)
-    return written
+            "note": "weights read from the graph's initializers; " + TRAINABLE_NOTE})
+    return out
+
+
+def _rebuild_v2(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -> dict[str, tuple]:
+    """{task: (model, labels, provenance)} from a format-2 bundle's parameter-named weights,
+    checked as `disan verify` checks a bundle: every fp32 graph of every set, and NLI as served."""
+    models = bundle_models(bundle_dir, manifest)
+    refs = references_from_models(models["nli"], models["sentiment"], models.get("embed"))
+    done: dict[str, dict] = {}
+    reports = {s: check_parity(bundle_dir, manifest, refs, variant_files(manifest, s, v), done=done)
+               for s, v in available_variants(manifest) if v == "fp32"}
+    failed = sorted({f"{s}/{g}" for s, r in reports.items() for g, e in r.items() if not e["passed"]})
+    worst = {g: max(r[g]["max_abs_diff"] for r in reports.values() if g in r)
+             for g in {g for r in reports.values() for g in r}}
+    for graph, diff in sorted(worst.items()):
+        log(f"{graph}: max |ORT - rebuilt PyTorch| = {diff:.2e}")
+    if failed:
+        raise ValueError(f"{bundle_dir}: the rebuilt models do not reproduce {failed} (tolerance {FP32_TOL})")
+    source = {g: e.get("source") or GRAPHS[g].task for g, e in manifest["graphs"].items()}
+    fp32 = {f: g for s, v in available_variants(manifest) if v == "fp32"
+            for g, f in variant_files(manifest, s, v).items()}
+    out = {}
+    for task, model in models.items():
+        mine = sorted(f for f, g in fp32.items() if source.get(g) == task)
+        labels = next((e["labels"] for g, e in manifest["graphs"].items() if source[g] == task
+                       and e.get("labels")), manifest["models"][task].get("labels") or [])
+        diffs = [worst[fp32[f]] for f in mine if fp32[f] in worst] + ([worst[NLI]] if task == "nli" else [])
+        out[task] = (model, labels, {
+            "bundle_format_version": 2, "bundle": manifest.get("name"),
+            "graphs": {f: sha256_file(bundle_dir / f) for f in mine},
+            "max_abs_diff_vs_graphs": max(diffs, default=0.0),
+            "note": "weights read from the graphs' parameter-named initializers (word vectors as stored: "
+                    f"{storage_of(manifest, task)}); " + TRAINABLE_NOTE})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_export.recover",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("bundle", type=Path, help="format-1 bundle directory")
-    parser.add_argument("out", type=Path, help="directory for nli.pt and sentiment.pt")
+    parser.add_argument("bundle", type=Path, help="bundle directory (format 1 or 2)")
+    parser.add_argument("out", type=Path, help="directory for nli.pt and sentiment.pt (and embed.pt)")
     args = parser.parse_args(argv)
     try:
         for task, path in recover(args.bundle, args.out).items():

@@ -1,9 +1,11 @@
 """`disan verify DIR`: check a bundle's hashes, then every graph set against PyTorch (or itself).
 
 fp32 graphs of every set must match PyTorch within 1e-5 and predict identical labels, graph by
-graph and for NLI as served (encoder on both sentences, then nli_head) against the whole PyTorch
-NLI model. Parity cases: random-id and real-sentence batches at lengths 1, 2, 7, 33, 100
-(capped at the bundle's max_len) and batch sizes 1 and 16, batch-16 rows with mixed lengths.
+graph and for NLI as served (the NLI route's encoder on both sentences, then nli_head: see
+`disan.manifest.routes`) against the whole PyTorch NLI model. Parity cases: random-id and
+real-sentence batches at lengths 1, 2, 7, 33, 100 (capped at the bundle's max_len) and batch sizes
+1 and 16, batch-16 rows with mixed lengths; random ids span the whole bundle vocabulary (with a
+distilled encoder: words of either model's vocabulary).
 
 The PyTorch reference comes from, in order:
 1. `--checkpoints DIR`: the source checkpoints, found by the sha256 the manifest records;
@@ -30,6 +32,7 @@ from disan.manifest import (
     BundleError,
     available_variants,
     load_manifest,
+    routes,
     sha256_file,
     variant_files,
     write_manifest,
@@ -133,6 +136,7 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
     vocab = Vocab.load(bundle_dir / manifest["vocab"])
     cases = parity_cases(vocab, manifest["max_len"], texts)
     pairs = [(case, cases[-1 - k].tiled(case.ids.shape[0])) for k, case in enumerate(cases)]
+    nli_encoder = routes(manifest)["nli"]  # the NLI model's encoder: `encoder`, or `nli_encoder`
     report: dict[str, Any] = {}
     for graph, file in files.items():
         if graph not in references:
@@ -142,9 +146,9 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
             continue
         sess, entry = session(bundle_dir / file), _new_report(len(cases))
         for prem, hyp in pairs:
-            if graph == "nli_head":  # the head alone, fed the PyTorch encoder's vectors
-                arrays = (_torch_outputs(references["encoder"], prem.ids, prem.mask)[0],
-                          _torch_outputs(references["encoder"], hyp.ids, hyp.mask)[0])
+            if graph == "nli_head":  # the head alone, fed the PyTorch NLI encoder's vectors
+                arrays = (_torch_outputs(references[nli_encoder], prem.ids, prem.mask)[0],
+                          _torch_outputs(references[nli_encoder], hyp.ids, hyp.mask)[0])
             else:
                 arrays = (prem.ids, prem.mask)
             _compare(entry, run_graph(sess, graph, *arrays), _torch_outputs(references[graph], *arrays),
@@ -152,11 +156,11 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
         report[graph] = _close(entry)
         if done is not None:
             done[file] = report[graph]
-    enc, head = session(bundle_dir / files["encoder"]), session(bundle_dir / files["nli_head"])
+    enc, head = session(bundle_dir / files[nli_encoder]), session(bundle_dir / files["nli_head"])
     entry = _new_report(len(cases))
     for prem, hyp in pairs:
-        u = run_graph(enc, "encoder", prem.ids, prem.mask)[0]
-        v = run_graph(enc, "encoder", hyp.ids, hyp.mask)[0]
+        u = run_graph(enc, nli_encoder, prem.ids, prem.mask)[0]
+        v = run_graph(enc, nli_encoder, hyp.ids, hyp.mask)[0]
         _compare(entry, run_graph(head, "nli_head", u, v),
                  _torch_outputs(references["nli"], prem.ids, prem.mask, hyp.ids, hyp.mask), True)
     report[NLI] = _close(entry)
@@ -187,9 +191,9 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
                         worst = max(worst, float(np.abs(trim(name, a[0], n) - trim(name, b[r], n)).max()))
             report[f"{set_name}/{graph}"] = {"padding_invariance_max_abs_diff": worst,
                                              "passed": worst <= FP32_TOL}
-    pairs = [(("cpu", g), ("gpu", g)) for g in ("encoder", "sentiment")]
-    pairs += [((s, "encoder_explain"), (s, "encoder")) for s in fp32]
-    pairs += [((s, "sentiment_explain"), (s, "sentiment")) for s in fp32]
+    plain = [g for g in GRAPHS if g != "nli_head" and not g.endswith("_explain")]
+    pairs = [(("cpu", g), ("gpu", g)) for g in plain]
+    pairs += [((s, f"{g}_explain"), (s, g)) for s in fp32 for g in plain]
     for (set_a, graph_a), (set_b, graph_b) in pairs:
         file_a, file_b = fp32.get(set_a, {}).get(graph_a), fp32.get(set_b, {}).get(graph_b)
         if not file_a or not file_b:
@@ -203,38 +207,54 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
 
 # ---- where the PyTorch reference comes from ----
 
-def references_from_models(nli, sent) -> dict[str, Any]:
-    """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph."""
+def storage_of(manifest: dict[str, Any], task: str) -> str:
+    """How `task`'s word-vector table is stored: the manifest's one storage, or its per-model one."""
+    storage = (manifest.get("weights") or {}).get("embedding_storage") or "fp32"
+    return storage if isinstance(storage, str) else storage.get(task, "fp32")
+
+
+def references_from_models(nli, sent, embed=None) -> dict[str, Any]:
+    """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph
+    (`embed`: the distilled encoder, over the bundle's vocabulary, if the bundle has one)."""
     # torch: only the parity modes need it
     from model_export.graphs import NLIGraph, build_wrappers
 
-    return {**build_wrappers(nli, sent), "nli": NLIGraph(nli).eval()}
+    return {**build_wrappers(nli, sent, embed), "nli": NLIGraph(nli).eval()}
 
 
-def references_from_checkpoints(manifest: dict[str, Any], places: list[Path]) -> dict[str, Any]:
+def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
+                                vocab: Vocab | None = None) -> dict[str, Any]:
     """Wrappers from the source checkpoints among `places` (.pt files, or directories of them),
-    found by the sha256 the manifest records."""
+    found by the sha256 the manifest records; a distilled encoder re-indexed to the bundle's
+    `vocab` and every table rounded to its storage, as the export did."""
     from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
-    from model_export.weights import round_embedding_fp16  # onnx: with torch, in the train extra
+    from model_export.embed import reindexed  # as above
+    from model_export.weights import round_tables  # onnx: with torch, in the train extra
 
     models = {}
     candidates = [f for p in map(Path, places) for f in (sorted(p.glob("*.pt")) if p.is_dir() else [p])]
     hashes = {p: sha256_file(p) for p in candidates if p.is_file()}
-    for task in ("nli", "sentiment"):
+    for task in manifest.get("models") or ("nli", "sentiment"):
         src = (manifest.get("sources") or {}).get(task) or {}
         match = next((p for p, h in hashes.items() if h == src.get("sha256")), None)
         if match is None:
             raise ValueError(f"--checkpoints: no .pt file with sha256 {src.get('sha256')} among "
                              f"{[str(p) for p in places]} (the {task} source, exported from a file "
                              f"named {src.get('file')!r})")
-        models[task] = model_from_checkpoint(load_checkpoint(match))[0]
-        if (manifest.get("weights") or {}).get("embedding_storage") == "fp16":
-            round_embedding_fp16(models[task])  # as the export did: the bundle holds these values
-    return references_from_models(models["nli"], models["sentiment"])
+        model, own_vocab, _ = model_from_checkpoint(load_checkpoint(match))
+        if task == "embed":
+            if vocab is None:
+                raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
+            model = reindexed(model, own_vocab, vocab)
+        models[task] = model
+    for task, model in models.items():  # as the export did: the bundle holds these values
+        round_tables([model], storage_of(manifest, task))
+    return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 
-def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
-    """(nli_model, sentiment_model) rebuilt from the parameter-named weights of the fp32 graphs."""
+def bundle_models(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """{task: model} for every model the manifest lists, rebuilt from the parameter-named
+    weights of the fp32 graphs (tables stored in fp16 or int8 read back as the values served)."""
     from disan.model import DiSANConfig, build_model  # torch, as above
     from model_export.weights import state_dicts_from_graphs
 
@@ -242,8 +262,14 @@ def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
              for f in variant_files(manifest, s, v).values()}
     found = state_dicts_from_graphs((bundle_dir / f for f in sorted(files)),
                                     (manifest.get("weights") or {}).get("aliases"))
-    return tuple(load_state(build_model(DiSANConfig.from_dict(manifest["models"][task]["config"])),
-                            found.get(task, {}), task) for task in ("nli", "sentiment"))
+    return {task: load_state(build_model(DiSANConfig.from_dict(info["config"])), found.get(task, {}), task)
+            for task, info in manifest["models"].items()}
+
+
+def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
+    """(nli_model, sentiment_model) rebuilt from the bundle's weights (see bundle_models)."""
+    models = bundle_models(bundle_dir, manifest)
+    return models["nli"], models["sentiment"]
 
 
 def load_state(model, arrays: dict[str, np.ndarray], task: str):
@@ -263,7 +289,8 @@ def load_state(model, arrays: dict[str, np.ndarray], task: str):
 
 def references_from_bundle(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Wrappers around the PyTorch models rebuilt from the bundle's own fp32 weights."""
-    return references_from_models(*models_from_bundle(bundle_dir, manifest))
+    models = bundle_models(bundle_dir, manifest)
+    return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 
 def _how_to_get_checkpoint_parity(manifest: dict[str, Any]) -> str:
@@ -280,11 +307,12 @@ def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
     """Hashes (via load_manifest), fp32 parity (or consistency) for every set, variant agreement."""
     bundle_dir = Path(bundle_dir)
     manifest = load_manifest(bundle_dir)  # raises BundleError on bad hashes / version
-    result: dict[str, Any] = {"hashes": "ok"}
+    # which graph serves what: the parity and agreement checks below follow these routes
+    result: dict[str, Any] = {"hashes": "ok", "routes": routes(manifest)}
     refs = None
     if checkpoints:
         places = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
-        refs = references_from_checkpoints(manifest, places)
+        refs = references_from_checkpoints(manifest, places, Vocab.load(bundle_dir / manifest["vocab"]))
         result["mode"], result["mode_reason"] = "parity_vs_checkpoints", "source checkpoints found by sha256"
     else:
         try:
@@ -347,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"disan verify: bundle rejected: {exc}")
         return 1
     print(json.dumps(result, indent=2))
+    print("routes: " + ", ".join(f"{route} -> {graph}" for route, graph in result["routes"].items()))
     if args.update_manifest:
         manifest = load_manifest(args.bundle)
         manifest["reverification"] = result

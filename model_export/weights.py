@@ -3,7 +3,9 @@
 Every graph of a bundle is saved with its large initializers as ONNX external data in ONE shared
 file (`weights.data`), deduplicated by content: the CPU and GPU graph sets, the explain graphs and
 the fp16 variant (fp32 weights cast once at session load, see `share_fp32_weights`) all read
-the same bytes, so each encoder's weights are on disk once.
+the same bytes, so each encoder's weights are on disk once. The word-vector tables, most of the
+bytes, may be stored in fp16 or as per-row int8 with fp32 scales (`store_tables`), the models
+rounded to those values first (`round_tables`) so the parity check sees what ships.
 
 Initializers are renamed after the parameter they hold, ``<task>/<state-dict key>`` (``/T`` when
 the exporter stored the matrix transposed), so a bundle is self-describing: the PyTorch models
@@ -29,8 +31,26 @@ ALIGN = 4096               # page-aligned offsets: onnxruntime can memory-map th
 TRANSPOSED = "/T"
 FP16_SUFFIX = "/fp16"
 HALF_STORED = "/half"  # an fp32 parameter kept on disk in fp16 (see store_tables_fp16)
+INT8_STORED, INT8_SCALE = "/int8", "/scale"  # per-row int8 and its fp32 scales (store_tables_int8)
 EMBEDDING = "encoder.embed.weight"  # the word-vector table: most of a model's bytes
+# ... of a bare encoder (the distilled one, task "embed": a DiSANEncoder, no "encoder." prefix)
+TABLE_KEYS = {"embed": "embed.weight"}
 FP16_MAX = 65504.0
+INT8_MAX = 127  # symmetric: -127..127, so the scale maps a row's largest |value| to exactly 127
+STORAGES = ("fp32", "fp16", "int8")
+STORAGE_NOTES = {
+    "fp32": "word-vector tables stored in fp32",
+    "fp16": "word-vector tables stored in fp16 (`/half`), cast back to fp32 rows after the Gather",
+    "int8": "word-vector tables stored as per-row symmetric int8 (`/int8`) with an fp32 scale per "
+            "row (`/scale`): each gathered row is Cast to fp32 and multiplied by its scale (a "
+            "reader of the whole table, the fp16 variant's cast, dequantises it once; onnxruntime "
+            "folds that at session load)",
+}
+
+
+def table_name(task: str) -> str:
+    """The initializer name of `task`'s word-vector table."""
+    return f"{task}/{TABLE_KEYS.get(task, EMBEDDING)}"
 
 
 def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -135,13 +155,53 @@ def share_fp32_weights(fp16: onnx.ModelProto, fp32: onnx.ModelProto) -> int:
     return len(casts)
 
 
+def word_table(model):
+    """A model's word-vector table parameter (an NLI/sentiment model's encoder's, or a bare encoder's)."""
+    return getattr(model, "encoder", model).embed.weight
+
+
+def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric int8: (q int8 [V,d], scale float32 [V,1]) with q = rint(row / scale) and
+    scale = max|row| / 127 (1 for an all-zero row, the PAD row, which stays exactly zero)."""
+    table = np.asarray(table, dtype=np.float32)
+    scale = (np.abs(table).max(axis=1, keepdims=True) / np.float32(INT8_MAX)).astype(np.float32)
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(table / scale), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The fp32 values an int8-stored table serves: q * scale in fp32, as the graphs' Cast + Mul."""
+    return q.astype(np.float32) * scale.astype(np.float32)
+
+
+def round_tables(models, storage: str) -> None:
+    """Round each model's word-vector table to the values `storage` keeps, in place (still fp32):
+    the bundle holds exactly these, so the PyTorch reference of the parity check and the graphs
+    compute the same model. fp32: unchanged."""
+    for model in models:
+        if storage == "fp16":
+            round_embedding_fp16(model)
+        elif storage == "int8":
+            table = word_table(model).data
+            table.copy_(torch_from(dequantize_rows(*quantize_rows(table.cpu().numpy()))))
+        elif storage != "fp32":
+            raise ValueError(f"embedding storage: one of {', '.join(STORAGES)}, got {storage!r}")
+
+
+def torch_from(arr: np.ndarray):
+    import torch  # the rounding runs where the models are: with torch (export, verify)
+
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
 def round_embedding_fp16(model) -> None:
     """Round `model`'s word-vector table to fp16 values, in place (still an fp32 tensor).
 
     A bundle that stores the table in fp16 (store_tables_fp16) holds exactly these values, so
     the PyTorch reference of the parity check and the graphs compute the same model.
     """
-    table = model.encoder.embed.weight.data
+    table = word_table(model).data
     if float(table.abs().max()) > FP16_MAX:
         raise ValueError(f"{model.cfg.task}: word vectors beyond fp16's range ({FP16_MAX}); "
                          "export with --embedding-storage fp32")
@@ -151,42 +211,84 @@ def round_embedding_fp16(model) -> None:
 def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
     """Keep the fp32 initializers `names` (word-vector tables) on disk in fp16, half the bytes.
 
-    A Gather reads the fp16 table and casts only the rows it took back to fp32, so the running
-    graph holds the table in fp16 too; any other reader (the fp16 variant's Cast to fp16) reads
-    it through one Cast of the table, which onnxruntime folds when the session loads. The values
-    must already be fp16-exact (round_embedding_fp16) for the graph to equal its reference.
-    Returns how many tables were converted.
+    The values must already be fp16-exact (round_embedding_fp16) for the graph to equal its
+    reference. Returns how many tables were converted (see store_tables).
+    """
+    return store_tables(model, names, "fp16")
+
+
+def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
+    """Keep the fp32 initializers `names` (word-vector tables) on disk in fp16 or int8.
+
+    A Gather of a table reads the stored form and converts only the rows it took back to fp32
+    (fp16: a Cast; int8: a Cast and a Mul by the rows' scales, gathered alike), so the running
+    graph holds the table in its stored form too; any other reader (the fp16 variant's Cast to
+    fp16) reads it through one conversion of the whole table, which onnxruntime folds when the
+    session loads. The values must already be those the storage keeps (round_tables): checked,
+    so the graph equals the reference it was verified against. Returns how many tables.
     """
     graph = model.graph
     tables = {init.name: init for init in graph.initializer
               if init.name in names and init.data_type == TensorProto.FLOAT}
-    if not tables:
+    if not tables or storage == "fp32":
         return 0
+    stored: dict[str, list] = {}
+    for name, init in tables.items():
+        arr = numpy_helper.to_array(init)
+        if storage == "fp16":
+            stored[name] = [numpy_helper.from_array(arr.astype(np.float16), name + HALF_STORED)]
+            back = arr.astype(np.float16).astype(np.float32)
+        else:
+            q, scale = quantize_rows(arr)
+            stored[name] = [numpy_helper.from_array(q, name + INT8_STORED),
+                            numpy_helper.from_array(scale, name + INT8_SCALE)]
+            back = dequantize_rows(q, scale)
+        if not np.array_equal(back, arr):
+            raise ValueError(f"{name}: not rounded to {storage} before export (round_tables); the "
+                             "bundle would not be the model it was checked against")
+
     nodes, whole = [], {}
     for node in graph.node:
         table = node.input[0] if node.input else None
         if node.op_type == "Gather" and table in tables:
-            rows = node.output[0] + HALF_STORED
-            gather = helper.make_node("Gather", [table + HALF_STORED, *node.input[1:]], [rows],
-                                      name=node.name, **{a.name: helper.get_attribute_value(a)
-                                                          for a in node.attribute})
-            nodes += [gather, helper.make_node("Cast", [rows], [node.output[0]], to=TensorProto.FLOAT,
-                                               name=f"{node.name}/to_fp32")]
+            nodes += _to_fp32(table, storage, node.output[0], node)
             continue
         for x in node.input:
             if x in tables and x not in whole:
-                whole[x] = helper.make_node("Cast", [x + HALF_STORED], [x], to=TensorProto.FLOAT,
-                                            name=f"{x}/to_fp32")
+                whole[x] = _to_fp32(x, storage, x)
         nodes.append(node)
     kept = [init for init in graph.initializer if init.name not in tables]
-    for name, init in tables.items():
-        kept.append(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
-                                            name + HALF_STORED))
+    for name in tables:
+        kept += stored[name]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     del graph.node[:]
-    graph.node.extend([*whole.values(), *nodes])
+    graph.node.extend([n for ns in whole.values() for n in ns] + nodes)
     return len(tables)
+
+
+def _to_fp32(table: str, storage: str, out: str, gather: onnx.NodeProto | None = None) -> list:
+    """Nodes computing fp32 `out` from `table`'s stored form: the rows the node `gather` takes
+    (the same Gather on the stored tensors), or the whole table."""
+    def read(suffix: str) -> tuple[list, str]:
+        if gather is None:
+            return [], table + suffix
+        rows = gather.output[0] + suffix
+        attrs = {a.name: helper.get_attribute_value(a) for a in gather.attribute}
+        return [helper.make_node("Gather", [table + suffix, *gather.input[1:]], [rows],
+                                 name=gather.name + suffix, **attrs)], rows
+
+    prefix = gather.name if gather is not None else table
+    if storage == "fp16":
+        nodes, half = read(HALF_STORED)
+        return [*nodes, helper.make_node("Cast", [half], [out], to=TensorProto.FLOAT,
+                                         name=f"{prefix}/to_fp32")]
+    nodes, q = read(INT8_STORED)
+    more, scale = read(INT8_SCALE)
+    wide = f"{out}/int8_as_fp32"
+    return [*nodes, *more,
+            helper.make_node("Cast", [q], [wide], to=TensorProto.FLOAT, name=f"{prefix}/to_fp32"),
+            helper.make_node("Mul", [wide, scale], [out], name=f"{prefix}/scaled")]
 
 
 def _nbytes(init: TensorProto) -> int:
@@ -230,18 +332,24 @@ class SharedWeights:
 def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | None = None
                             ) -> dict[str, dict[str, np.ndarray]]:
     """{task: {state-dict key: array}} from the parameter-named initializers of fp32 graphs (a
-    table stored in fp16 read back as fp32), parameters merged into an equal one read through
-    `aliases` (see name_by_parameters)."""
+    table stored in fp16 or int8 read back as the fp32 values it serves), parameters merged into
+    an equal one read through `aliases` (see name_by_parameters)."""
     found: dict[str, dict[str, np.ndarray]] = {}
     for path in paths:
         model = onnx.load(str(path))  # loads external data from the graph's directory
         for graph in _subgraphs(model.graph):
+            inits = {init.name: init for init in graph.initializer}
             for init in graph.initializer:
                 half = init.data_type == TensorProto.FLOAT16 and init.name.endswith(HALF_STORED)
-                if "/" not in init.name or not (init.data_type == TensorProto.FLOAT or half):
+                quarter = init.data_type == TensorProto.INT8 and init.name.endswith(INT8_STORED)
+                if ("/" not in init.name or init.name.endswith(INT8_SCALE)
+                        or not (init.data_type == TensorProto.FLOAT or half or quarter)):
                     continue
-                task, key = init.name.removesuffix(HALF_STORED).split("/", 1)
+                task, key = init.name.removesuffix(HALF_STORED).removesuffix(INT8_STORED).split("/", 1)
                 arr = numpy_helper.to_array(init).astype(np.float32)
+                if quarter:
+                    scale = inits[init.name.removesuffix(INT8_STORED) + INT8_SCALE]
+                    arr = dequantize_rows(numpy_helper.to_array(init), numpy_helper.to_array(scale))
                 if key.endswith(TRANSPOSED):
                     key, arr = key.removesuffix(TRANSPOSED), arr.T
                 found.setdefault(task, {})[key] = np.ascontiguousarray(arr)

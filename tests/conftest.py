@@ -44,7 +44,8 @@ class TinyCheckpoints:
 
 def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str], seed: int,
                          **cfg_overrides) -> Path:
-    """Save a random-weight model for `task` ("nli" | "sentiment") with tiny dimensions."""
+    """Save a random-weight model for `task` ("nli" | "sentiment" | "encoder", a distilled
+    sentence encoder: no labels) with tiny dimensions."""
     torch = pytest.importorskip("torch")
     from disan.checkpoint import save_checkpoint
     from disan.model import DiSANConfig, build_model
@@ -54,8 +55,8 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
                       **{**TINY_DIMS, **cfg_overrides})
     model = build_model(cfg).eval()
     # Metrics are placeholders (random weights); the export must copy them into the manifest.
-    metrics = {"dev": {"accuracy": round(1.0 / len(labels), 4)}, "test": {"accuracy": 0.0},
-               "note": "random weights (test fixture)"}
+    metrics = ({"dev": {"accuracy": round(1.0 / len(labels), 4)}, "test": {"accuracy": 0.0}} if labels
+               else {"stsb": 0.0}) | {"note": "random weights (test fixture)"}
     save_checkpoint(path, model, vocab, labels, metrics=metrics, step=0, epoch=0)
     return path
 

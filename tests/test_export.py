@@ -69,6 +69,10 @@ def test_manifest_records_contract(tiny_bundle, tiny_checkpoints):
     assert m["name"] == "tiny-disan"  # the --name given, not a graph's name
     assert m["max_len"] == 128 and m["vocab_size"] == len(tiny_checkpoints.vocab)
     assert m["embedding_dim"] == 2 * m["models"]["nli"]["config"]["d_h"]
+    # without --embed: no routes (the defaults: the NLI model's encoder serves /embed and /nli)
+    assert "routes" not in m and set(m["models"]) == {"nli", "sentiment"}
+    assert set(m["graphs"]) == {"encoder", "encoder_explain", "nli_head", "sentiment", "sentiment_explain"}
+    assert {g: e["source"] for g, e in m["graphs"].items()} == {g: GRAPHS[g].task for g in m["graphs"]}
     assert m["graphs"]["nli_head"]["labels"] == tiny_checkpoints.nli_labels
     assert m["graphs"]["sentiment"]["labels"] == tiny_checkpoints.sentiment_labels
     for name, graph in m["graphs"].items():
@@ -86,7 +90,7 @@ def test_manifest_records_contract(tiny_bundle, tiny_checkpoints):
     ver = m["verification"]
     assert ver["passed"] and ver["tolerance"] <= 1e-5 and ver["mode"] == "parity_vs_checkpoints"
     for set_name in ("cpu", "gpu"):
-        assert set(ver["sets"][set_name]["fp32"]) == set(GRAPHS) | {NLI}
+        assert set(ver["sets"][set_name]["fp32"]) == set(m["graphs"]) | {NLI}
         assert all(r["passed"] for r in ver["sets"][set_name]["fp32"].values())
     on_disk = {p.name for p in tiny_bundle.iterdir() if p.name != "manifest.json"}
     assert set(m["files"]) == on_disk and set(all_files(m)) <= on_disk  # every file hashed

@@ -268,3 +268,26 @@ def test_baseline_encoders_ignore_padding_see_order_and_stay_finite(encoder_kind
     out.sum().backward()
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
+
+
+def test_ids_past_the_table_read_as_unk(tmp_path) -> None:
+    """A bundle vocabulary may append another model's words: their ids (>= vocab_size) are
+    unknown words to this model, in eager PyTorch and in its ONNX graph alike."""
+    pytest.importorskip("onnxruntime")
+    from model_export.graphs import EncoderGraph, export_graph
+    from model_export.sessions import session
+
+    enc = encoder().float()
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    known = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    past = known.clone()
+    past[0, 1], past[1, 3] = V, V + 1000  # words appended after this model's own
+    as_unk = known.clone()
+    as_unk[0, 1], as_unk[1, 3] = 1, 1
+    with torch.no_grad():
+        want = enc(as_unk, mask)
+        torch.testing.assert_close(enc(past, mask), want, rtol=0, atol=0)
+        assert not torch.allclose(enc(known, mask), want)  # the swapped words do change the vector
+    path = export_graph(EncoderGraph(enc), tmp_path / "encoder.onnx", V)
+    got = session(path).run(None, {"ids": past.numpy(), "mask": mask.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from service.settings import Settings
 # running (their callers were answered 503 at the deadline).
 STOP_GRACE_S = 2.0
 # Explain graphs: their answers and memory grow with tokens^2 (attention maps, leave-one-out rows).
-_EXPLAIN_GRAPHS = ("encoder_explain", "sentiment_explain")
+_EXPLAIN_GRAPHS = ("encoder_explain", "nli_encoder_explain", "sentiment_explain")
 
 
 def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
@@ -41,6 +42,8 @@ def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
         runtime.explain(longest)
     if runtime.has_embed_explain:
         runtime.embed_explain(longest)
+    if runtime.has_nli_explain and runtime.graph_for("nli_explain") != runtime.graph_for("embed_explain"):
+        runtime.nli_explain(longest)
     return runtime
 
 
@@ -48,9 +51,12 @@ def make_batchers(runtime: Runtime, settings: Settings, batching: Batching, exec
                   stats: BatchStats, queue_limit: int) -> dict[str, MicroBatcher]:
     """One micro-batcher per graph of `runtime` (not started): a worker's, or the shared
     inference process's (which holds every worker's queue: `queue_limit` x workers)."""
+    # by graph, not route: where /embed and /nli share an encoder graph they share its batches
     runners: dict[str, tuple[Any, Any]] = {
-        "encoder": (runtime.embed, len),
-        "encoder_explain": (runtime.embed_explain, len),
+        "encoder": (partial(runtime.encode_with, "encoder"), len),
+        "encoder_explain": (partial(runtime.per_row, "encoder_explain"), len),
+        "nli_encoder": (partial(runtime.encode_with, "nli_encoder"), len),
+        "nli_encoder_explain": (partial(runtime.per_row, "nli_encoder_explain"), len),
         # a head payload is one pair (vectors) or an explained pair's rows (matrices)
         "nli_head": (runtime.nli_head, lambda pair: len(pair[0]) if np.ndim(pair[0]) == 2 else 1),
         "sentiment": (runtime.sentiment, len),

@@ -165,7 +165,7 @@ async def info(engine: EngineDep) -> dict:
     m = rt.manifest
     return {
         "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
-        "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain,
+        "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,
                    "max_request_bytes": s.max_request_bytes, "queue_limit": s.queue_limit,

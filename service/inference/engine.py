@@ -299,48 +299,51 @@ class Engine:
         """Vectors float32 [B, D] of up to `max_items` texts (default max_texts_per_request; a
         long text's is its windows' pooled vector) and the prepared texts (token counts, notes)."""
         items = await self.prepare_async(texts, policy, field, max_items, member)
-        outs = await self._run_rows("encoder", flat_rows(items))
+        outs = await self._run_rows(self.require_ready().graph_for("embed"), flat_rows(items))
         return normalized(pool_rows(items, outs)) if normalize else pool_rows(items, outs), items
 
     async def embed_explained(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str
                               ) -> tuple[np.ndarray, list[Tokenized], list[dict]]:
         """`embed` plus, per text, its tokens and source2token weights (one explain-graph call)."""
-        self.check_explain(len(texts), "texts", "encoder_explain")
+        graph = self.require_ready().graph_for("embed_explain")
+        self.check_explain(len(texts), "texts", graph)
         items = await self.prepare_async(texts, policy)
         require_fitting(items, "texts")
         self.check_explain_tokens(items)
-        outs = await self._run("encoder_explain", [t.rows[0] for t in items])
+        outs = await self._run(graph, [t.rows[0] for t in items])
         explanations = [token_weights(item.tokens, out) for item, out in zip(items, outs, strict=True)]
         vectors = np.stack([o["embedding"] for o in outs]).astype(np.float32, copy=False)
         return normalized(vectors) if normalize else vectors, items, explanations
 
     async def nli(self, pairs: list[tuple[str, str]], policy: LongTextPolicy | str, explain: bool = False
                   ) -> tuple[list[dict], int]:
-        """Per pair {label, scores[, explanation]} and the token count: the encoder on both
-        sentences (the /embed batches; a long one's windows pooled), then the head on the vector pairs."""
+        """Per pair {label, scores[, explanation]} and the token count: the NLI route's encoder on
+        both sentences (a long one's windows pooled; the /embed batches unless the bundle has a
+        distilled encoder for /embed), then the head on the vector pairs."""
         runtime = self.require_ready()
+        encoder, encoder_explain, head = (runtime.graph_for(r) for r in ("nli", "nli_explain", "nli_head"))
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
         if explain:
-            self.check_explain(len(pairs), "pairs", "encoder_explain")
+            self.check_explain(len(pairs), "pairs", encoder_explain)
         premises = await self.prepare_async([p for p, _ in pairs], policy, "pairs", member=".premise")
         hypotheses = await self.prepare_async([h for _, h in pairs], policy, "pairs", member=".hypothesis")
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
         if not explain:
-            outs = await self._run_rows("encoder", flat_rows(premises) + flat_rows(hypotheses))
+            outs = await self._run_rows(encoder, flat_rows(premises) + flat_rows(hypotheses))
             split = len(flat_rows(premises))
             sides = list(zip(pool_rows(premises, outs[:split]), pool_rows(hypotheses, outs[split:]),
                              strict=True))
-            probs = await self._run("nli_head", sides)
+            probs = await self._run(head, sides)
             return [prediction(row, labels) for row in probs], tokens
         require_fitting(premises, "pairs", ".premise")
         require_fitting(hypotheses, "pairs", ".hypothesis")
         self.check_explain_tokens(premises, hypotheses)
-        outs = await self._run_rows("encoder_explain", [t.rows[0] for t in premises + hypotheses])
+        outs = await self._run_rows(encoder_explain, [t.rows[0] for t in premises + hypotheses])
         sides = list(zip(outs[:len(premises)], outs[len(premises):], strict=True))
-        rows = await self._run("nli_head", [leave_one_out_rows(p, h) for p, h in sides])
+        rows = await self._run(head, [leave_one_out_rows(p, h) for p, h in sides])
         results = []
         for (p_item, h_item), (p_out, h_out), probs in zip(zip(premises, hypotheses, strict=True), sides,
                                                            rows, strict=True):
@@ -355,20 +358,20 @@ class Engine:
         class probabilities: its windows' token-weighted mean)."""
         runtime = self.require_ready()
         if explain:
-            self.check_explain(len(texts), "texts", "sentiment_explain")
+            self.check_explain(len(texts), "texts", runtime.graph_for("sentiment_explain"))
         items = await self.prepare_async(texts, policy)
         labels = runtime.labels["sentiment"]
         results = []
         if explain:
             require_fitting(items, "texts")
             self.check_explain_tokens(items)
-            outs = await self._run("sentiment_explain", [t.rows[0] for t in items])
+            outs = await self._run(runtime.graph_for("sentiment_explain"), [t.rows[0] for t in items])
             for item, out in zip(items, outs, strict=True):
                 pred = sentiment_prediction(out["probs"], labels)
                 pred["explanation"] = sentiment_explanation(item.tokens, out)
                 results.append(pred)
         else:
-            probs = pool_rows(items, await self._run_rows("sentiment", flat_rows(items)))
+            probs = pool_rows(items, await self._run_rows(runtime.graph_for("sentiment"), flat_rows(items)))
             results = [sentiment_prediction(row, labels) for row in probs]
         return results, sum(len(t.ids) for t in items)
 
