@@ -62,14 +62,15 @@ def load_sentences(data: Path, per_bucket: int, seed: int = 0) -> dict[str, list
     return out
 
 
-def encoder_flops(n: int, d_e: int, d: int) -> dict[str, float]:
+def encoder_flops(n: int, d_e: int, d: int, proj: int = 0) -> dict[str, float]:
     """FLOPs and bytes moved through the [n, n, d] attention tensors, per sentence of n tokens.
 
     Dense layers: 2 * MACs. Per direction: map d_e->d, W1, W2, two fusion-gate matrices (d->d);
-    source2token: two 2d->2d layers. Attention: per (i, j, feature) add, sigmoid, scale, exp,
-    mask, multiply by h_j, two sums = 8 element operations and ~8 passes over 4-byte floats.
+    source2token: two 2d->2d layers; a served projection 2d->proj. Attention: per (i, j, feature)
+    add, sigmoid, scale, exp, mask, multiply by h_j, two sums = 8 element operations and ~8
+    passes over 4-byte floats.
     """
-    dense = 2 * (2 * n * (d_e * d + 4 * d * d) + n * 2 * (2 * d) ** 2)
+    dense = 2 * (2 * n * (d_e * d + 4 * d * d) + n * 2 * (2 * d) ** 2 + 2 * d * proj)
     attention = 2 * 8 * n * n * d
     return {"flops": float(dense + attention), "attention_bytes": float(2 * 8 * 4 * n * n * d)}
 
@@ -190,7 +191,8 @@ def run_offline(args: argparse.Namespace) -> dict:
     encs = engines(args)
     peak = matmul_peak(args.threads)
 
-    cfg = load_manifest(args.bundle, verify_hashes=False)["models"]["nli"]["config"]
+    models = load_manifest(args.bundle, verify_hashes=False)["models"]
+    cfg = models.get("embed", models["nli"])["config"]  # the model behind the encoder graph
     results: dict = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
@@ -204,7 +206,7 @@ def run_offline(args: argparse.Namespace) -> dict:
         if not sentences:
             continue
         mean_n = float(np.mean([len(tokenize(s)) for s in sentences]))
-        cost = encoder_flops(round(mean_n), cfg["embed_dim"], cfg["d_h"])
+        cost = encoder_flops(round(mean_n), cfg["embed_dim"], cfg["d_h"], cfg.get("proj_dim", 0))
         row: dict = {
             "sentences": len(sentences),
             "mean_tokens": round(mean_n, 1),

@@ -27,11 +27,15 @@ PROJECTS_PREFIX=disan-ci-                       # compose projects and container
 # ------------------------------------------------------------------------------ tools
 [ "$(id -u)" = 0 ] || skip "needs root (rootful podman and mmdebstrap); CI runs as root"
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null \
-        || [ ! -x /usr/lib/podman/netavark ] || [ ! -x /usr/lib/podman/aardvark-dns ]; then
-    log "installing podman, runc, netavark, aardvark-dns, mmdebstrap (apt)"
+        || [ ! -x /usr/lib/podman/netavark ] || [ ! -x /usr/lib/podman/aardvark-dns ] \
+        || ! PATH=$PATH:/usr/sbin:/sbin command -v iptables >/dev/null; then
+    log "installing podman, runc, netavark, aardvark-dns, iptables, mmdebstrap (apt)"
     # netavark + aardvark-dns: compose service names resolve inside the network (nginx needs it).
+    # netavark drives iptables; without it every container start fails with
+    # "netavark: No such file or directory", and iptables is only a Recommends of podman.
     if ! { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            --no-install-recommends podman runc netavark aardvark-dns mmdebstrap >/dev/null; }; then
+            --no-install-recommends podman runc netavark aardvark-dns iptables mmdebstrap \
+            >/dev/null; }; then
         skip "podman could not be installed with apt-get"
     fi
 fi

@@ -422,3 +422,41 @@ def test_run_reports_queue_and_inference_time():
     assert timing.inferred
     assert 0.02 <= timing.queue_s < 1.0  # waited for "first"'s call
     assert 0.05 <= timing.inference_s < 1.0  # two calls of 30 ms
+
+
+def test_a_small_request_runs_in_the_next_call_while_the_old_big_one_progresses():
+    """A one-sentence request never waits for more than the call in flight while the oldest
+    request is being served anyway: the oldest-first turn is only forced on a request that
+    went OLDEST_EVERY calls without an item (a fixed every-4th turn made one probe in four wait
+    a second call behind long documents: the p99 of bench/chaos.py's long+small)."""
+    runner = FakeRunner(delay=0.005)
+    probes_at: list[int] = []  # call index during which each probe was submitted
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        b = make(runner, max_batch_size=64, max_wait_ms=0, max_batch_cells=1)
+        probes: list[asyncio.Future] = []
+
+        def submit_probe(at: int) -> None:
+            probes_at.append(at)
+            probes.append(asyncio.ensure_future(b.run([f"p{at:02d}"])))
+
+        def recording(payloads: list) -> list:
+            out = runner(payloads)
+            call = len(runner.batches) - 1
+            if payloads[0].startswith("big") and 1 <= call <= 24 and call % 3 == 1:
+                loop.call_soon_threadsafe(submit_probe, call)  # queued before the next call
+            return out
+
+        b.runner = recording
+        await b.start()
+        big = await b.run([f"big{i:02d}" for i in range(40)])
+        await asyncio.gather(*probes)
+        await b.stop()
+        return big
+
+    assert run(main()) == [f"big{i:02d}" * 2 for i in range(40)]
+    waited = {at: next(i for i, batch in enumerate(runner.batches) if batch == [f"p{at:02d}"]) - at
+              for at in probes_at}
+    assert len(waited) >= 6, waited
+    assert set(waited.values()) == {1}, waited  # each probe in the call right after its arrival

@@ -25,10 +25,13 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     assert set(manifest["verification"]["sets"]) == {"cpu", "gpu"}
     runtime = Runtime(BUNDLE, RuntimeOptions(providers="cpu"))
     assert (runtime.graph_set, runtime.variant) == ("cpu", "fp32")
-    assert runtime.dim == manifest["embedding_dim"] == 600
-    assert {"encoder", "encoder_explain", "nli_head", "sentiment", "sentiment_explain"} == set(runtime.graphs)
+    assert runtime.dim == manifest["embedding_dim"] == 768
+    assert {"encoder", "encoder_explain", "nli_encoder", "nli_encoder_explain", "nli_head", "sentiment",
+            "sentiment_explain"} == set(runtime.graphs)
+    # /embed serves the distilled encoder; /nli keeps the encoder its head was trained on
+    assert manifest["routes"]["embed"] == "encoder" and manifest["routes"]["nli"] == "nli_encoder"
     assert (BUNDLE / "MODEL_CARD.md").is_file()
-    assert sum(p.stat().st_size for p in BUNDLE.iterdir()) <= 48e6, "keep the shipped bundle at most 48 MB"
+    assert sum(p.stat().st_size for p in BUNDLE.iterdir()) <= 64e6, "keep the shipped bundle at most 64 MB"
     # the gpu set's default (fp16) was measured against fp32 on the labelled dev sets
     fp16 = manifest["sets"]["gpu"]["variants"]["fp16"]
     assert fp16["meets_bars"] and fp16["agreement_vs_fp32"]["data"].startswith("dev sets")

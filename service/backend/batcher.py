@@ -6,16 +6,19 @@ time a call slot is free the worker builds ONE call:
 
 1. wait for the first item (and, with `max_wait_ms` > 0, until `max_batch_size` items wait or the
    deadline passes);
-2. rank the pending requests by fewest sentences left (ties: the oldest first; every
-   `OLDEST_EVERY`-th call: oldest first) and take up to `max_batch_size` candidates from them in
+2. rank the pending requests by fewest sentences left (ties: the oldest first; when the oldest
+   request has had no item in `OLDEST_EVERY` calls: oldest first) and take up to
+   `max_batch_size` candidates from them in
    that order, each request's shortest first; sort the candidates by length and cut them into
    parts within `max_batch_size` items and `max_batch_cells` padded cells (batch x max_len^2:
    DiSAN's token2token attention is quadratic in length); the call is the part holding the
    top-ranked request's next sentence, the rest go back. Fewest-left-first lets a one-sentence
    request pass a 256-sentence one (it waits about one call, not the big request's whole queue)
    and keeps requests of equal size about in arrival order (a round-robin would finish them all
-   late); the oldest-first calls guarantee a big request a share of the calls however many small
-   ones keep arriving; the length sort keeps the padding small;
+   late); the oldest-first turn guarantees a big request a share of the calls however many small
+   ones keep arriving, and is only taken when needed: while the oldest request is served anyway
+   (one long document after another), a small request never waits behind a forced turn;
+   the length sort keeps the padding small;
 3. run the call in an executor thread (ORT releases the GIL; the event loop stays free);
 4. deliver each result, or the call's exception, to every waiting future. A failing call never
    kills the worker; items whose caller went away (cancelled future) are skipped.
@@ -42,8 +45,8 @@ from service.common.timing import RequestTiming
 
 log = logging.getLogger("disan.service.batcher")
 
-# Every this-many-th call serves the oldest request first: a big request's share of the calls
-# while small ones keep arriving, and how often a small one may wait for a second call.
+# The oldest request waits at most this many calls in a row without an item: a big request's
+# share of the calls while small ones keep arriving.
 OLDEST_EVERY = 4
 
 P = TypeVar("P")  # payload of one item (e.g. token ids of one sentence)
@@ -75,6 +78,7 @@ class _Request:
     """One `submit` call's items that no call has taken yet, shortest first."""
 
     items: deque[_Item]
+    served: int = 0  # the batcher's call count when this request last got an item (or arrived)
     enqueued: float = field(default_factory=time.perf_counter)
 
     def head(self) -> _Item | None:
@@ -208,7 +212,7 @@ class MicroBatcher(Generic[P, R]):
                              f"(limit {self.queue_limit})", retry_after=retry)
         loop = asyncio.get_running_loop()
         items = [_Item(p, max(1, self.length(p)), loop.create_future()) for p in payloads]
-        request = _Request(deque(sorted(items, key=lambda it: it.length)))
+        request = _Request(deque(sorted(items, key=lambda it: it.length)), served=self._calls)
         for it in items:
             it.request = request
         self._queue.append(request)
@@ -248,7 +252,8 @@ class MicroBatcher(Generic[P, R]):
     def _take(self) -> list[_Item]:
         """One call's items (see the module docstring, step 2)."""
         self._calls += 1
-        if self._calls % OLDEST_EVERY == 0:
+        oldest = next((r for r in self._queue if r.head() is not None), None)
+        if oldest is not None and self._calls - oldest.served >= OLDEST_EVERY:
             order = list(self._queue)
         else:
             order = sorted(self._queue, key=lambda r: len(r.items))  # stable: ties stay oldest first
@@ -272,6 +277,8 @@ class MicroBatcher(Generic[P, R]):
         part = next(p for p in split_by_cells([it.length for it in ranked], self.max_batch_cells,
                                               self.max_batch_size) if at in p)
         batch = [ranked[i] for i in part]
+        for it in batch:
+            it.request.served = self._calls
         chosen = set(map(id, batch))
         # What was not chosen goes back to the front of its request (still shortest first).
         for it in reversed(candidates):
