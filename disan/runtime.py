@@ -378,12 +378,16 @@ class Runtime(ExplainFlags):
             self.sentiment(rows)
             if self.graph_for("embed") != self.graph_for("nli"):
                 self.embed(rows)
-            if self.has_explain:
-                self.explain(rows)
-            if self.has_embed_explain:
-                self.embed_explain(rows)
-            if self.has_nli_explain and self.graph_for("nli_explain") != self.graph_for("embed_explain"):
-                self.nli_explain(rows)
+            self.warm_explain(rows)
+
+    def warm_explain(self, rows: list[list[int]]) -> None:
+        """Run each explain graph the bundle has once on `rows` (a graph two routes share, once)."""
+        if self.has_explain:
+            self.explain(rows)
+        if self.has_embed_explain:
+            self.embed_explain(rows)
+        if self.has_nli_explain and self.graph_for("nli_explain") != self.graph_for("embed_explain"):
+            self.nli_explain(rows)
 
 
 def load_offline(bundle: str | Path, variant: str = "auto", threads: int = 0,

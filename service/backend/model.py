@@ -37,13 +37,7 @@ def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
     # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
     # a ready worker's RSS by that much (the other graphs need little more at max_tokens:
     # bench/RESULTS.md).
-    longest = [[1] * runtime.max_tokens]
-    if runtime.has_explain:
-        runtime.explain(longest)
-    if runtime.has_embed_explain:
-        runtime.embed_explain(longest)
-    if runtime.has_nli_explain and runtime.graph_for("nli_explain") != runtime.graph_for("embed_explain"):
-        runtime.nli_explain(longest)
+    runtime.warm_explain([[1] * runtime.max_tokens])
     return runtime
 
 
