@@ -292,6 +292,10 @@ def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
     prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
     enc_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     enc_state["trainable_rows"] = model.encoder.trainable_rows.clone()
+    if not model.encoder.cfg.proj_dim:
+        # a distilled student's map into its teacher's space (`pretrain --serve-proj`): a task
+        # model's head reads DiSAN's own 2*d_h vector, so the map has nowhere to go
+        enc_state = {k: v for k, v in enc_state.items() if not k.startswith("proj.")}
     old = DiSANConfig.from_dict(ckpt["config"])
     new = model.encoder.cfg
     for key in ("embed_dim", "d_h", "attention_kind", "mask_kind", "activation"):

@@ -83,3 +83,29 @@ def test_init_encoder_copies_weights_and_checks_vocab(corpus, tmp_path: Path) ->
     # Without the matching vocab the run refuses with one line.
     assert main([*common, "--glove-extra", "2", "--init-encoder", str(pre / "best.pt"),
                  "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_init_encoder_from_a_student_with_a_served_projection(corpus, tmp_path: Path) -> None:
+    """A `pretrain --corpus --serve-proj` student ends in a map into its teacher's space; a task
+    model starts from the rest of its encoder (the head reads DiSAN's own 2*d_h vector)."""
+    sentences = collect_sentences([corpus["nli"]])
+    teacher = np.random.default_rng(1).normal(size=(len(sentences), 16)).astype(np.float16)
+    pre = tmp_path / "pre"
+    pretrain_encoder(_args(pre, corpus["glove"], epochs=1), sentences, teacher)
+    student = load_checkpoint(pre / "best.pt")
+    student["config"]["proj_dim"] = 12  # what DiSANConfig.proj_dim holds for a served projection
+    student["model_state"]["proj.weight"] = torch.randn(12, 16)
+    student["model_state"]["proj.bias"] = torch.zeros(12)
+    torch.save(student, pre / "student.pt")
+    model_from_checkpoint(load_checkpoint(pre / "student.pt"))  # a well-formed student checkpoint
+    out = tmp_path / "task"
+    assert main(["train", "--task", "nli", "--train", str(corpus["nli"]), "--dev", str(corpus["nli"]),
+                 "--glove", str(corpus["glove"]), "--d-h", "8", "--no-progress", "--threads", "1",
+                 "--epochs", "1", "--eval-every", "0", "--lr", "0", "--vocab", str(pre / "vocab.json"),
+                 "--init-encoder", str(pre / "student.pt"), "--out", str(out)]) == 0
+    task = load_checkpoint(out / "last.pt")
+    assert not task["config"].get("proj_dim")
+    assert not any(k.startswith("encoder.proj.") for k in task["model_state"])
+    for key, value in student["model_state"].items():
+        if key != "trainable_rows" and not key.startswith("proj."):
+            assert torch.equal(task["model_state"][f"encoder.{key}"], value), key
