@@ -42,17 +42,21 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    encoder = Encoder(args.bundle)
+    try:  # a wrong --bundle or --data ends in one line, not a traceback
+        encoder = Encoder(args.bundle)
+        pairs = {name: read_pairs(args.data, name) for name in STS_SETS}
+        reference = reference_sentences(args.data)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"sts_postprocess: {exc}") from None
 
     def encode(texts: list[str]) -> np.ndarray:
         return np.asarray(encoder.encode(texts), dtype=np.float64)
 
     dev = {}
-    for name in STS_SETS:
-        a, b, gold = read_pairs(args.data, name)
+    for name, (a, b, gold) in pairs.items():
         vecs = encode(a + b)
         dev[name] = (vecs[: len(a)], vecs[len(a):], gold)
-    ref = encode(reference_sentences(args.data))
+    ref = encode(reference)
     mean = ref.mean(axis=0)
     eigvecs, eigvals, _ = np.linalg.svd(np.cov((ref - mean).T))
     dim = ref.shape[1]

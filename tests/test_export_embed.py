@@ -214,7 +214,8 @@ def test_int8_embedding_storage_is_checked_as_shipped(int8_bundle, embed_ckpt, t
     assert "int8" in m["weights"]["note"] and "fp16" in m["weights"]["note"]
     assert m["verification"]["passed"]
     # The dynamically quantised variant was checked graph by graph. Its cosine bar is not asserted:
-    # on these tiny random encoders it lands either side of 0.99 with the onnxruntime version.
+    # these tiny random encoders miss 0.99 under dynamic int8 (onnxruntime 1.32: 0.984 and 0.850),
+    # which says nothing about the int8 *tables* this test is about.
     report = m["sets"]["cpu"]["variants"]["int8"]["agreement_vs_fp32"]
     assert {"encoder", "nli_encoder", "nli (encoder + nli_head)", "sentiment"} <= set(report)
     assert all(e["finite"] for k, e in report.items() if k != "data")

@@ -63,15 +63,25 @@ def test_student_learns_the_teacher_and_checkpoint_loads(corpus, tmp_path: Path)
     assert model.cfg.task == "encoder" and labels == [] and len(vocab) == len(WORDS) + 2
 
 
-def test_init_encoder_copies_weights_and_checks_vocab(corpus, tmp_path: Path) -> None:
+def _pretrained(corpus, out: Path) -> Path:
+    """A one-epoch `disan pretrain` run on random teacher vectors: its folder."""
     sentences = collect_sentences([corpus["nli"]])
     teacher = np.random.default_rng(1).normal(size=(len(sentences), 16)).astype(np.float16)
-    pre = tmp_path / "pre"
-    pretrain_encoder(_args(pre, corpus["glove"], epochs=1), sentences, teacher)
+    pretrain_encoder(_args(out, corpus["glove"], epochs=1), sentences, teacher)
+    return out
+
+
+def _train_nli(corpus) -> list[str]:
+    """`disan train` on the toy NLI data with lr 0 (Adadelta): no weight moves."""
+    return ["train", "--task", "nli", "--train", str(corpus["nli"]), "--dev", str(corpus["nli"]),
+            "--glove", str(corpus["glove"]), "--d-h", "8", "--no-progress", "--threads", "1",
+            "--epochs", "1", "--eval-every", "0", "--lr", "0"]
+
+
+def test_init_encoder_copies_weights_and_checks_vocab(corpus, tmp_path: Path) -> None:
+    pre = _pretrained(corpus, tmp_path / "pre")
     out = tmp_path / "nli"
-    common = ["train", "--task", "nli", "--train", str(corpus["nli"]), "--dev", str(corpus["nli"]),
-              "--glove", str(corpus["glove"]), "--d-h", "8", "--no-progress", "--threads", "1",
-              "--epochs", "1", "--eval-every", "0", "--lr", "0"]
+    common = _train_nli(corpus)
     assert main([*common, "--vocab", str(pre / "vocab.json"), "--init-encoder", str(pre / "best.pt"),
                  "--out", str(out)]) == 0
     enc = load_checkpoint(pre / "best.pt")["model_state"]
@@ -88,10 +98,7 @@ def test_init_encoder_copies_weights_and_checks_vocab(corpus, tmp_path: Path) ->
 def test_init_encoder_from_a_student_with_a_served_projection(corpus, tmp_path: Path) -> None:
     """A `pretrain --corpus --serve-proj` student ends in a map into its teacher's space; a task
     model starts from the rest of its encoder (the head reads DiSAN's own 2*d_h vector)."""
-    sentences = collect_sentences([corpus["nli"]])
-    teacher = np.random.default_rng(1).normal(size=(len(sentences), 16)).astype(np.float16)
-    pre = tmp_path / "pre"
-    pretrain_encoder(_args(pre, corpus["glove"], epochs=1), sentences, teacher)
+    pre = _pretrained(corpus, tmp_path / "pre")
     student = load_checkpoint(pre / "best.pt")
     student["config"]["proj_dim"] = 12  # what DiSANConfig.proj_dim holds for a served projection
     student["model_state"]["proj.weight"] = torch.randn(12, 16)
@@ -99,9 +106,7 @@ def test_init_encoder_from_a_student_with_a_served_projection(corpus, tmp_path: 
     torch.save(student, pre / "student.pt")
     model_from_checkpoint(load_checkpoint(pre / "student.pt"))  # a well-formed student checkpoint
     out = tmp_path / "task"
-    assert main(["train", "--task", "nli", "--train", str(corpus["nli"]), "--dev", str(corpus["nli"]),
-                 "--glove", str(corpus["glove"]), "--d-h", "8", "--no-progress", "--threads", "1",
-                 "--epochs", "1", "--eval-every", "0", "--lr", "0", "--vocab", str(pre / "vocab.json"),
+    assert main([*_train_nli(corpus), "--vocab", str(pre / "vocab.json"),
                  "--init-encoder", str(pre / "student.pt"), "--out", str(out)]) == 0
     task = load_checkpoint(out / "last.pt")
     assert not task["config"].get("proj_dim")
