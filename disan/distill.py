@@ -3,13 +3,16 @@
 
 Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch InfoNCE term
 (each student vector must pick its own teacher vector among the batch's), which keeps unrelated
-sentences apart, the property unsupervised STS rewards. The student's vector enters the teacher's
+sentences apart, the property unsupervised STS rewards; and, with --pairs-weight / --nli-weight,
+the labelled signals of `disan.supervision`. The student's vector enters the teacher's
 space through a linear map: inside the encoder (--serve-proj: the served vector is the projected
 one) or beside it (the served vector is DiSAN's own 2*d_h vector).
 
 Model selection: cosine Spearman on STS-B dev (`disan.sts`); SICK dev and the mean cosine to the
 teacher on a held-out slice of the corpus are logged beside it. Writes to --out: vocab.json,
 best.pt (an `encoder` checkpoint), last.pt (+ optimizer and step, for --resume), metrics.jsonl.
+--init-from starts from a trained student's `encoder` checkpoint (its vocabulary and shape) with a
+fresh optimizer: a further phase on other data or losses.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
-from disan.sts import sts_scores, train_pairs
+from disan.sts import sts_scores
+from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs
+from disan.supervision import batch_tensors as _batch
 from disan.text import Vocab, tokenize
-
-MAX_TOKENS = 64
 
 
 def corpus_vocab(texts: list[list[str]], size: int, min_count: int = 2) -> Vocab:
@@ -62,11 +65,6 @@ def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, t
         logits = pred_n @ target_n.T / temperature                      # [B,B]
         loss = loss + contrastive * F.cross_entropy(logits, torch.arange(len(pred), device=pred.device))
     return loss
-
-
-def _batch(rows: list[list[int]], idx) -> tuple[torch.Tensor, torch.Tensor]:
-    enc = Vocab.pad([rows[i] for i in idx])
-    return torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)
 
 
 @torch.no_grad()
@@ -117,11 +115,20 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     teacher = teacher_prefix()
     texts = [tokenize(s)[:MAX_TOKENS] for s in sentences]
     resume = load_checkpoint(out / "last.pt") if args.resume and (out / "last.pt").is_file() else None
-    vocab = Vocab(resume["vocab"][2:]) if resume else corpus_vocab(texts, args.vocab_size)
+    start = load_checkpoint(args.init_from) if args.init_from and not resume else None
+    known = resume or start
+    vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.ids(t) or [1] for t in texts]
-    cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=args.embed_dim, d_h=args.d_h, keep_prob=args.keep_prob,
-                      task="encoder", proj_dim=teacher.shape[1] if args.serve_proj else 0)
+    if start:  # a trained student goes on: its own architecture, not the flags'
+        cfg = DiSANConfig.from_dict(start["config"])
+        if cfg.proj_dim not in (0, teacher.shape[1]):
+            raise ValueError(f"{args.init_from}: serves {cfg.proj_dim}-d vectors, "
+                             f"the teacher {teacher.shape[1]}-d")
+    else:
+        cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=args.embed_dim, d_h=args.d_h,
+                          keep_prob=args.keep_prob, task="encoder",
+                          proj_dim=teacher.shape[1] if args.serve_proj else 0)
     torch.manual_seed(args.seed)
     student = Student(cfg, teacher.shape[1])
     optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
@@ -132,6 +139,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         for group in optimizer.param_groups:  # --lr applies on resume too: a cool-down phase
             group["lr"] = args.lr
         step, best = resume["step"], resume["best"]
+    elif start:
+        student.encoder.load_state_dict(start["model_state"])
+        print(f"from {args.init_from}: vocab {len(vocab)}, d_h {cfg.d_h}, served {student.encoder.out_dim}-d")
     else:
         vectors = None if args.init == "random" else E.static_vectors(vocab, args.embed_dim, args.init)
         matrix, found = E.init_matrix(vocab, vectors, args.embed_dim, args.seed)
@@ -139,7 +149,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
         print(f"vocab {len(vocab)} ({found} from {args.init})")
     rng = np.random.default_rng(args.seed + step)
-    pairs = _labelled_pairs(args.data, vocab) if args.pairs_weight > 0 else None
+    pairs = ScoredPairs(args.data, vocab) if args.pairs_weight > 0 else None
+    triples = NLITriples(args.data, vocab) if args.nli_weight > 0 else None
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)
     started = time.monotonic()
@@ -154,8 +165,11 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             ids, mask = _batch(rows, train[b])
             loss = distill_loss(student(ids, mask), target[train[b]], args.contrastive, args.temperature)
             if pairs is not None:
-                pair_loss = _pair_loss(student.encoder, pairs, rng, args.batch_size // 4)
+                pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss
+            if triples is not None:
+                nli_loss = triples.loss(student.encoder, rng, args.batch_size // 4, args.temperature)
+                loss = loss + args.nli_weight * nli_loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -169,22 +183,6 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
                 break
     log.close()
     return best
-
-
-def _labelled_pairs(data: Path, vocab: Vocab) -> tuple[list[list[int]], list[list[int]], torch.Tensor]:
-    left, right, scores = train_pairs(data)
-    ids = [[vocab.text_ids(t, MAX_TOKENS) or [1] for t in side] for side in (left, right)]
-    return ids[0], ids[1], torch.from_numpy(scores)
-
-
-def _pair_loss(encoder: DiSANEncoder, pairs, rng: np.random.Generator, size: int) -> torch.Tensor:
-    """MSE between the cosine of a labelled pair's vectors and its score in [0, 1] (as
-    sentence-transformers' CosineSimilarityLoss)."""
-    left, right, scores = pairs
-    idx = rng.integers(0, len(scores), size=max(size, 2))
-    u = encoder(*_batch(left, idx))
-    v = encoder(*_batch(right, idx))
-    return F.mse_loss(F.cosine_similarity(u, v, dim=-1), scores[idx])
 
 
 def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 from disan.corpus import read_corpus
 from disan.data import holdout_split, read_examples
 from disan.embeddings import STATIC_SOURCES
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES
 from disan.teacher import TEACHERS, TeacherCache
 
 TEACHER_DIM = 384
@@ -111,6 +111,12 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.05)
     parser.add_argument("--pairs-weight", type=float, default=0.0,
                         help="weight of a cosine-vs-score loss on STS-B train and SICK train pairs")
+    parser.add_argument("--pair-loss", choices=PAIR_LOSSES, default="mse",
+                        help="mse: cosine against the score; cosent: the cosines must rank as the scores")
+    parser.add_argument("--nli-weight", type=float, default=0.0,
+                        help="weight of a ranking loss on NLI (premise, entailed, contradicting) triples")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from a trained student's best.pt (its vocabulary and shape)")
     parser.add_argument("--keep-prob", type=float, default=0.9)
     parser.add_argument("--steps", type=int, default=10**9)
     parser.add_argument("--eval-every", type=int, default=500)

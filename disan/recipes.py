@@ -16,6 +16,9 @@ TASK_DEFAULTS = {"nli": {"keep_prob": 0.75, "weight_decay": 5e-5},
 # The NLI recipe's dev set: a held-out slice of SNLI dev (no SNLI train is staged).
 HOLDOUT_SIZE, HOLDOUT_SEED = 1500, 2018
 
+# Losses on scored training pairs a distilled student may add (`disan pretrain --pair-loss`).
+PAIR_LOSSES = ("mse", "cosent")
+
 RECIPES = {
     "nli": {"task": "nli", "train": ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz",
                                      "snli/dev.jsonl.gz"],

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disan import distill  # noqa: E402
+from disan import distill, supervision  # noqa: E402
 from disan.checkpoint import load_checkpoint  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
 
@@ -21,7 +21,8 @@ WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
 def _args(out: Path, **over) -> argparse.Namespace:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
                 serve_proj=True, contrastive=0.1, pairs_weight=0.0, temperature=0.05, lr=1e-2, seed=0,
-                init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"))
+                init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"),
+                pair_loss="mse", nli_weight=0.0, init_from=None)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -78,10 +79,40 @@ def test_labelled_pairs_join_the_loss(tmp_path: Path, monkeypatch) -> None:
     def fake_pairs(data):
         asked.append(data)
         return ["the cat sat", "a dog ran"], ["the cat sat on a mat", "big red dog"], np.array([0.9, 0.1])
-    monkeypatch.setattr(distill, "train_pairs", fake_pairs)
+    monkeypatch.setattr(supervision, "train_pairs", fake_pairs)
     sentences, teacher = _corpus()
-    distill.distill(_args(tmp_path, pairs_weight=1.0, steps=3), sentences, lambda: teacher)
+    args = _args(tmp_path, pairs_weight=1.0, pair_loss="cosent", steps=3)
+    distill.distill(args, sentences, lambda: teacher)
     assert asked == [Path("unused")]
+
+
+def test_nli_triples_join_the_loss(tmp_path: Path, monkeypatch) -> None:
+    triple = (("the", "cat", "sat"), ("a", "cat", "sat"), ("no", "dog", "ran"))
+    monkeypatch.setattr(supervision, "nli_triples", lambda data: [triple] * 4)
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, nli_weight=1.0, steps=3), sentences, lambda: teacher)
+    assert load_checkpoint(tmp_path / "best.pt")["train_config"]["nli_weight"] == 1.0
+
+
+def test_init_from_goes_on_from_a_trained_student(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", d_h=6, steps=3), sentences, lambda: teacher)
+    first = load_checkpoint(tmp_path / "a" / "best.pt")
+    # Flags that disagree with the checkpoint's shape are not used: the student keeps its own.
+    distill.distill(_args(tmp_path / "b", d_h=4, steps=3, lr=0.0, keep_prob=1.0,
+                          init_from=tmp_path / "a" / "best.pt"), sentences, lambda: teacher)
+    second = load_checkpoint(tmp_path / "b" / "best.pt")
+    assert second["config"] == first["config"] and second["vocab"] == first["vocab"]
+    for name, weight in first["model_state"].items():  # lr 0: the weights went through unchanged
+        torch.testing.assert_close(second["model_state"][name], weight)
+
+
+def test_init_from_refuses_a_student_of_another_teacher(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    with pytest.raises(ValueError, match="serves 6-d vectors, the teacher 4-d"):
+        distill.distill(_args(tmp_path / "b", init_from=tmp_path / "a" / "best.pt"), sentences,
+                        lambda: teacher[:, :4])
 
 
 def test_checkpoint_encoder_gives_the_trained_vectors(tmp_path: Path) -> None:

@@ -1,0 +1,102 @@
+"""Labelled training signals a distilled student may learn from beside its teacher (`disan pretrain
+--corpus --pairs-weight / --nli-weight`), as sentence-transformers models are trained:
+
+- scored pairs (STS-B train, SICK train relatedness), with an MSE loss on the cosine
+  (CosineSimilarityLoss) or CoSENT's ranking loss (a pair scored higher must have the higher
+  cosine), which optimises the order that the Spearman measure reads;
+- NLI triples (premise, an entailed hypothesis, a contradicting one) from the NLI training files,
+  with in-batch negatives (MultipleNegativesRankingLoss with a hard negative).
+
+Never a dev or test pair: the NLI triples leave out the held-out SNLI dev slice that NLI model
+selection uses, as the corpus does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from disan.data import holdout_split, read_examples
+from disan.model import DiSANEncoder
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
+from disan.sts import train_pairs
+from disan.text import Vocab
+
+MAX_TOKENS = 64
+
+
+def batch_tensors(rows: list[list[int]], idx) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = Vocab.pad([rows[i] for i in idx])
+    return torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)
+
+
+class ScoredPairs:
+    """STS-B train + SICK train pairs as ids, scores in [0, 1]."""
+
+    def __init__(self, data: Path, vocab: Vocab):
+        left, right, scores = train_pairs(data)
+        self.left = [vocab.text_ids(t, MAX_TOKENS) or [1] for t in left]
+        self.right = [vocab.text_ids(t, MAX_TOKENS) or [1] for t in right]
+        self.scores = torch.from_numpy(scores)
+
+    def loss(self, encoder: DiSANEncoder, rng: np.random.Generator, size: int,
+             kind: str = "mse") -> torch.Tensor:
+        idx = rng.integers(0, len(self.scores), size=max(size, 2))
+        cos = F.cosine_similarity(encoder(*batch_tensors(self.left, idx)),
+                                  encoder(*batch_tensors(self.right, idx)), dim=-1)
+        if kind == "cosent":
+            return cosent_loss(cos, self.scores[idx])
+        if kind == "mse":
+            return F.mse_loss(cos, self.scores[idx])
+        raise ValueError(f"pair loss must be one of {', '.join(PAIR_LOSSES)}, not {kind!r}")
+
+
+def cosent_loss(cos: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """log(1 + sum over pairs (i, j) with score_i > score_j of exp(scale * (cos_j - cos_i)))."""
+    diff = scale * (cos[None, :] - cos[:, None])          # [B,B]: entry (i, j) = cos_j - cos_i
+    wrong_order = scores[:, None] > scores[None, :]       # i should rank above j
+    diff = diff.masked_fill(~wrong_order, float("-inf")).flatten()
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff]), dim=0)
+
+
+def nli_triples(data: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """(premise, entailed hypothesis, contradicting hypothesis) token triples from the NLI training
+    files, every premise with at least one of each; the held-out SNLI dev slice is left out."""
+    holdout = (data / RECIPES["nli"]["holdout_from"]).resolve()
+    by_premise: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = {}
+    for rel in RECIPES["nli"]["train"]:
+        _, examples = read_examples(data / rel)
+        if (data / rel).resolve() == holdout:
+            examples, _ = holdout_split(examples, HOLDOUT_SIZE, HOLDOUT_SEED)
+        for ex in examples:
+            by_premise.setdefault(ex.texts[0], {}).setdefault(ex.label, []).append(ex.texts[1])
+    return [(premise, pos, neg) for premise, hyps in by_premise.items()
+            for pos, neg in zip(hyps.get("entailment", []), hyps.get("contradiction", []), strict=False)]
+
+
+class NLITriples:
+    """NLI triples as ids, for an in-batch ranking loss."""
+
+    def __init__(self, data: Path, vocab: Vocab):
+        triples = nli_triples(data)
+        if not triples:
+            raise ValueError(f"{data}: no NLI training triples found")
+        self.anchor, self.pos, self.neg = ([vocab.ids(list(t[k][:MAX_TOKENS])) or [1] for t in triples]
+                                           for k in range(3))
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+    def loss(self, encoder: DiSANEncoder, rng: np.random.Generator, size: int,
+             temperature: float = 0.05) -> torch.Tensor:
+        """Each premise must pick its own entailed hypothesis among the batch's entailed and
+        contradicting hypotheses."""
+        idx = rng.choice(len(self), size=min(max(size, 2), len(self)), replace=False)
+        a = F.normalize(encoder(*batch_tensors(self.anchor, idx)), dim=-1)
+        candidates = torch.cat([encoder(*batch_tensors(self.pos, idx)),
+                                encoder(*batch_tensors(self.neg, idx))])
+        logits = a @ F.normalize(candidates, dim=-1).T / temperature      # [B, 2B]
+        return F.cross_entropy(logits, torch.arange(len(idx)))

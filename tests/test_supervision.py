@@ -1,0 +1,58 @@
+"""disan.supervision: the labelled losses a distilled student may add (CoSENT, NLI triples)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from disan import supervision  # noqa: E402
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_cosent_rewards_the_scores_order() -> None:
+    scores = torch.tensor([0.9, 0.5, 0.1])
+    right = supervision.cosent_loss(torch.tensor([0.8, 0.4, 0.0]), scores)
+    wrong = supervision.cosent_loss(torch.tensor([0.0, 0.4, 0.8]), scores)
+    assert right < wrong
+    # Only the order counts: a shift of every cosine leaves the loss as it was.
+    shifted = supervision.cosent_loss(torch.tensor([0.7, 0.3, -0.1]), scores)
+    torch.testing.assert_close(right, shifted)
+
+
+def test_cosent_of_equal_scores_is_zero() -> None:
+    # No pair is ordered, so only the log(1 + 0) term is left.
+    loss = supervision.cosent_loss(torch.tensor([0.3, -0.2]), torch.tensor([0.5, 0.5]))
+    assert float(loss) == 0.0
+
+
+def test_unknown_pair_loss_is_named() -> None:
+    pairs = supervision.ScoredPairs.__new__(supervision.ScoredPairs)
+    pairs.left = pairs.right = [[2], [2]]
+    pairs.scores = torch.tensor([0.1, 0.9])
+    encoder = torch.nn.Module()
+    encoder.forward = lambda ids, mask: torch.ones(len(ids), 3)
+    with pytest.raises(ValueError, match="mse, cosent"):
+        pairs.loss(encoder, np.random.default_rng(0), 2, "hinge")
+
+
+@pytest.mark.skipif(not (DATA / RECIPES["nli"]["holdout_from"]).is_file(), reason="staged data not here")
+def test_nli_triples_leave_out_the_held_out_slice() -> None:
+    from disan.data import holdout_split, read_examples
+
+    triples = supervision.nli_triples(DATA)
+    assert len(triples) > 1000
+    _, dev = read_examples(DATA / RECIPES["nli"]["holdout_from"])
+    _, held = holdout_split(dev, HOLDOUT_SIZE, HOLDOUT_SEED)
+    held_premises = {ex.texts[0] for ex in held}
+    assert not held_premises & {t[0] for t in triples}
+    # Every triple is a real (entailment, contradiction) pair of its premise.
+    labels = {(ex.texts[0], ex.texts[1]): ex.label for ex in dev}
+    from_dev = [t for t in triples if (t[0], t[1]) in labels]
+    assert from_dev and all(labels[(p, pos)] == "entailment" and labels[(p, neg)] == "contradiction"
+                            for p, pos, neg in from_dev)
