@@ -96,16 +96,31 @@ def encode_corpus(sentences: list[str], cache: TeacherCache, encode, chunk: int 
     return cache.done
 
 
-def sentence_transformer_encoder(teacher: str, precision: str = "bf16", batch_size: int = 64,
+def native_bf16(device: str) -> bool:
+    """Whether bf16 runs natively there: any CUDA device we would use; on the CPU only with
+    AVX-512 BF16 or AMX, since elsewhere bf16 is emulated and far slower than fp32
+    (docs/distillation.md has both measurements)."""
+    import torch  # optional, as below
+
+    if device.startswith("cuda"):
+        return True
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_size: int = 64,
                                  device: str = "cpu"):
-    """`encode(texts)` of an offline teacher: L2-normalised vectors. bf16 autocast on the CPU more
-    than doubles MPNet's speed for a cosine to the fp32 vectors above 0.9999 (docs/distillation.md)."""
+    """`encode(texts)` of an offline teacher: L2-normalised vectors, under bf16 autocast where
+    `precision` is bf16, or auto and the device has native bf16 (`native_bf16`): there it more
+    than doubles MPNet's speed for a cosine to the fp32 vectors above 0.9999."""
     import torch  # optional (`train` extra): a cached teacher needs no torch
 
     from disan.embeddings import _sentence_encoder
 
     model = _sentence_encoder(TEACHERS[teacher][0], device)
     device_type = "cuda" if device.startswith("cuda") else "cpu"
+    if precision == "auto":
+        precision = "bf16" if native_bf16(device) else "fp32"
 
     def encode(texts: list[str]) -> np.ndarray:
         with torch.inference_mode(), torch.autocast(device_type, dtype=torch.bfloat16,
@@ -121,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: CORPUS/teacher-NAME")
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="auto: bf16 where the device runs it natively, else fp32")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where PyTorch has a GPU")
     parser.add_argument("--max-minutes", type=float, default=None)

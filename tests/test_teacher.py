@@ -49,3 +49,37 @@ def test_max_minutes_stops_after_a_chunk(tmp_path: Path) -> None:
     sentences = [f"row {i}" for i in range(12)]
     cache = TeacherCache.open(tmp_path / "c", "abc", "fake", len(sentences), 3)
     assert encode_corpus(sentences, cache, _vectors, chunk=4, max_minutes=0, log=lambda _m: None) == 4
+
+
+class _RecordingModel:
+    """Stands in for a sentence-transformer: records whether bf16 autocast was on."""
+
+    def __init__(self) -> None:
+        self.autocast: list[bool] = []
+
+    def encode(self, texts, **_kw):
+        import torch
+
+        self.autocast.append(torch.is_autocast_enabled("cpu"))
+        return np.ones((len(texts), 3), dtype=np.float32)
+
+
+@pytest.mark.parametrize(("has_bf16", "precision", "want"), [
+    (False, None, False),  # emulated bf16 is slower than fp32 there: the default must not pick it
+    (True, None, True),
+    (False, "auto", False),
+    (False, "bf16", True),   # asked for explicitly
+    (True, "fp32", False),
+])
+def test_cpu_autocast_only_where_bf16_is_native(monkeypatch, has_bf16, precision, want) -> None:
+    torch = pytest.importorskip("torch")
+    from disan import embeddings, teacher
+
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: has_bf16, raising=False)
+    model = _RecordingModel()
+    monkeypatch.setattr(embeddings, "_sentence_encoder", lambda name, device: model)
+    kwargs = {} if precision is None else {"precision": precision}
+    teacher.sentence_transformer_encoder("minilm", **kwargs)(["a b c"])
+    assert model.autocast == [want]
+    assert teacher.native_bf16("cuda:0")
