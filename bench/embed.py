@@ -40,7 +40,8 @@ import numpy as np
 
 from bench.offline import CPU_BATCHING, ort_encoder, throughput
 from bench.report import run_and_report
-from disan.runtime import cpu_cores, load_offline
+from disan.ort_session import cpu_cores
+from disan.runtime import load_offline
 
 PAIRS, TEXT = ("sentence1", "sentence2"), ("text",)
 SOURCES = {"snli/dev.jsonl.gz": PAIRS, "snli/test_tok.jsonl.gz": PAIRS, "mnli/dev_matched.jsonl.gz": PAIRS,

@@ -29,8 +29,9 @@ import numpy as np
 from bench.report import run_and_report
 from disan.batching import split_by_cells
 from disan.manifest import load_manifest
+from disan.ort_session import CPU
 from disan.recipes import BENCH_SENTENCE_FILES
-from disan.runtime import CPU, load_offline
+from disan.runtime import load_offline
 from disan.text import tokenize
 from service.common.batching_defaults import PROVIDER_DEFAULTS
 

@@ -214,7 +214,7 @@ def test_info_reports_the_live_session_provider(client):
 
 def test_default_call_layout_on_cpu(client):
     """Defaults on CPU: one single-threaded ORT call per core in flight, reported by /info."""
-    from disan.runtime import cpu_cores
+    from disan.ort_session import cpu_cores
 
     runtime = client.app.state.engine.runtime
     assert client.get("/info").json()["batching"]["batch_concurrency"] == cpu_cores()

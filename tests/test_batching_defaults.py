@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disan.runtime import CPU, CUDA
+from disan.ort_session import CPU, CUDA
 from service.common.batching_defaults import PROVIDER_DEFAULTS, resolve_batching
 
 

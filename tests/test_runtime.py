@@ -1,4 +1,4 @@
-"""disan.runtime: call layout, options independent of the service's settings, the offline loader."""
+"""disan.runtime: options independent of the service's settings, graph-set choice, the offline loader."""
 
 from __future__ import annotations
 
@@ -6,23 +6,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from disan import runtime  # noqa: E402
+from disan import ort_session, runtime  # noqa: E402
 from disan.runtime import RuntimeOptions, load_offline  # noqa: E402
-
-
-def test_call_layout_auto_and_explicit(monkeypatch):
-    """batch_concurrency=0: one single-threaded call per core of this worker on CPU, one call on
-    CUDA; explicit values are kept."""
-    monkeypatch.setattr(runtime, "cpu_cores", lambda: 8)
-    cpu, cuda = [runtime.CPU], [runtime.CUDA, runtime.CPU]
-    auto = RuntimeOptions(batch_concurrency=0)
-    assert runtime.call_layout(auto, cpu) == (8, 1)
-    assert runtime.call_layout(RuntimeOptions(batch_concurrency=0, workers=2), cpu) == (4, 1)
-    assert runtime.call_layout(RuntimeOptions(batch_concurrency=0, intra_op_threads=2), cpu) == (4, 2)
-    assert runtime.call_layout(RuntimeOptions(batch_concurrency=0, workers=16), cpu) == (1, 1)
-    assert runtime.call_layout(auto, cuda) == (1, 0)
-    assert runtime.call_layout(RuntimeOptions(batch_concurrency=3), cpu) == (3, 0)
-    assert runtime.call_layout(RuntimeOptions(batch_concurrency=1, intra_op_threads=2), cpu) == (1, 2)
 
 
 def test_offline_runtime_ignores_service_environment(monkeypatch, tiny_bundle):
@@ -49,7 +34,7 @@ def fake_cuda(monkeypatch, loads: bool) -> list[str]:
     """Pretend this onnxruntime has CUDA, whose sessions do (or do not) really come up on it.
     Returns the list preload_cuda calls are recorded in."""
     calls: list[str] = []
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
+    monkeypatch.setattr(ort_session.ort, "get_available_providers", lambda: [runtime.CUDA, runtime.CPU])
     monkeypatch.setattr(runtime, "cuda_active", lambda session: loads)
     monkeypatch.setattr(runtime, "preload_cuda", lambda: calls.append("preload"))
     return calls
@@ -118,19 +103,6 @@ def test_variant_overrides_on_cpu(tiny_bundle):
     assert (rt.graph_set, rt.variant) == ("gpu", "fp16")
     with pytest.raises(BundleError, match="no int8 graphs"):
         runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cpu", graph_set="gpu", variant="int8"))
-
-
-def test_preload_cuda_is_guarded(monkeypatch):
-    """preload_dlls only where onnxruntime has it (onnxruntime-gpu >= 1.21), once per process."""
-    calls: list[int] = []
-    monkeypatch.setattr(runtime, "_preloaded", False)
-    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: calls.append(1), raising=False)
-    runtime.preload_cuda()
-    runtime.preload_cuda()
-    assert calls == [1]
-    monkeypatch.setattr(runtime, "_preloaded", False)
-    monkeypatch.delattr(runtime.ort, "preload_dlls")
-    runtime.preload_cuda()  # an onnxruntime without it: nothing to do, no error
 
 
 def test_nli_runs_as_encoder_then_head(tiny_bundle):
