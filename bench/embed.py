@@ -26,7 +26,6 @@ start-up and bundle load) and reports each round's ratio: neighbours in time sha
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -40,6 +39,7 @@ import numpy as np
 
 from bench.offline import CPU_BATCHING, ort_encoder, throughput
 from bench.report import run_and_report
+from disan.data import read_jsonl
 from disan.ort_session import cpu_cores
 from disan.runtime import load_offline
 
@@ -53,12 +53,10 @@ REPO = Path(__file__).resolve().parents[1]
 def distinct_sentences(data: Path) -> list[str]:
     seen: dict[str, None] = {}
     for rel, keys in SOURCES.items():
-        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                for key in keys:
-                    if isinstance(row.get(key), str) and row[key].strip():
-                        seen.setdefault(row[key].strip())
+        for row in read_jsonl(data / rel):
+            for key in keys:
+                if isinstance(row.get(key), str) and row[key].strip():
+                    seen.setdefault(row[key].strip())
     return list(seen)
 
 

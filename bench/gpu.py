@@ -34,7 +34,6 @@ Only 127.0.0.1 is contacted.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -52,6 +51,7 @@ import numpy as np
 from bench.gpu_report import markdown
 from bench.gpu_service import service
 from disan.batching import split_by_cells
+from disan.data import read_jsonl
 from disan.text import Vocab, tokenize
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -128,11 +128,9 @@ def snli_sentences(data: Path, count: int) -> list[str]:
     if not path.is_file():
         raise BenchError(f"{path}: staged data not found (use --data)")
     seen: dict[str, None] = {}
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            for key in ("sentence1", "sentence2"):
-                seen.setdefault(row[key])
+    for row in read_jsonl(path):
+        for key in ("sentence1", "sentence2"):
+            seen.setdefault(row[key])
             if len(seen) >= count:
                 break
     return list(seen)[:count]

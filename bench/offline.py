@@ -16,8 +16,6 @@ limit. Results are ratios to MiniLM measured in the same run.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import platform
 import time
@@ -28,6 +26,7 @@ import numpy as np
 
 from bench.report import run_and_report
 from disan.batching import split_by_cells
+from disan.data import read_jsonl
 from disan.manifest import load_manifest
 from disan.ort_session import CPU
 from disan.recipes import BENCH_SENTENCE_FILES
@@ -48,12 +47,10 @@ def load_sentences(data: Path, per_bucket: int, seed: int = 0) -> dict[str, list
         path = data / rel
         if not path.is_file():
             raise ValueError(f"{path}: staged data not found (use --data)")
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                for key in ("sentence1", "sentence2", "text"):
-                    if key in row:
-                        seen.setdefault(row[key], len(tokenize(row[key])))
+        for row in read_jsonl(path):
+            for key in ("sentence1", "sentence2", "text"):
+                if key in row:
+                    seen.setdefault(row[key], len(tokenize(row[key])))
     rng = np.random.default_rng(seed)
     out = {}
     for lo, hi in BUCKETS:

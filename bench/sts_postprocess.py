@@ -11,13 +11,13 @@ cosine Spearman of `disan eval --sts` on STS-B dev and SICK dev.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 
 from disan import Encoder
+from disan.data import read_jsonl
 from disan.sts import STS_SETS, cosine_spearman, read_pairs, train_pairs
 
 MNLI_PREMISES = 5000
@@ -27,11 +27,7 @@ def reference_sentences(data: Path) -> list[str]:
     """Training sentences only: the labelled STS train pairs and MultiNLI dev premises."""
     left, right, _ = train_pairs(data)
     ref = sorted(set(left + right))
-    with gzip.open(data / "mnli/dev_matched.jsonl.gz", "rt", encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            if i >= MNLI_PREMISES:
-                break
-            ref.append(json.loads(line)["sentence1"])
+    ref += [row["sentence1"] for row in read_jsonl(data / "mnli/dev_matched.jsonl.gz")[:MNLI_PREMISES]]
     return ref
 
 

@@ -34,7 +34,6 @@ vector keeps each part's content, not topical coherence.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import platform
 import resource
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import run_and_report
+from disan.data import read_jsonl
 from disan.runtime import Runtime, load_offline
 from disan.text import tokenize
 from disan.windowing import pool_windows, split_windows
@@ -123,11 +123,9 @@ def load_documents(data: Path, seed: int) -> list[list[tuple[str, str]]]:
     docs = []
     for rel in SOURCES:
         premises: dict[str, str] = {}
-        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                if row["gold_label"] == "entailment":
-                    premises.setdefault(row["sentence1"], row["sentence2"])
+        for row in read_jsonl(data / rel):
+            if row["gold_label"] == "entailment":
+                premises.setdefault(row["sentence1"], row["sentence2"])
         items = list(premises.items())
         at = 0
         while at < len(items):
@@ -198,8 +196,7 @@ def ranks(x: np.ndarray) -> np.ndarray:
 def sts(runtime: Runtime, data: Path, longer_than: int = 24) -> list[dict]:
     pairs = []
     for rel in ("stsb/train.jsonl.gz", "stsb/dev.jsonl.gz"):
-        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
-            pairs += [json.loads(line) for line in fh]
+        pairs += read_jsonl(data / rel)
     a = [runtime.vocab.ids(tokenize(p["sentence1"])) for p in pairs]
     b = [runtime.vocab.ids(tokenize(p["sentence2"])) for p in pairs]
     keep = [i for i in range(len(pairs)) if max(len(a[i]), len(b[i])) > longer_than]

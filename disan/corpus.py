@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.corpus_sources import SOURCES, Source, fetch_debian
-from disan.data import holdout_split, read_examples
+from disan.data import holdout_split, read_examples, read_jsonl
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.text import tokenize
 
@@ -72,12 +72,8 @@ def eval_keys(data: Path) -> set[str]:
         path = data / rel
         if not path.is_file():
             raise FileNotFoundError(f"{path}: evaluation file missing, so the exclusion would be incomplete")
-        import gzip  # local: only this reader needs it
-
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                keys.update(key(row[f]) for f in fields)
+        for row in read_jsonl(path):
+            keys.update(key(row[f]) for f in fields)
     _, dev = read_examples(data / RECIPES["nli"]["holdout_from"])
     _, held = holdout_split(dev, HOLDOUT_SIZE, HOLDOUT_SEED)
     keys.update(" ".join(t) for ex in held for t in ex.texts)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from disan.data import read_jsonl
+
 
 @dataclass(frozen=True)
 class Source:
@@ -172,11 +174,9 @@ def detokenize(text: str) -> str:
 
 def _jsonl(rel: str, *fields: str, ptb: bool = False) -> Callable[[Path], Iterator[str]]:
     def read(data: Path) -> Iterator[str]:
-        with gzip.open(data / rel, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line)
-                for field in fields:
-                    yield detokenize(row[field]) if ptb else row[field]
+        for row in read_jsonl(data / rel):
+            for field in fields:
+                yield detokenize(row[field]) if ptb else row[field]
     return read
 
 

@@ -63,6 +63,12 @@ def open_text(path: Path, errors: str = "strict") -> io.TextIOBase:
     return path.open("r", encoding="utf-8", errors=errors)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file, plain or gzip (one JSON object per non-blank line)."""
+    with open_text(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, stripped line) for non-blank lines; errors name the file."""
     try:

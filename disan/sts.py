@@ -7,12 +7,12 @@ The runner that compares the bundle, students and baselines is `disan/sts_run.py
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from disan.data import read_jsonl
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -35,8 +35,7 @@ def read_pairs(data: Path, name: str) -> tuple[list[str], list[str], np.ndarray]
     path = data / rel
     if not path.is_file():
         raise ValueError(f"{path}: STS data not found (point --data at the staged data directory)")
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+    rows = read_jsonl(path)
     return [r[a] for r in rows], [r[b] for r in rows], np.array([float(r[score]) for r in rows])
 
 

@@ -15,7 +15,6 @@ MPNet (all-mpnet-base-v2, `--baselines glove,minilm,mpnet`).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from disan.data import holdout_split, read_examples
+from disan.data import holdout_split, read_examples, read_jsonl
 from disan.embeddings import load_glove_package
 from disan.encoder import Encoder as TextEncoder
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
@@ -47,8 +46,7 @@ Encoder = Callable[[list[str]], np.ndarray]
 def _read(path: Path) -> list[dict]:
     if not path.is_file():
         raise ValueError(f"{path}: transfer data not found (point --data at the staged data directory)")
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(path)
 
 
 def disan_encoder(bundle: Path) -> Encoder:

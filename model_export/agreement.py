@@ -7,13 +7,12 @@ variant is usable at all.
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from disan.data import read_jsonl
 from disan.manifest import GRAPHS, routes, variant_files
 from disan.recipes import DEV_FILES
 from disan.text import Vocab
@@ -23,13 +22,6 @@ NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check (its ro
 # A reduced-precision variant that misses these is broken (an overflow, a wrong op), not just
 # imprecise: the set's default variant must meet them for `verify` to pass.
 VARIANT_BARS = {"label_agreement": 0.95, "min_cosine": 0.99}
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a .jsonl or .jsonl.gz file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 1) -> dict[str, Any]:
