@@ -33,6 +33,7 @@ from disan.embeddings import load_glove_package
 from disan.encoder import Encoder as TextEncoder
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.runtime import load_offline
+from disan.sts_run import checkpoint_encoder
 from disan.text import tokenize
 
 matplotlib.use("Agg")  # the chart is written to a PNG, never shown
@@ -180,9 +181,12 @@ def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
 
 
 def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Evaluate the bundle and the baselines; write table (.md), scores (.json) and chart (.png)."""
+    """Evaluate the bundle (or --checkpoint students before export) and the baselines; write
+    table (.md), scores (.json) and chart (.png)."""
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
-    encoders: dict[str, Callable[[], Encoder]] = {"DiSAN (this bundle)": lambda: disan_encoder(args.bundle)}
+    encoders: dict[str, Callable[[], Encoder]] = (
+        {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
+        if args.checkpoint else {"DiSAN (this bundle)": lambda: disan_encoder(args.bundle)})
     baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
                  "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
                  "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}

@@ -60,3 +60,29 @@ def test_protocol_scores_a_separable_encoder_high(senteval: Path, tmp_path: Path
     assert table.count("\n") == 3 and "| bow |" in table
     bar_chart({"bow": scores, "noise": noise}, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 1000
+
+
+def test_transfer_of_a_checkpoint_scores_its_vectors(senteval: Path, tmp_path: Path, monkeypatch) -> None:
+    """`disan eval --transfer --checkpoint`: a student before export, not the bundle."""
+    import argparse
+
+    torch = pytest.importorskip("torch")
+    from disan import transfer
+    from disan.checkpoint import save_checkpoint
+    from disan.model import DiSANConfig, DiSANEncoder
+    from disan.text import Vocab
+
+    vocab = Vocab(WORDS)
+    torch.manual_seed(0)
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=len(vocab), embed_dim=8, d_h=4, task="encoder"))
+    save_checkpoint(tmp_path / "student.pt", encoder, vocab, [])
+
+    def no_bundle(_bundle):
+        raise AssertionError("the bundle was loaded")
+    monkeypatch.setattr(transfer, "disan_encoder", no_bundle)
+    args = argparse.Namespace(data=senteval, bundle=Path("unused"), checkpoint=[tmp_path / "student.pt"],
+                              baselines="", out_dir=tmp_path / "out")
+    results = transfer.run_transfer(args)
+    assert list(results) == [f"DiSAN checkpoint ({tmp_path / 'student.pt'})"]
+    assert set(results[list(results)[0]]) >= {"MR", "TREC", "SICK-E"}
+    assert (tmp_path / "out" / "transfer.json").is_file()
