@@ -33,9 +33,10 @@ from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.sts import sts_scores
-from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs
+from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
 from disan.supervision import batch_tensors as _batch
 from disan.text import Vocab, tokenize
+from disan.train import resolve_device
 
 
 def corpus_vocab(texts: list[list[str]], size: int, min_count: int = 2) -> Vocab:
@@ -75,8 +76,7 @@ def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.nd
     rows = [vocab.text_ids(t, MAX_TOKENS) or [0] for t in texts]
     out = np.zeros((len(rows), encoder.out_dim), dtype=np.float32)
     for b in sorted_batches([len(r) for r in rows], 256):
-        ids, mask = _batch(rows, b)
-        out[b] = encoder(ids, mask).numpy()
+        out[b] = encoder(*_batch(rows, b, device_of(encoder))).cpu().numpy()
     encoder.train(was)
     return out
 
@@ -95,8 +95,8 @@ def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
     student.eval()
     total = 0.0
     for b in sorted_batches([len(rows[i]) for i in idx], 256):
-        ids, mask = _batch(rows, idx[b])
-        total += F.cosine_similarity(student(ids, mask), target[idx[b]], dim=-1).sum().item()
+        pred = student(*_batch(rows, idx[b], device_of(student)))
+        total += F.cosine_similarity(pred, target[idx[b]].to(pred.device), dim=-1).sum().item()
     student.train()
     return total / len(idx)
 
@@ -130,7 +130,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
                           keep_prob=args.keep_prob, task="encoder",
                           proj_dim=teacher.shape[1] if args.serve_proj else 0)
     torch.manual_seed(args.seed)
-    student = Student(cfg, teacher.shape[1])
+    device = resolve_device(args.device)
+    # On its device before the optimizer exists: loaded optimizer state follows the parameters.
+    student = Student(cfg, teacher.shape[1]).to(device)
     optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
     step, best = 0, {"stsb": -1.0}
     if resume:
@@ -162,8 +164,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         train = np.arange(n_val, len(teacher))
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
         for b in length_batches([len(rows[i]) for i in train], args.batch_size, rng):
-            ids, mask = _batch(rows, train[b])
-            loss = distill_loss(student(ids, mask), target[train[b]], args.contrastive, args.temperature)
+            pred = student(*_batch(rows, train[b], device))
+            loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature)
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss

@@ -121,6 +121,7 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10**9)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--resume", action="store_true", help="continue from --out/last.pt")
+    parser.add_argument("--device", default="auto", help="auto (a GPU if PyTorch has one) | cpu | cuda[:N]")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,9 +28,15 @@ from disan.text import Vocab
 MAX_TOKENS = 64
 
 
-def batch_tensors(rows: list[list[int]], idx) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_tensors(rows: list[list[int]], idx,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ids and mask of rows[idx], on `device` (the model's)."""
     enc = Vocab.pad([rows[i] for i in idx])
-    return torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)
+    return torch.from_numpy(enc.ids).to(device), torch.from_numpy(enc.mask).to(device)
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
 
 
 class ScoredPairs:
@@ -45,12 +51,14 @@ class ScoredPairs:
     def loss(self, encoder: DiSANEncoder, rng: np.random.Generator, size: int,
              kind: str = "mse") -> torch.Tensor:
         idx = rng.integers(0, len(self.scores), size=max(size, 2))
-        cos = F.cosine_similarity(encoder(*batch_tensors(self.left, idx)),
-                                  encoder(*batch_tensors(self.right, idx)), dim=-1)
+        device = device_of(encoder)
+        cos = F.cosine_similarity(encoder(*batch_tensors(self.left, idx, device)),
+                                  encoder(*batch_tensors(self.right, idx, device)), dim=-1)
+        scores = self.scores[idx].to(device)
         if kind == "cosent":
-            return cosent_loss(cos, self.scores[idx])
+            return cosent_loss(cos, scores)
         if kind == "mse":
-            return F.mse_loss(cos, self.scores[idx])
+            return F.mse_loss(cos, scores)
         raise ValueError(f"pair loss must be one of {', '.join(PAIR_LOSSES)}, not {kind!r}")
 
 
@@ -95,8 +103,9 @@ class NLITriples:
         """Each premise must pick its own entailed hypothesis among the batch's entailed and
         contradicting hypotheses."""
         idx = rng.choice(len(self), size=min(max(size, 2), len(self)), replace=False)
-        a = F.normalize(encoder(*batch_tensors(self.anchor, idx)), dim=-1)
-        candidates = torch.cat([encoder(*batch_tensors(self.pos, idx)),
-                                encoder(*batch_tensors(self.neg, idx))])
+        device = device_of(encoder)
+        a = F.normalize(encoder(*batch_tensors(self.anchor, idx, device)), dim=-1)
+        candidates = torch.cat([encoder(*batch_tensors(self.pos, idx, device)),
+                                encoder(*batch_tensors(self.neg, idx, device))])
         logits = a @ F.normalize(candidates, dim=-1).T / temperature      # [B, 2B]
-        return F.cross_entropy(logits, torch.arange(len(idx)))
+        return F.cross_entropy(logits, torch.arange(len(idx), device=device))

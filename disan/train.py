@@ -79,6 +79,13 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     return torch.optim.Adadelta(groups, lr=cfg.lr)
 
 
+def resolve_device(choice: str) -> torch.device:
+    """auto: the first GPU where PyTorch has one, else the CPU; otherwise as given (cpu, cuda:1)."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
 def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, max_cells: int):
     """One optimizer step over batch `idx` (accumulated over pieces) -> (loss, correct)."""
     model.train()
@@ -105,8 +112,7 @@ class Trainer:
         self.train, self.dev, self.test, self.sizes = train, dev, test, sizes
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if cfg.device == "auto" else cfg.device))
+        self.device = resolve_device(cfg.device)
         self.model.to(self.device)
         self.optimizer = make_optimizer(model, cfg)
         self.state = {"step": 0, "epoch": 0, "pos": 0, "best_dev": -1.0, "best_step": 0, "bad_evals": 0,

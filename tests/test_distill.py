@@ -22,7 +22,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
                 serve_proj=True, contrastive=0.1, pairs_weight=0.0, temperature=0.05, lr=1e-2, seed=0,
                 init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"),
-                pair_loss="mse", nli_weight=0.0, init_from=None)
+                pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu")
     return argparse.Namespace(**{**base, **over})
 
 

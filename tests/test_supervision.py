@@ -35,8 +35,8 @@ def test_unknown_pair_loss_is_named() -> None:
     pairs = supervision.ScoredPairs.__new__(supervision.ScoredPairs)
     pairs.left = pairs.right = [[2], [2]]
     pairs.scores = torch.tensor([0.1, 0.9])
-    encoder = torch.nn.Module()
-    encoder.forward = lambda ids, mask: torch.ones(len(ids), 3)
+    encoder = torch.nn.Embedding(3, 4)
+    encoder.forward = lambda ids, mask: torch.nn.functional.embedding(ids, encoder.weight).mean(1)
     with pytest.raises(ValueError, match="mse, cosent"):
         pairs.loss(encoder, np.random.default_rng(0), 2, "hinge")
 

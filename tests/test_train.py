@@ -222,3 +222,15 @@ def test_collate_builds_ids_and_masks() -> None:
     assert p.shape == (2, 3) and h.shape == (2, 3)  # hypothesis 2 cut to max_len
     assert pm.tolist() == [[True] * 3, [True, False, False]] and y.tolist() == [1, 0]
     assert enc.lengths.tolist() == [3, 3]
+
+
+def test_resolve_device(monkeypatch) -> None:
+    """auto picks the GPU only where PyTorch has one; an explicit choice is kept."""
+    from disan.train import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
