@@ -11,6 +11,7 @@ student can train on it while the rest is still being encoded.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -130,6 +131,35 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
     return encode
 
 
+# Rows a derived corpus may append after the kept prefix (`disan teacher --derive`).
+APPEND_RULES = {"questions": lambda s: s.rstrip().endswith("?")}
+
+
+def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path) -> dict:
+    """A corpus of `src`'s first `keep` rows (their teacher vectors copied, so nothing is encoded
+    again) followed by the later rows that match `append` (e.g. questions, which the shuffled
+    prefix holds few of); `disan teacher --corpus OUT` then encodes only the appended rows. The
+    first rows, the students' validation slice, stay the same."""
+    sentences, info = read_corpus(src)
+    cache = TeacherCache.open(src / f"teacher-{teacher}", info["sha256"], teacher, len(sentences),
+                              TEACHERS[teacher][1])
+    if cache.done < keep:
+        raise ValueError(f"{src}: only {cache.done} rows have {teacher} vectors, fewer than --keep {keep}")
+    extra = [s for s in sentences[keep:] if APPEND_RULES[append](s)]
+    body = "".join(s + "\n" for s in sentences[:keep] + extra).encode("utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sentences.txt").write_bytes(body)
+    derived = {**info, "sentences": keep + len(extra), "sha256": hashlib.sha256(body).hexdigest(),
+               "derived_from": {"sha256": info["sha256"], "keep": keep, "append": append,
+                                "appended": len(extra)}}
+    (out / "corpus.json").write_text(json.dumps(derived, indent=1) + "\n", encoding="utf-8")
+    copy = TeacherCache.open(out / f"teacher-{teacher}", derived["sha256"], teacher, keep + len(extra),
+                             TEACHERS[teacher][1])
+    if copy.done == 0:
+        copy.write(0, np.asarray(cache.vectors()[:keep]))
+    return derived
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", type=Path, required=True, help="a `disan corpus` output folder")
     parser.add_argument("--teacher", choices=sorted(TEACHERS), default="mpnet")
@@ -141,9 +171,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where PyTorch has a GPU")
     parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--derive", type=Path, default=None, metavar="OUT",
+                        help="write a corpus of --keep rows of --corpus plus the later rows of --append")
+    parser.add_argument("--keep", type=int, default=0, help="--derive: rows kept, their vectors copied")
+    parser.add_argument("--append", choices=sorted(APPEND_RULES), default="questions")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.derive:
+        info = derive_corpus(args.corpus, args.teacher, args.keep, args.append, args.derive)
+        print(f"{info['sentences']} sentences ({info['derived_from']['appended']} appended "
+              f"{args.append}) -> {args.derive}; run `disan teacher --corpus {args.derive}` next")
+        return 0
     sentences, info = read_corpus(args.corpus)
     out = args.out or args.corpus / f"teacher-{args.teacher}"
     cache = TeacherCache.open(out, info["sha256"], args.teacher, len(sentences), TEACHERS[args.teacher][1])

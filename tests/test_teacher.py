@@ -83,3 +83,41 @@ def test_cpu_autocast_only_where_bf16_is_native(monkeypatch, has_bf16, precision
     teacher.sentence_transformer_encoder("minilm", **kwargs)(["a b c"])
     assert model.autocast == [want]
     assert teacher.native_bf16("cuda:0")
+
+
+def _corpus_folder(folder: Path, sentences: list[str]) -> None:
+    import hashlib
+    import json
+
+    body = "".join(s + "\n" for s in sentences).encode("utf-8")
+    folder.mkdir(parents=True)
+    (folder / "sentences.txt").write_bytes(body)
+    info = {"sha256": hashlib.sha256(body).hexdigest(), "sources": []}
+    (folder / "corpus.json").write_text(json.dumps(info))
+
+
+def test_derived_corpus_keeps_the_prefix_vectors_and_appends_questions(tmp_path: Path) -> None:
+    from disan.corpus import read_corpus
+    from disan.teacher import derive_corpus
+
+    sentences = ["a cat sat .", "why not ?", "dogs run .", "it rains .", "who is he ?", "no .", "how many ?"]
+    _corpus_folder(tmp_path / "src", sentences)
+    _, info = read_corpus(tmp_path / "src")
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((len(sentences), 384)).astype(np.float32)
+    src = TeacherCache.open(tmp_path / "src" / "teacher-minilm", info["sha256"], "minilm", len(vectors), 384)
+    src.write(0, vectors[:5])
+
+    with pytest.raises(ValueError, match="only 5 rows"):
+        derive_corpus(tmp_path / "src", "minilm", 6, "questions", tmp_path / "bad")
+    derived = derive_corpus(tmp_path / "src", "minilm", 4, "questions", tmp_path / "q")
+    got, _ = read_corpus(tmp_path / "q")  # its hash checks out
+    assert got == sentences[:4] + ["who is he ?", "how many ?"]
+    assert derived["derived_from"] == {"sha256": info["sha256"], "keep": 4, "append": "questions",
+                                       "appended": 2}
+    cache = TeacherCache.open(tmp_path / "q" / "teacher-minilm", derived["sha256"], "minilm", 6, 384)
+    assert cache.done == 4
+    np.testing.assert_array_equal(cache.vectors(), vectors[:4].astype(np.float16))
+    encoded: list[str] = []
+    encode_corpus(got, cache, lambda t: (encoded.extend(t), np.zeros((len(t), 384)))[1], log=lambda _m: None)
+    assert encoded == ["who is he ?", "how many ?"]  # only the appended rows reach the teacher
