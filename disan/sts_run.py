@@ -8,22 +8,19 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 from disan.sts import STS_SETS, Encoder, sts_scores
-
-
-def checkpoint_encoder(path: Path) -> Encoder:
-    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
-    from disan.distill import checkpoint_encoder as load  # torch (`train` extra)
-
-    return load(path)
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
     --out-dir."""
-    from disan.transfer import disan_encoder, minilm_encoder, mpnet_encoder  # scikit-learn (`train`)
+    from disan.transfer import (  # scikit-learn (`train` extra)
+        checkpoint_encoder,
+        disan_encoder,
+        minilm_encoder,
+        mpnet_encoder,
+    )
 
     encoders: dict[str, Callable[[], Encoder]] = (
         {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}

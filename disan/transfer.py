@@ -33,7 +33,6 @@ from disan.embeddings import load_glove_package
 from disan.encoder import Encoder as TextEncoder
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.runtime import load_offline
-from disan.sts_run import checkpoint_encoder
 from disan.text import tokenize
 
 matplotlib.use("Agg")  # the chart is written to a PNG, never shown
@@ -53,6 +52,13 @@ def _read(path: Path) -> list[dict]:
 def disan_encoder(bundle: Path) -> Encoder:
     """Texts -> the bundle's sentence embeddings (what POST /embed returns, unnormalised), on CPU."""
     return TextEncoder(runtime=load_offline(bundle)).encode
+
+
+def checkpoint_encoder(path: Path) -> Encoder:
+    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
+    from disan.distill import checkpoint_encoder as load  # torch (`train` extra)
+
+    return load(path)
 
 
 def glove_encoder() -> Encoder:
