@@ -131,8 +131,8 @@ def snli_sentences(data: Path, count: int) -> list[str]:
     for row in read_jsonl(path):
         for key in ("sentence1", "sentence2"):
             seen.setdefault(row[key])
-            if len(seen) >= count:
-                break
+        if len(seen) >= count:
+            break
     return list(seen)[:count]
 
 
