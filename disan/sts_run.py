@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
-from disan.sts import STS_SETS, Encoder, sts_scores
+from disan.sts import STS_SETS, sts_scores
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
     --out-dir."""
-    from disan.transfer import (  # scikit-learn (`train` extra)
-        checkpoint_encoder,
-        disan_encoder,
-        minilm_encoder,
-        mpnet_encoder,
-    )
+    from disan.transfer import encoders_under_test, minilm_encoder, mpnet_encoder  # scikit-learn (`train`)
 
-    encoders: dict[str, Callable[[], Encoder]] = (
-        {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
-        if args.checkpoint else {f"DiSAN ({args.bundle})": lambda: disan_encoder(args.bundle)})
+    encoders = encoders_under_test(args, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     for key in [b for b in args.sts_baselines.split(",") if b]:
         label, make = named[key]

@@ -61,6 +61,14 @@ def checkpoint_encoder(path: Path) -> Encoder:
     return load(path)
 
 
+def encoders_under_test(args: argparse.Namespace, bundle_label: str) -> dict[str, Callable[[], Encoder]]:
+    """Label -> encoder factory of what `disan eval --sts / --transfer` scores: each --checkpoint
+    student (before export), else the bundle."""
+    if args.checkpoint:
+        return {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
+    return {bundle_label: lambda: disan_encoder(args.bundle)}
+
+
 def glove_encoder() -> Encoder:
     """Mean of GloVe 6B 50d vectors of the known tokens (zeros if none)."""
     vectors = load_glove_package()
@@ -190,9 +198,7 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Evaluate the bundle (or --checkpoint students before export) and the baselines; write
     table (.md), scores (.json) and chart (.png)."""
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
-    encoders: dict[str, Callable[[], Encoder]] = (
-        {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
-        if args.checkpoint else {"DiSAN (this bundle)": lambda: disan_encoder(args.bundle)})
+    encoders = encoders_under_test(args, "DiSAN (this bundle)")
     baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
                  "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
                  "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
