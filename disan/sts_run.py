@@ -19,6 +19,8 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     encoders = encoders_under_test(args, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     for key in [b for b in args.sts_baselines.split(",") if b]:
+        if key not in named:
+            raise ValueError(f"unknown --sts-baselines entry {key!r} (choose from {', '.join(named)})")
         label, make = named[key]
         encoders[label] = make
     results = {label: sts_scores(make(), args.data) for label, make in encoders.items()}
