@@ -140,6 +140,10 @@ def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path) ->
     again) followed by the later rows that match `append` (e.g. questions, which the shuffled
     prefix holds few of); `disan teacher --corpus OUT` then encodes only the appended rows. The
     first rows, the students' validation slice, stay the same."""
+    if out.resolve() == src.resolve():
+        raise ValueError(f"--derive {out} is the source corpus itself; name a new folder")
+    if keep < 1:
+        raise ValueError(f"--keep {keep}: give how many cached rows to keep (at least 1)")
     sentences, info = read_corpus(src)
     cache = TeacherCache.open(src / f"teacher-{teacher}", info["sha256"], teacher, len(sentences),
                               TEACHERS[teacher][1])
@@ -173,7 +177,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--derive", type=Path, default=None, metavar="OUT",
                         help="write a corpus of --keep rows of --corpus plus the later rows of --append")
-    parser.add_argument("--keep", type=int, default=0, help="--derive: rows kept, their vectors copied")
+    parser.add_argument("--keep", type=int, default=0,
+                        help="--derive: cached rows kept (at least 1), their vectors copied")
     parser.add_argument("--append", choices=sorted(APPEND_RULES), default="questions")
 
 

@@ -121,3 +121,16 @@ def test_derived_corpus_keeps_the_prefix_vectors_and_appends_questions(tmp_path:
     encoded: list[str] = []
     encode_corpus(got, cache, lambda t: (encoded.extend(t), np.zeros((len(t), 384)))[1], log=lambda _m: None)
     assert encoded == ["who is he ?", "how many ?"]  # only the appended rows reach the teacher
+
+
+def test_derive_refuses_to_overwrite_its_source_or_keep_nothing(tmp_path: Path) -> None:
+    from disan.teacher import derive_corpus
+
+    sentences = ["a cat sat .", "who is he ?"]
+    _corpus_folder(tmp_path / "src", sentences)
+    before = (tmp_path / "src" / "sentences.txt").read_bytes()
+    with pytest.raises(ValueError, match="is the source corpus itself"):
+        derive_corpus(tmp_path / "src", "minilm", 1, "questions", tmp_path / "src")
+    with pytest.raises(ValueError, match="--keep 0: give how many cached rows to keep"):
+        derive_corpus(tmp_path / "src", "minilm", 0, "questions", tmp_path / "q")
+    assert (tmp_path / "src" / "sentences.txt").read_bytes() == before
