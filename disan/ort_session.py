@@ -20,7 +20,7 @@ from disan.optional import require
 
 ort = require("onnxruntime", "serve-cpu")
 
-log = logging.getLogger("disan.runtime")  # one logger name for the runtime, as before the split
+log = logging.getLogger("disan.runtime")  # the runtime's logger name, as before the split
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 

@@ -18,6 +18,7 @@ Which graph serves what follows the manifest's routes (`disan.manifest.routes`, 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,14 @@ from disan.ort_session import (  # RuntimeOptions is part of this module's API t
     RuntimeOptions,
     choose_graphs,
     cuda_active,
-    log,
     preload_cuda,
     requested_providers,
 )
 from disan.text import Vocab
 
 __all__ = ["ExplainFlags", "Runtime", "RuntimeOptions", "load_offline"]
+
+log = logging.getLogger("disan.runtime")
 
 class ExplainFlags:
     """Which graph serves which route, and which explanations the loaded graphs can give
