@@ -32,142 +32,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import disan.cli  # torch-free; each run is `disan train` in this process
-from disan.train_config import TrainConfig
-
-# Set by the runner itself, never by a spec.
-RUNNER_OWNED = {"out", "seed", "progress"}
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-@dataclass
-class Row:
-    name: str
-    train: dict
-    paper: float | None = None
-    label: str = ""
-    stage: int = 1
-
-
-@dataclass
-class Spec:
-    name: str
-    seeds: list[int]
-    rows: list[Row]
-    path: Path
-    note: str = ""
-    train: dict = field(default_factory=dict)
-
-    @property
-    def results_path(self) -> Path:
-        return self.path.parent / "results" / f"{self.name}.jsonl"
-
-
-def train_fields() -> set[str]:
-    """TrainConfig's field names: what a spec may set."""
-    return set(TrainConfig.__dataclass_fields__)
-
-
-def load_spec(path: str | Path, fields: set[str] | None = None) -> Spec:
-    """Parse and check a grid spec; every problem is a one-line ValueError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such grid spec")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML ({exc})") from None
-    unknown = set(raw) - {"name", "seeds", "train", "rows", "note"}
-    if unknown:
-        raise ValueError(f"{path}: unknown top-level keys {sorted(unknown)}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ValueError(f"{path}: 'name' must be a plain name (letters, digits, _ . -)")
-    seeds = raw.get("seeds")
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)
-            and len(set(seeds)) == len(seeds)):
-        raise ValueError(f"{path}: 'seeds' must be a non-empty list of distinct integers")
-    base = raw.get("train", {})
-    rows = []
-    for i, r in enumerate(raw.get("rows", [])):
-        rname = r.get("name")
-        if not isinstance(rname, str) or not NAME_RE.match(rname):
-            raise ValueError(f"{path}: rows[{i}] needs a plain 'name' (letters, digits, _ . -)")
-        extra = set(r) - {"name", "train", "paper", "label", "stage"}
-        if extra:
-            raise ValueError(f"{path}: row {rname!r}: unknown keys {sorted(extra)}")
-        if not isinstance(r.get("stage", 1), int):
-            raise ValueError(f"{path}: row {rname!r}: 'stage' must be an integer")
-        rows.append(Row(rname, dict(r.get("train", {})), r.get("paper"), r.get("label", rname),
-                        r.get("stage", 1)))
-    if not rows:
-        raise ValueError(f"{path}: no [[rows]]")
-    if len({r.name for r in rows}) != len(rows):
-        raise ValueError(f"{path}: row names must be unique")
-    for where, opts in [("[train]", base)] + [(f"row {r.name!r}", r.train) for r in rows]:
-        owned = RUNNER_OWNED & set(opts)
-        if owned:
-            raise ValueError(f"{path}: {where}: {sorted(owned)} are set by the runner, not the spec")
-        if fields is not None and set(opts) - fields:
-            raise ValueError(f"{path}: {where}: not TrainConfig fields: {sorted(set(opts) - fields)}")
-    return Spec(name, seeds, rows, path, raw.get("note", ""), dict(base))
-
-
-def row_options(spec: Spec, row: Row) -> dict:
-    """The row's `disan train` options: the spec's [train] updated by the row's own."""
-    return {**spec.train, **row.train}
-
-
-def row_key(spec: Spec, row: Row) -> str:
-    """Short hash of what a row trains with: results and run dirs of another config never mix."""
-    blob = json.dumps(row_options(spec, row), sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:8]
-
-
-def to_argv(options: dict) -> list[str]:
-    """TrainConfig-named options -> `disan train` flags (field x_y is flag --x-y)."""
-    argv: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, list):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def train_command(spec: Spec, row: Row) -> str:
-    """The bash loop of `disan train` commands of one row (what the table prints beside it)."""
-    argv = shlex.join(["disan", "train", *to_argv(row_options(spec, row))])
-    out = f"runs/{spec.name}/{row.name}/seed$s"
-    return f"for s in {' '.join(map(str, spec.seeds))}; do {argv} --seed $s --out {out}; done"
-
-
-def read_results(path: Path) -> list[dict]:
-    """Rows of a results file; a torn last line (killed mid-write) is skipped, not fatal."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+from disan.experiment_spec import Row, Spec, load_spec, row_key, row_options, to_argv, train_fields
+from disan.experiment_table import read_results, table, write_table
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
@@ -350,88 +226,6 @@ def _lock(path: Path):
         fh.write(str(os.getpid()))
         fh.flush()
         yield
-
-
-def mean_std(values: list[float]) -> str:
-    """'m ± s' in percent (sample std), 'm' for one value."""
-    pct = [100 * v for v in values]
-    if len(pct) == 1:
-        return f"{pct[0]:.2f}"
-    return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
-
-
-def table(spec: Spec, results: list[dict]) -> str:
-    """Markdown: mean ± std of test and dev accuracy per row over its finished seeds, each row with
-    its own `disan train` flags (the shared ones are printed once above the table)."""
-    lines = [f"# {spec.name}", ""]
-    if spec.note:
-        lines += [spec.note.strip(), ""]
-    shared = shlex.join(["disan", "train", *to_argv(spec.train)])
-    lines += ["Accuracy in %, mean ± sample std over the finished seeds (test at the dev-selected "
-              f"checkpoint). Every cell: `{shared} ROW-FLAGS --seed S` for each seed S; the whole grid: "
-              f"`disan experiment {spec.path.as_posix()}` (resumable); full commands below.", "",
-              "| row | row flags | paper (test) | test acc | dev acc | seeds | steps (mean) "
-              "| train min (mean) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    commands = []
-    for row in spec.rows:
-        key = row_key(spec, row)
-        mine = [r for r in results if r["row"] == row.name and r.get("key") == key]
-        paper = f"{row.paper:.2f}" if row.paper is not None else "-"
-        flags = f"`{shlex.join(to_argv(row.train))}`" if row.train else "(none)"
-        head = f"| {row.label} | {flags} | {paper} |"
-        if not mine:
-            lines.append(f"{head} not yet measured | not yet measured | 0/{len(spec.seeds)} | - | - |")
-        else:
-            seeds = sorted(r["seed"] for r in mine)
-            steps = statistics.mean(r["steps"] for r in mine)
-            minutes = statistics.mean(r["train_s"] for r in mine) / 60
-            lines.append(f"{head} {mean_std([r['test_acc'] for r in mine])} | "
-                         f"{mean_std([r['dev_acc'] for r in mine])} | {len(mine)}/{len(spec.seeds)} "
-                         f"({','.join(map(str, seeds))}) | {steps:.0f} | {minutes:.1f} |")
-        commands.append(f"- {row.label}: `{train_command(spec, row)}`")
-    return "\n".join(lines + ["", "Commands (one run per seed):", ""] + commands) + "\n"
-
-
-def plot(spec: Spec, results: list[dict], path: Path) -> bool:
-    """Dev accuracy over training steps, one line per run, one colour per row -> PNG."""
-    try:
-        import matplotlib  # optional: no plot without it
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after choosing the backend
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, row in enumerate(spec.rows):
-        key = row_key(spec, row)
-        mine = [r for r in results if r["row"] == row.name and r.get("key") == key and r.get("curve")]
-        for j, r in enumerate(mine):
-            steps, _, acc = zip(*r["curve"], strict=True)
-            ax.plot(steps, [100 * a for a in acc], color=f"C{i % 10}", alpha=0.8,
-                    label=row.label if j == 0 else None)
-    if not ax.lines:
-        plt.close(fig)
-        return False
-    ax.set_xlabel("training step")
-    ax.set_ylabel("dev accuracy (%)")
-    ax.set_title(f"{spec.name}: dev accuracy over training (one line per seed)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
-
-
-def write_table(spec: Spec, results_path: Path) -> tuple[Path, Path | None]:
-    """results/<name>.md (the table) and <name>_dev_curves.png beside the results file."""
-    results = read_results(results_path)
-    md = results_path.with_suffix(".md")
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(table(spec, results), encoding="utf-8")
-    png = results_path.with_name(f"{spec.name}_dev_curves.png")
-    return md, (png if plot(spec, results, png) else None)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

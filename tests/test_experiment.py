@@ -12,9 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared CPU
 
+from conftest import GRID_ROWS, write_grid_spec  # noqa: E402
+
 import disan.cli  # noqa: E402
 import disan.train  # noqa: E402
 from disan import experiment as X  # noqa: E402
+from disan import experiment_spec as S  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 POS = "good great fine wonderful funny moving".split()
@@ -40,43 +43,13 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def write_spec(path: Path, data: Path, rows: str, seeds=(1, 2)) -> Path:
-    path.write_text(f"""
-name = "tiny"
-seeds = {list(seeds)}
-[train]
-task = "sentiment"
-train = ["{data}/train.jsonl"]
-dev = "{data}/dev.jsonl"
-test = "{data}/test.jsonl"
-glove = "{data}/glove.txt"
-glove_extra = 3
-d_h = 8
-batch_size = 16
-epochs = 2
-eval_every = 2
-threads = 1
-{rows}""")
-    return path
-
-
-ROWS = """
-[[rows]]
-name = "disan"
-paper = 51.72
-[[rows]]
-name = "diag"
-train = { mask_kind = "diag" }
-"""
-
-
 def runner(spec_path: Path, data: Path, tmp_path: Path) -> X.Runner:
-    spec = X.load_spec(spec_path, X.train_fields())
+    spec = S.load_spec(spec_path, S.train_fields())
     return X.Runner(spec, tmp_path / "runs", data, log=io.StringIO())
 
 
 def test_grid_runs_every_pair_seed_major_then_skips_finished_runs(data, tmp_path, monkeypatch) -> None:
-    r = runner(write_spec(tmp_path / "grid.toml", data, ROWS), data, tmp_path)
+    r = runner(write_grid_spec(tmp_path / "grid.toml", data, GRID_ROWS), data, tmp_path)
     assert r.run() == 0
     rows = X.read_results(r.results_path)
     assert r.results_path == tmp_path / "results" / "tiny.jsonl"
@@ -106,7 +79,7 @@ def test_grid_runs_every_pair_seed_major_then_skips_finished_runs(data, tmp_path
 def test_interrupted_run_resumes_from_last_pt_exactly(data, tmp_path, monkeypatch) -> None:
     """Rows `a` and `b` train the same config; `a` is interrupted mid-run and resumed: same result."""
     rows = '[[rows]]\nname = "a"\n[[rows]]\nname = "b"\n'
-    spec = write_spec(tmp_path / "grid.toml", data, rows, seeds=(3,))
+    spec = write_grid_spec(tmp_path / "grid.toml", data, rows, seeds=(3,))
     calls, argvs = {"plots": 0}, []
     real_plot, real_main = disan.train.plot_curves, disan.cli.main
 
@@ -136,74 +109,11 @@ def test_interrupted_run_resumes_from_last_pt_exactly(data, tmp_path, monkeypatc
 
 
 def test_plan_runs_stage_by_stage_seed_major(tmp_path) -> None:
-    rows = ROWS + '[[rows]]\nname = "slow"\nstage = 2\ntrain = { attention_kind = "coda" }\n'
-    spec = X.load_spec(write_spec(tmp_path / "grid.toml", tmp_path, rows), X.train_fields())
+    rows = GRID_ROWS + '[[rows]]\nname = "slow"\nstage = 2\ntrain = { attention_kind = "coda" }\n'
+    spec = S.load_spec(write_grid_spec(tmp_path / "grid.toml", tmp_path, rows), S.train_fields())
     todo, done = X.Runner(spec, tmp_path / "runs", tmp_path).plan()
     assert done == 0 and [(r.name, s) for r, s in todo] == [
         ("disan", 1), ("diag", 1), ("disan", 2), ("diag", 2), ("slow", 1), ("slow", 2)]
-
-
-def test_table_shows_mean_std_per_row_and_what_is_missing(tmp_path) -> None:
-    spec = X.load_spec(write_spec(tmp_path / "grid.toml", tmp_path, ROWS, seeds=(1, 2, 3)))
-    key = X.row_key(spec, spec.rows[0])
-    results = [{"row": "disan", "seed": s, "key": key, "test_acc": t, "dev_acc": d, "steps": 100,
-                "train_s": 60.0, "curve": [[50, 30.0, d - 0.1], [100, 60.0, d]]}
-               for s, t, d in ((1, 0.5, 0.4), (2, 0.6, 0.5), (3, 0.7, 0.6))]
-    results.append({**results[0], "key": "stale", "test_acc": 0.99})  # another config: not counted
-    text = X.table(spec, results)
-    assert "| disan | (none) | 51.72 | 60.00 ± 10.00 | 50.00 ± 10.00 | 3/3 (1,2,3) | 100 | 1.0 |" in text
-    assert "| diag | `--mask-kind diag` | - | not yet measured | not yet measured | 0/3 | - | - |" in text
-    assert "--mask-kind diag --seed $s" in text
-    assert X.plot(spec, results, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 0
-    assert X.mean_std([0.5]) == "50.00"
-
-
-def test_cli_table_mode_writes_markdown(tmp_path, capsys) -> None:
-    spec = write_spec(tmp_path / "grid.toml", tmp_path, ROWS)
-    assert disan.cli.main(["experiment", str(spec), "--table"]) == 0
-    assert "not yet measured" in capsys.readouterr().out
-    assert (tmp_path / "results" / "tiny.md").read_text().startswith("# tiny")
-
-
-@pytest.mark.parametrize(("rows", "message"), [
-    ('[[rows]]\nname = "x"\ntrain = { no_such_option = 1 }\n', "not TrainConfig fields: ['no_such_option']"),
-    ('[[rows]]\nname = "x"\ntrain = { seed = 1 }\n', "set by the runner"),
-    ('[[rows]]\nname = "x/y"\n', "plain 'name'"),
-    ('[[rows]]\nname = "x"\n[[rows]]\nname = "x"\n', "unique"),
-    ("", "no [[rows]]"),
-])
-def test_bad_specs_give_a_one_line_error(tmp_path, capsys, rows: str, message: str) -> None:
-    spec = write_spec(tmp_path / "grid.toml", tmp_path, rows)
-    assert disan.cli.main(["experiment", str(spec), "--runs-dir", str(tmp_path / "runs")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and err.count("\n") == 0
-
-
-def test_shipped_ablation_rows_build_distinct_models() -> None:
-    """Every row of experiments/sst5_ablation.toml reaches the model as its own architecture."""
-    import numpy as np
-
-    spec = X.load_spec(REPO / "experiments" / "sst5_ablation.toml", X.train_fields())
-    ids = torch.randint(2, 30, (3, 6))
-    outputs, configs = {}, {}
-    for row in spec.rows:
-        opts = {k: v for k, v in X.row_options(spec, row).items()
-                if k in ("mask_kind", "attention_kind", "coda_gate", "s2t_kind", "encoder_kind")}
-        cfg = disan.train.TrainConfig(task="sentiment", out="unused", d_h=8, seed=0, **opts)
-        matrix = np.random.default_rng(0).normal(size=(30, 8)).astype(np.float32)
-        model = disan.train.new_model(cfg, 30, 8, 5, matrix, np.ones(30, dtype=bool)).eval()
-        configs[row.name] = model.cfg
-        for key, value in opts.items():
-            assert getattr(model.cfg, key) == value, (row.name, key)
-        with torch.no_grad():
-            outputs[row.name] = model(ids, ids != 0)
-    names = list(outputs)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            assert not torch.allclose(outputs[a], outputs[b]), (a, b)
-    kinds = {(c.mask_kind, c.attention_kind, c.coda_gate, c.s2t_kind, c.encoder_kind)
-             for c in configs.values()}
-    assert len(kinds) == len(names) == 8
 
 
 @pytest.mark.parametrize("spec_path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
@@ -214,7 +124,7 @@ def test_shipped_specs_are_valid_disan_train_commands(tmp_path, spec_path: Path)
 
     from disan import train_cli
 
-    spec = X.load_spec(spec_path, X.train_fields())
+    spec = S.load_spec(spec_path, S.train_fields())
     runner = X.Runner(spec, tmp_path / "runs", tmp_path, log=io.StringIO())
     keys = set()
     for row in spec.rows:
@@ -222,7 +132,7 @@ def test_shipped_specs_are_valid_disan_train_commands(tmp_path, spec_path: Path)
         train_cli.add_arguments(parser)
         args = parser.parse_args(runner.argv(row, spec.seeds[0]))
         cfg = train_cli.config_from_args(args)
-        for key, value in X.row_options(spec, row).items():
+        for key, value in S.row_options(spec, row).items():
             assert getattr(cfg, key) == value, (row.name, key)
-        keys.add(X.row_key(spec, row))
+        keys.add(S.row_key(spec, row))
     assert len(keys) == len(spec.rows)
