@@ -1,0 +1,162 @@
+"""How fast can the teacher (all-mpnet-base-v2) encode the corpus on this CPU, and at what fidelity?
+
+`disan teacher` runs the teacher in PyTorch (sentence-transformers). This compares, in one run on
+the same corpus sentences and threads, onnxruntime with the teacher exported to ONNX, in fp32 and
+with its weights quantised to int8 (onnxruntime's dynamic quantisation, as `model_export` does for
+DiSAN). Fidelity is the cosine of each sentence's vector to PyTorch fp32's (min and mean): a teacher
+that is faster but points elsewhere teaches the student something else.
+
+    python -m bench.teacher_backends --corpus runs/corpus --threads 2 [--sentences 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+
+from bench.report import run_and_report
+from disan.embeddings import _sentence_encoder
+from disan.teacher import TEACHERS, native_bf16
+
+# name -> quantize_dynamic keyword arguments (None: the fp32 graph as exported)
+VARIANTS: dict[str, dict | None] = {
+    "onnxruntime fp32": None,
+    # every MatMul, activations by activations included (attention scores): the default
+    "onnxruntime int8, all MatMuls": {},
+    # only MatMuls by a weight: attention's activation x activation products stay in fp32
+    "onnxruntime int8, weight MatMuls": {"extra_options": {"MatMulConstBOnly": True}},
+    "onnxruntime int8, weight MatMuls, per channel, reduced range": {
+        "extra_options": {"MatMulConstBOnly": True}, "per_channel": True, "reduce_range": True},
+}
+
+
+def corpus_sentences(corpus: Path, start: int, n: int) -> list[str]:
+    """`n` corpus rows from `start` (past the first rows, which students hold out)."""
+    with (corpus / "sentences.txt").open(encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in itertools.islice(f, start, start + n)]
+    return lines
+
+
+def export_teacher(model, path: Path, sample: list[str]) -> None:
+    """The transformer plus mean pooling and L2 normalisation (what the teacher's vector is)."""
+    import torch  # optional (`train` extra), as in disan.teacher
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, transformer: torch.nn.Module) -> None:
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.transformer(input_ids=ids, attention_mask=mask).last_hidden_state  # [B,n,768]
+            weight = mask.unsqueeze(-1).to(hidden.dtype)                                   # [B,n,1]
+            mean = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1e-9)                # [B,768]
+            return torch.nn.functional.normalize(mean, dim=-1)
+
+    batch = model.tokenizer(sample, padding=True, return_tensors="pt")
+    dynamic = {"ids": {0: "batch", 1: "tokens"}, "mask": {0: "batch", 1: "tokens"}}
+    # the TorchScript exporter: HF's MPNet attention traces there without a dynamic-shape spec
+    torch.onnx.export(Pooled(model[0].auto_model.eval()), (batch["input_ids"], batch["attention_mask"]),
+                      str(path), input_names=["ids", "mask"], output_names=["vector"],
+                      dynamic_axes=dynamic, opset_version=17, dynamo=False)
+
+
+def ort_encode(path: Path, tokenizer, sentences: list[str], threads: int, batch_size: int) -> np.ndarray:
+    """Vectors in input order, length-sorted batches as sentence-transformers makes them."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    out = np.zeros((len(sentences), session.get_outputs()[0].shape[-1] or 768), dtype=np.float32)
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        batch = tokenizer([sentences[j] for j in idx], padding=True, truncation=True, return_tensors="np")
+        out[idx] = session.run(None, {"ids": batch["input_ids"].astype(np.int64),
+                                      "mask": batch["attention_mask"].astype(np.int64)})[0]
+    return out
+
+
+def timed(fn, repeats: int):
+    """(result, best seconds) over `repeats` calls."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch  # optional (`train` extra), as in disan.teacher
+
+    torch.set_num_threads(args.threads)
+    sentences = corpus_sentences(args.corpus, args.start, args.sentences)
+    model = _sentence_encoder(TEACHERS["mpnet"][0], "cpu")
+
+    def torch_fp32() -> np.ndarray:
+        with torch.inference_mode():
+            return model.encode(sentences, batch_size=args.batch_size, normalize_embeddings=True,
+                                convert_to_numpy=True, show_progress_bar=False)
+
+    reference, seconds = timed(torch_fp32, args.repeats)
+    rows = [{"backend": "PyTorch fp32 (disan teacher)", "sentences_per_s": len(sentences) / seconds,
+             "cos_min": 1.0, "cos_mean": 1.0}]
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "mpnet.onnx"
+        export_teacher(model, plain, sentences[:4])
+        pre = Path(tmp) / "mpnet-pre.onnx"
+        logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice to pre-process, done
+        quant_pre_process(str(plain), str(pre), skip_symbolic_shape=True)
+        for name, quant in VARIANTS.items():
+            path = plain
+            if quant is not None:
+                path = Path(tmp) / f"mpnet-{len(rows)}.onnx"
+                quantize_dynamic(str(pre), str(path), weight_type=QuantType.QInt8,
+                                 op_types_to_quantize=["MatMul"], **quant)
+            vectors, seconds = timed(lambda p=path: ort_encode(p, model.tokenizer, sentences, args.threads,
+                                                               args.batch_size), args.repeats)
+            cos = (vectors * reference).sum(axis=1)
+            rows.append({"backend": name, "sentences_per_s": len(sentences) / seconds,
+                         "cos_min": float(cos.min()), "cos_mean": float(cos.mean())})
+    return {"machine": platform.processor() or platform.machine(), "cpu_flags_bf16": native_bf16("cpu"),
+            "threads": args.threads, "sentences": len(sentences), "start_row": args.start,
+            "batch_size": args.batch_size, "repeats": args.repeats, "rows": rows}
+
+
+def markdown(results: dict) -> str:
+    base = results["rows"][0]["sentences_per_s"]
+    lines = [f"{results['sentences']} corpus sentences, {results['threads']} threads, batch "
+             f"{results['batch_size']}, best of {results['repeats']}; "
+             f"native bf16: {results['cpu_flags_bf16']}",
+             "", "| backend | sentences/s | x PyTorch fp32 | cosine to PyTorch fp32 (min / mean) |",
+             "| --- | ---: | ---: | --- |"]
+    for row in results["rows"]:
+        rate = row["sentences_per_s"]
+        lines.append(f"| {row['backend']} | {rate:.1f} | {rate / base:.2f} | "
+                     f"{row['cos_min']:.4f} / {row['cos_mean']:.4f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=Path("runs/corpus"))
+    parser.add_argument("--start", type=int, default=40_000, help="first corpus row used")
+    parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64, help="disan teacher's default")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=Path("bench/teacher_backends.json"))
+    return run_and_report(parser, run, markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
