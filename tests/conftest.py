@@ -195,3 +195,45 @@ paper = 51.72
 name = "diag"
 train = { mask_kind = "diag" }
 """
+
+
+# ---- exported tiny bundles (tests/test_export.py, test_verify.py, test_weights.py) ----
+@pytest.fixture
+def bundle_copy(tiny_bundle, tmp_path) -> Path:
+    """A private copy of the shared bundle, for tests that modify files."""
+    import shutil
+
+    return Path(shutil.copytree(tiny_bundle, tmp_path / "bundle"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_checkpoints):
+    """(nli_model, sentiment_model) rebuilt from the fixture checkpoints, eval mode."""
+    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch
+
+    nli, _, _ = model_from_checkpoint(load_checkpoint(tiny_checkpoints.nli))
+    sent, _, _ = model_from_checkpoint(load_checkpoint(tiny_checkpoints.sentiment))
+    return nli, sent
+
+
+def ort_session(path: Path):
+    import onnxruntime as ort  # the serve extra
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def padded_ids(rng, vocab_size: int, batch: int, n: int):
+    """ids/mask [batch, n]: row 0 full length, the others random lengths 1..n (PAD = 0)."""
+    import numpy as np
+
+    lengths = np.concatenate([[n], rng.integers(1, n + 1, batch - 1)])
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    return rng.integers(2, vocab_size, (batch, n)) * mask, mask
+
+
+def bundle_graph_files(manifest) -> dict[str, str]:
+    """file -> graph name, over every set and variant."""
+    from disan.manifest import variant_files
+
+    return {f: g for s, e in manifest["sets"].items() for v in e["variants"]
+            for g, f in variant_files(manifest, s, v).items()}

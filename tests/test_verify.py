@@ -1,0 +1,146 @@
+"""Bundle verification: parity checks that can fail, tampered or old bundles refused, the verify
+modes, variant agreement on labelled dev data, manifests rehashed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from disan.manifest import (
+    FORMAT_VERSION,
+    BundleError,
+    load_manifest,
+    sha256_file,
+    variant_files,
+    write_manifest,
+)
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.cli import main as cli_main  # noqa: E402
+from model_export.agreement import NLI  # noqa: E402
+from model_export.verify import check_parity, references_from_models, verify_bundle  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_parity_check_can_fail(tiny_bundle, tiny_checkpoints, tiny_models):
+    """The verifier must notice a graph that does not match its model."""
+    sent, _, _ = model_from_checkpoint(load_checkpoint(tiny_checkpoints.sentiment))
+    with torch.no_grad():
+        sent.out.linear.bias[0] += 0.5  # a different sentiment model (one class logit moved)
+    m = load_manifest(tiny_bundle)
+    refs = references_from_models(tiny_models[0], sent)
+    report = check_parity(tiny_bundle, m, refs, variant_files(m, "gpu", "fp32"))
+    assert report["encoder"]["passed"] and report[NLI]["passed"]
+    assert not report["sentiment"]["passed"] and report["sentiment"]["max_abs_diff"] > 1e-5
+
+
+def test_tampered_files_rejected(bundle_copy, capsys):
+    for name in ("nli_head.onnx", "weights.data"):
+        path = bundle_copy / name
+        original = path.read_bytes()
+        data = bytearray(original)
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        with pytest.raises(BundleError, match=f"{name}.*does not match the manifest"):
+            load_manifest(bundle_copy)
+        assert cli_main(["verify", str(bundle_copy)]) == 1
+        assert name in capsys.readouterr().out
+        path.write_bytes(original)
+
+
+def test_old_format_version_refused(bundle_copy):
+    manifest_path = bundle_copy / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 1
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(BundleError) as err:
+        load_manifest(bundle_copy)
+    message = str(err.value)
+    assert "version 1" in message and f"version {FORMAT_VERSION}" in message
+    assert "disan export" in message and "model_export.recover" in message  # says how to rebuild
+
+
+def test_verify_modes(bundle_copy, tiny_checkpoints, monkeypatch, tmp_path):
+    """With --checkpoints: parity against them; without: against the PyTorch models rebuilt
+    from the bundle's own weights, saying how to get the checkpoint check; without torch:
+    internal consistency."""
+    from model_export import verify
+
+    result = verify_bundle(bundle_copy, checkpoints=tiny_checkpoints.nli.parent, dev_limit=50)
+    assert result["passed"] and result["mode"] == "parity_vs_checkpoints"
+    result = verify_bundle(bundle_copy, dev_limit=50)
+    assert result["passed"] and result["mode"] == "parity_vs_bundle_weights", result
+    assert "--checkpoints PATH" in result["mode_reason"] and "nli.pt" in result["mode_reason"]
+    assert set(result["sets"]) == {"cpu", "gpu"} and result["sets"]["gpu"]["fp16"]["meets_bars"]
+    with pytest.raises(ValueError, match="no .pt file with sha256"):
+        verify_bundle(bundle_copy, checkpoints=tmp_path)
+    result = verify_bundle(bundle_copy, dev_limit=50,
+                           checkpoints=[tiny_checkpoints.nli, tiny_checkpoints.sentiment])
+    assert result["passed"] and result["mode"] == "parity_vs_checkpoints"
+
+    def no_torch(*_):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(verify, "references_from_bundle", no_torch)
+    result = verify_bundle(bundle_copy, dev_limit=50)
+    assert result["mode"] == "internal_consistency" and "--checkpoints PATH" in result["mode_reason"]
+    assert result["passed"], result
+    assert "cpu/encoder vs gpu/encoder" in result["consistency"]
+
+
+def test_verify_rebuilds_models_from_bundle_weights(tiny_bundle, tiny_models):
+    """The bundle's parameter-named weights give back exactly the exported models."""
+    from model_export.verify import models_from_bundle
+
+    rebuilt = models_from_bundle(tiny_bundle, load_manifest(tiny_bundle))
+    for got, want in zip(rebuilt, tiny_models, strict=True):
+        for key, value in want.state_dict().items():
+            if not key.endswith("trainable_rows"):
+                assert torch.equal(got.state_dict()[key], value), key
+
+
+def test_variant_accuracy_delta_on_labelled_dev_data(tiny_bundle, tmp_path):
+    """With --dev-data the manifest can state each variant's accuracy and its delta vs fp32."""
+    import gzip
+
+    from disan.text import Vocab
+    from model_export.agreement import agreement_data, variant_agreement
+
+    (tmp_path / "snli").mkdir()
+    (tmp_path / "sst").mkdir()
+    labels = ["entailment", "neutral", "contradiction"]
+    with gzip.open(tmp_path / "snli" / "dev.jsonl.gz", "wt") as fh:
+        for i in range(30):
+            row = {"sentence1": "a man is playing music", "sentence2": "the dog runs " * (i % 3 + 1),
+                   "gold_label": labels[i % 3]}
+            fh.write(json.dumps(row) + "\n")
+    with gzip.open(tmp_path / "sst" / "sst5_dev.jsonl.gz", "wt") as fh:
+        for i in range(25):
+            fh.write(json.dumps({"text": "a good movie " * (i % 4 + 1), "label": i % 5}) + "\n")
+    manifest = load_manifest(tiny_bundle)
+    vocab = Vocab.load(tiny_bundle / "vocab.json")
+    data = agreement_data(tmp_path, vocab, 100)
+    assert str(tmp_path) not in data["source"]  # named by the staged layout, not this machine
+    report = variant_agreement(tiny_bundle, manifest, "gpu", "fp16", data)
+    for name, n in ((NLI, 30), ("sentiment", 25)):
+        entry = report[name]
+        assert entry["n"] == n and 0.0 <= entry["accuracy_fp32"] <= 1.0
+        assert entry["accuracy_delta"] == pytest.approx(entry["accuracy"] - entry["accuracy_fp32"])
+    assert "accuracy_delta" not in report["encoder"]
+
+
+def test_write_manifest_rehashes(bundle_copy):
+    manifest = load_manifest(bundle_copy)
+    (bundle_copy / "vocab.json").write_text((bundle_copy / "vocab.json").read_text() + " ")
+    with pytest.raises(BundleError):
+        load_manifest(bundle_copy)
+    write_manifest(bundle_copy, manifest)
+    assert load_manifest(bundle_copy)["files"]["vocab.json"] == sha256_file(bundle_copy / "vocab.json")
+
+
