@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from disan.manifest import (
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")  # model_export reads graphs with onnx, runs them with onnxruntime
+pytest.importorskip("onnxruntime")
+
+from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.cli import main as cli_main  # noqa: E402
+from disan.manifest import (  # noqa: E402
     FORMAT_VERSION,
     BundleError,
     load_manifest,
@@ -15,13 +21,6 @@ from disan.manifest import (
     variant_files,
     write_manifest,
 )
-
-torch = pytest.importorskip("torch")
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from disan.cli import main as cli_main  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
 from model_export.verify import check_parity, references_from_models, verify_bundle  # noqa: E402
 
