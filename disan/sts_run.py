@@ -14,15 +14,16 @@ from disan.sts import STS_SETS, sts_scores
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
     --out-dir."""
-    from disan.transfer import encoders_under_test, minilm_encoder, mpnet_encoder  # scikit-learn (`train`)
+    from disan.transfer import (  # scikit-learn (`train`)
+        add_baselines,
+        encoders_under_test,
+        minilm_encoder,
+        mpnet_encoder,
+    )
 
     encoders = encoders_under_test(args, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
-    for key in [b for b in args.sts_baselines.split(",") if b]:
-        if key not in named:
-            raise ValueError(f"unknown --sts-baselines entry {key!r} (choose from {', '.join(named)})")
-        label, make = named[key]
-        encoders[label] = make
+    add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     results = {label: sts_scores(make(), args.data) for label, make in encoders.items()}
     lines = ["| cosine Spearman | " + " | ".join(STS_SETS) + " |", "| --- |" + " --- |" * len(STS_SETS)]
     lines += [f"| {label} | " + " | ".join(f"{s[n]:.4f}" for n in STS_SETS) + " |"

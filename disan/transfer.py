@@ -69,6 +69,17 @@ def encoders_under_test(args: argparse.Namespace, bundle_label: str) -> dict[str
     return {bundle_label: lambda: disan_encoder(args.bundle)}
 
 
+def add_baselines(encoders: dict[str, Callable[[], Encoder]], spec: str,
+                  named: dict[str, tuple[str, Callable[[], Encoder]]], flag: str) -> None:
+    """Add to `encoders` each baseline the comma list `spec` names (`named`: key -> label,
+    factory); an unknown key is a one-line error naming `flag` and the choices."""
+    for key in filter(None, spec.split(",")):
+        if key not in named:
+            raise ValueError(f"unknown {flag} entry {key!r} (choose from {', '.join(named)})")
+        label, make = named[key]
+        encoders[label] = make
+
+
 def glove_encoder() -> Encoder:
     """Mean of GloVe 6B 50d vectors of the known tokens (zeros if none)."""
     vectors = load_glove_package()
@@ -202,10 +213,7 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
                  "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
                  "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
-    for key in filter(None, args.baselines.split(",")):
-        if key not in baselines:
-            raise ValueError(f"unknown baseline {key!r} (choose from {sorted(baselines)})")
-        encoders[baselines[key][0]] = baselines[key][1]
+    add_baselines(encoders, args.baselines, baselines, "--baselines")
     results = {}
     data_root = args.data if (args.data / "sst").is_dir() else None
     for name, make in encoders.items():
