@@ -49,6 +49,7 @@ __all__ = ["ExplainFlags", "Runtime", "RuntimeOptions", "load_offline"]
 
 log = logging.getLogger("disan.runtime")
 
+
 class ExplainFlags:
     """Which graph serves which route, and which explanations the loaded graphs can give
     (`graphs`: the names of the loaded graphs; `manifest`: the bundle's)."""
