@@ -2,7 +2,7 @@
 
 Outputs in `out/`: best.pt (best dev accuracy; its `metrics` get the final test result), last.pt
 (+ optimizer and RNG state for --resume), vocab.json, metrics.jsonl (one JSON per evaluation),
-curves.png. Resuming replays the same batch order (it is a function of seed and epoch), so an
+curves.png. With --ema, dev and test see the weights' moving average, and best.pt holds it. Resuming replays the same batch order (it is a function of seed and epoch), so an
 interrupted run continues where it stopped.
 """
 
@@ -115,6 +115,10 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.model.to(self.device)
         self.optimizer = make_optimizer(model, cfg)
+        # The average is a copy of the model updated after each step; the optimizer trains the raw
+        # weights, which last.pt keeps (with the average's state) so a resumed run goes on exactly.
+        self.averaged = None if not cfg.ema else torch.optim.swa_utils.AveragedModel(
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema))
         self.state = {"step": 0, "epoch": 0, "pos": 0, "best_dev": -1.0, "best_step": 0, "bad_evals": 0,
                       "elapsed_s": 0.0}
         self.history: list[dict] = []
@@ -126,8 +130,15 @@ class Trainer:
             (self.out / "metrics.jsonl").write_text("")
         vocab.save(self.out / "vocab.json")
 
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        """The weights that dev and test see, and best.pt holds."""
+        return self.model if self.averaged is None else self.averaged.module
+
     def _restore(self, ckpt: dict) -> None:
         self.optimizer.load_state_dict(ckpt["optimizer_state"])
+        if self.averaged is not None:  # the run's own last.pt: its config says --ema, so it has one
+            self.averaged.load_state_dict(ckpt["ema_state"])
         self.state.update(ckpt["trainer_state"])
         torch.set_rng_state(ckpt["rng_state"])
         path = self.out / "metrics.jsonl"  # drop records written after the checkpoint
@@ -141,12 +152,15 @@ class Trainer:
         if full:
             extra.update(optimizer_state=self.optimizer.state_dict(), trainer_state=dict(self.state),
                          rng_state=torch.get_rng_state())
-        save_checkpoint(self.out / name, self.model, self.vocab, self.labels, **extra)
+            if self.averaged is not None:
+                extra["ema_state"] = self.averaged.state_dict()
+        model = self.model if full else self.eval_model
+        save_checkpoint(self.out / name, model, self.vocab, self.labels, **extra)
 
     def _evaluate_and_save(self, started: float) -> bool:
         """Dev eval, metrics record, best/last checkpoints. Returns True when patience ran out."""
         st = self.state
-        dev = evaluate(self.model, self.dev, self.device, len(self.labels), self.cfg.max_cells)
+        dev = evaluate(self.eval_model, self.dev, self.device, len(self.labels), self.cfg.max_cells)
         run = self._run
         st["elapsed_s"] = self._elapsed_base + time.monotonic() - started
         record = {"step": st["step"],
@@ -187,6 +201,8 @@ class Trainer:
             for idx in batches[st["pos"]:]:
                 loss, correct = train_step(self.model, self.optimizer, self.train, idx, self.device,
                                            cfg.max_cells)
+                if self.averaged is not None:
+                    self.averaged.update_parameters(self.model)
                 st["step"] += 1
                 st["pos"] += 1
                 self._run["loss"] += loss

@@ -234,3 +234,21 @@ def test_resolve_device(monkeypatch) -> None:
     assert resolve_device("auto") == torch.device("cuda")
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_ema_is_what_dev_selects_and_best_pt_holds_and_resume_keeps_it(files, tmp_path: Path) -> None:
+    common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
+              "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", "--ema", "0.5", *TINY[:-2]]
+    assert run_cli(*common, "--epochs", "1", "--out", tmp_path / "one") == 0
+    best, last = load_checkpoint(tmp_path / "one" / "best.pt"), load_checkpoint(tmp_path / "one" / "last.pt")
+    average = {k.removeprefix("module."): v for k, v in last["ema_state"].items() if k.startswith("module.")}
+    moved = [k for k, v in last["model_state"].items() if v.is_floating_point()
+             and not torch.equal(v, average[k])]
+    assert moved  # the average is not the raw weights ...
+    for key, value in best["model_state"].items():  # ... and the one evaluated epoch's best.pt is it
+        assert torch.equal(value, average[key]), key
+    assert run_cli(*common, "--epochs", "2", "--out", tmp_path / "straight") == 0
+    assert run_cli("--resume", tmp_path / "one" / "last.pt", "--epochs", "2", "--no-progress") == 0
+    a, b = load_checkpoint(tmp_path / "straight" / "last.pt"), load_checkpoint(tmp_path / "one" / "last.pt")
+    for key, value in a["ema_state"].items():
+        assert torch.equal(value, b["ema_state"][key]), key
