@@ -2,8 +2,9 @@
 
 Outputs in `out/`: best.pt (best dev accuracy; its `metrics` get the final test result), last.pt
 (+ optimizer and RNG state for --resume), vocab.json, metrics.jsonl (one JSON per evaluation),
-curves.png. With --ema, dev and test see the weights' moving average, and best.pt holds it. Resuming replays the same batch order (it is a function of seed and epoch), so an
-interrupted run continues where it stopped.
+curves.png. With --ema, dev and test see the weights' moving average, and best.pt holds it.
+Resuming replays the same batch order (it is a function of seed and epoch), so an interrupted run
+continues where it stopped.
 """
 
 from __future__ import annotations
