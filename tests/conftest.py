@@ -237,3 +237,31 @@ def bundle_graph_files(manifest) -> dict[str, str]:
 
     return {f: g for s, e in manifest["sets"].items() for v in e["variants"]
             for g, f in variant_files(manifest, s, v).items()}
+
+
+class FakeRunner:
+    """Records every batch; result of an item = its payload doubled (so order mistakes show)."""
+
+    def __init__(self, delay: float = 0.0, fail_when=None):
+        self.batches: list[list] = []
+        self.delay = delay
+        self.fail_when = fail_when
+        self.gate: threading.Event | None = None
+
+    def __call__(self, payloads: list) -> list:
+        if self.gate is not None:
+            self.gate.wait(5)
+        self.batches.append(list(payloads))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_when and self.fail_when(payloads):
+            raise RuntimeError("boom")
+        return [p * 2 for p in payloads]
+
+
+def make_batcher(runner, **kw):
+    """A MicroBatcher named "test" over `runner`; an item's length is its payload's length."""
+    from service.backend.batcher import MicroBatcher
+
+    kw.setdefault("length", lambda s: len(s))
+    return MicroBatcher("test", runner, **kw)
