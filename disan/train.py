@@ -80,6 +80,19 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
     return torch.optim.Adadelta(groups, lr=cfg.lr)
 
 
+def ema_with_warmup(decay: float):
+    """AveragedModel's update for a moving average whose decay grows to `decay` as TensorFlow's
+    ExponentialMovingAverage does when given the step count: min(decay, (1 + t) / (10 + t)).
+    A constant 0.999 from step one keeps 8% of the random start after one SST-5 epoch (2,489
+    steps); the paper's code could, at its 120,000 steps."""
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged) -> None:
+        t = int(num_averaged)
+        weight = 1.0 - min(decay, (1 + t) / (10 + t))
+        for avg, cur in zip(averaged, current, strict=True):
+            avg.lerp_(cur, weight)
+    return update
+
+
 def resolve_device(choice: str) -> torch.device:
     """auto: the first GPU where PyTorch has one, else the CPU; otherwise as given (cpu, cuda:1)."""
     if choice == "auto":
@@ -119,7 +132,7 @@ class Trainer:
         # The average is a copy of the model updated after each step; the optimizer trains the raw
         # weights, which last.pt keeps (with the average's state) so a resumed run goes on exactly.
         self.averaged = None if not cfg.ema else torch.optim.swa_utils.AveragedModel(
-            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema))
+            model, multi_avg_fn=ema_with_warmup(cfg.ema))
         self.state = {"step": 0, "epoch": 0, "pos": 0, "best_dev": -1.0, "best_step": 0, "bad_evals": 0,
                       "elapsed_s": 0.0}
         self.history: list[dict] = []

@@ -96,8 +96,8 @@ class TrainConfig:
     lr: float = flag(0.5, "learning rate (default: 0.5 adadelta, 1e-3 adam)", "optimisation",
                      type=float, cli_default=None)
     ema: float = flag(0.0, "evaluate, select and ship an exponential moving average of the weights "
-                      "with this decay (0 = off; the paper's code keeps one at 0.999 but evaluates "
-                      "the raw weights)", "optimisation", type=float)
+                      "with this decay, warmed up as TensorFlow's (0 = off; the paper's code keeps "
+                      "one at 0.999 but evaluates the raw weights)", "optimisation", type=float)
     batch_size: int = flag(64, "sentences (pairs) per optimizer step", "optimisation")
     epochs: int = flag(30, "epochs at most", "optimisation")
     eval_every: int = flag(500, "evaluate on dev every N steps (0 = per epoch)", "optimisation")

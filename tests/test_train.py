@@ -252,3 +252,15 @@ def test_ema_is_what_dev_selects_and_best_pt_holds_and_resume_keeps_it(files, tm
     a, b = load_checkpoint(tmp_path / "straight" / "last.pt"), load_checkpoint(tmp_path / "one" / "last.pt")
     for key, value in a["ema_state"].items():
         assert torch.equal(value, b["ema_state"][key]), key
+
+
+def test_ema_warms_up_like_tensorflow() -> None:
+    from disan.train import ema_with_warmup
+
+    update = ema_with_warmup(0.999)
+    avg, cur = [torch.zeros(2)], [torch.ones(2)]
+    update(avg, cur, 1)  # decay min(0.999, 2/11): the average moves most of the way at first
+    assert torch.allclose(avg[0], torch.full((2,), 9 / 11))
+    late = [torch.zeros(2)]
+    update(late, cur, 100_000)  # then the decay is the one asked for
+    assert torch.allclose(late[0], torch.full((2,), 0.001))
