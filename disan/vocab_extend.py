@@ -24,6 +24,7 @@ import torch
 
 from disan import embeddings as E
 from disan.checkpoint import load_checkpoint, save_checkpoint
+from disan.manifest import sha256_file
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text import UNK, Vocab
 
@@ -98,11 +99,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = DiSANConfig.from_dict(extended["config"])
     encoder = DiSANEncoder(cfg)
     encoder.load_state_dict(extended["model_state"])
-    # The optimizer's and the training wrapper's state (a last.pt's) no longer fit the new table.
+    # The optimizer's and the training wrapper's state (a last.pt's) no longer fit the new table;
+    # where the input came from moves under `vocab_extension`: this file was made, not recovered.
     dropped = ("format", "version", "model_state", "config", "vocab", "labels", "optimizer_state",
-               "student_state")
+               "student_state", "recovered_from")
     extra = {k: v for k, v in extended.items() if k not in dropped}
-    extra["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words"}
+    origin = {"file": args.checkpoint.name, "sha256": sha256_file(args.checkpoint)}
+    if payload.get("recovered_from"):
+        origin["recovered_from"] = payload["recovered_from"]
+    extra["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words", "from": origin}
     save_checkpoint(args.out, encoder, Vocab(extended["vocab"][2:]), [], **extra)
     print(f"{args.out}: {report['added']} words added, {report['unk_rows_filled']} UNK rows filled "
           f"(map fitted on {report['fit_words']} words, held-out cosine {report['fit_heldout_cosine']})")

@@ -228,8 +228,9 @@ def versions() -> dict[str, str]:
 def source_entry(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """How the manifest names a source checkpoint: file name and sha256, never a path."""
     entry: dict[str, Any] = {"file": Path(path).name, "sha256": sha256_file(path)}
-    if payload.get("recovered_from"):
-        entry["recovered_from"] = payload["recovered_from"]
+    for key in ("recovered_from", "vocab_extension"):  # provenance the checkpoint carries
+        if payload.get(key):
+            entry[key] = payload[key]
     return entry
 
 
