@@ -22,8 +22,6 @@ CHECKPOINT_VERSION = 1
 def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],
                     **extra: Any) -> None:
     """Write `model` (its config is `model.cfg`), vocab and labels plus `extra` fields atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
@@ -33,9 +31,17 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labe
         "labels": list(labels),
         **extra,
     }
+    write_checkpoint(path, payload)
+
+
+def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write a checkpoint dict as it is, atomically: a crash mid-write never leaves a truncated
+    checkpoint behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(payload, tmp)
-    tmp.replace(path)  # a crash mid-write never leaves a truncated checkpoint behind
+    tmp.replace(path)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

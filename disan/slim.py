@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from disan.checkpoint import load_checkpoint
+from disan.checkpoint import load_checkpoint, write_checkpoint
 
 # What a slim checkpoint keeps of the original; `student_state` and `optimizer_state` (resume
 # only) are what it drops.
@@ -31,19 +31,20 @@ KEPT = ("format", "version", "config", "vocab", "labels", "train_config", "step"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def _cast(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """The floating-point tensors in `dtype`, the others (ids, masks) as they are."""
+    return {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in tensors.items()}
+
+
 def slim_checkpoint(src: Path, dst: Path, dtype: str = "fp16") -> dict:
     """Write `src`'s slim copy to `dst` (atomically); returns both sizes in bytes."""
     if src.resolve() == dst.resolve():
         raise ValueError(f"{dst} is the checkpoint itself; name another file")
     payload = load_checkpoint(src)
-    cast = DTYPES[dtype]
-    state = {k: v.to(cast) if v.is_floating_point() else v for k, v in payload["model_state"].items()}
     slim = {k: payload[k] for k in KEPT if k in payload}
-    slim |= {"model_state": state, "slimmed_from": {"file": src.name, "dtype": dtype}}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_suffix(dst.suffix + ".tmp")
-    torch.save(slim, tmp)
-    tmp.replace(dst)
+    slim |= {"model_state": _cast(payload["model_state"], dtype),
+             "slimmed_from": {"file": src.name, "dtype": dtype}}
+    write_checkpoint(dst, slim)
     return {"bytes_in": src.stat().st_size, "bytes_out": dst.stat().st_size}
 
 
@@ -58,9 +59,7 @@ def slim_teacher(src: Path, dst: Path, dtype: str = "fp16") -> dict:
     if dst.exists():
         raise ValueError(f"{dst} exists; name a new folder")
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors"))
-    cast = DTYPES[dtype]
-    tensors = {k: (v.to(cast) if v.is_floating_point() else v).contiguous()
-               for k, v in load_file(weights).items()}
+    tensors = {k: v.contiguous() for k, v in _cast(load_file(weights), dtype).items()}
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     return {"bytes_in": weights.stat().st_size, "bytes_out": (dst / "model.safetensors").stat().st_size}
 

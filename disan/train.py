@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from disan.batching import length_batches, sorted_batches
-from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, write_checkpoint
 from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
@@ -258,8 +258,7 @@ class Trainer:
                            test_confusion=test["confusion"], test_loss=test["loss"])
         metrics.update(labels=self.labels, stop_reason=reason, sizes=self.sizes)
         best["metrics"] = metrics
-        torch.save(best, best_path.with_suffix(".pt.tmp"))
-        best_path.with_suffix(".pt.tmp").replace(best_path)
+        write_checkpoint(best_path, best)
         final = {"event": "final", "best_step": self.state["best_step"], **metrics}
         with (self.out / "metrics.jsonl").open("a") as fh:
             fh.write(json.dumps(final) + "\n")

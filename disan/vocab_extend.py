@@ -23,9 +23,8 @@ import numpy as np
 import torch
 
 from disan import embeddings as E
-from disan.checkpoint import load_checkpoint, save_checkpoint
+from disan.checkpoint import load_checkpoint, write_checkpoint
 from disan.manifest import sha256_file
-from disan.model import DiSANConfig, DiSANEncoder
 from disan.text import UNK, Vocab
 
 HELD_OUT = 0.1  # share of the known words the fit is scored on (then refitted on all)
@@ -61,7 +60,8 @@ def extend_vocab(payload: dict, candidates: list[str], source: str) -> tuple[dic
     static = np.asarray(static, dtype=np.float64)
     mapping, cosine = _fit(static[: len(known)], table[known].astype(np.float64))
     rows = np.hstack([static[len(known):], np.ones((len(new), 1))]) @ mapping
-    appended = [w for w in new if w not in set(words)]
+    present = set(words)
+    appended = [w for w in new if w not in present]
     words += appended
     index = {w: i for i, w in enumerate(words)}
     table = np.vstack([table, np.zeros((len(appended), table.shape[1]), dtype=table.dtype)])
@@ -96,19 +96,15 @@ def run(args: argparse.Namespace) -> int:
                          f"{' or '.join(E.STATIC_SOURCES)} (--init {source}); name one with --source")
     candidates = E.load_glove_package().words[: args.top]
     extended, report = extend_vocab(payload, candidates, source)
-    cfg = DiSANConfig.from_dict(extended["config"])
-    encoder = DiSANEncoder(cfg)
-    encoder.load_state_dict(extended["model_state"])
     # The optimizer's and the training wrapper's state (a last.pt's) no longer fit the new table;
     # where the input came from moves under `vocab_extension`: this file was made, not recovered.
-    dropped = ("format", "version", "model_state", "config", "vocab", "labels", "optimizer_state",
-               "student_state", "recovered_from")
-    extra = {k: v for k, v in extended.items() if k not in dropped}
+    dropped = ("optimizer_state", "student_state", "recovered_from")
+    out = {k: v for k, v in extended.items() if k not in dropped}
     origin = {"file": args.checkpoint.name, "sha256": sha256_file(args.checkpoint)}
     if payload.get("recovered_from"):
         origin["recovered_from"] = payload["recovered_from"]
-    extra["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words", "from": origin}
-    save_checkpoint(args.out, encoder, Vocab(extended["vocab"][2:]), [], **extra)
+    out["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words", "from": origin}
+    write_checkpoint(args.out, out)
     print(f"{args.out}: {report['added']} words added, {report['unk_rows_filled']} UNK rows filled "
           f"(map fitted on {report['fit_words']} words, held-out cosine {report['fit_heldout_cosine']})")
     return 0
