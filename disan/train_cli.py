@@ -53,6 +53,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError("no dev set: give --dev FILE or --holdout-from FILE")
     if not values.get("out"):
         raise ValueError("--out DIR is required")
+    if not 0.0 <= values.get("ema", 0.0) < 1.0:
+        raise ValueError(f"--ema {values['ema']}: give a decay in [0, 1) (0 turns the average off)")
     task_defaults = {**TASK_DEFAULTS[values["task"]], "lr": 1e-3 if values["optimizer"] == "adam" else 0.5}
     for key, default in task_defaults.items():
         if values[key] is None:

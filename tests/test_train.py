@@ -264,3 +264,14 @@ def test_ema_warms_up_like_tensorflow() -> None:
     late = [torch.zeros(2)]
     update(late, cur, 100_000)  # then the decay is the one asked for
     assert torch.allclose(late[0], torch.full((2,), 0.001))
+
+
+@pytest.mark.parametrize("decay", ["1", "-0.5"])
+def test_an_ema_decay_outside_0_1_is_a_one_line_error(files, tmp_path: Path, capsys,
+                                                       decay: str) -> None:
+    rc = run_cli("--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"],
+                 "--init", "random", "--ema", decay, "--out", tmp_path / "run", *TINY)
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--ema {float(decay)}" in err
+    assert not (tmp_path / "run").exists()  # refused before any training
