@@ -3,7 +3,9 @@
 
 Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch InfoNCE term
 (each student vector must pick its own teacher vector among the batch's), which keeps unrelated
-sentences apart, the property unsupervised STS rewards; and, with --pairs-weight / --nli-weight,
+sentences apart, the property unsupervised STS rewards; with --relational, the squared error
+between the student's and the teacher's cosines of every two sentences of the batch; and, with
+--pairs-weight / --nli-weight,
 the labelled signals of `disan.supervision`. The student's vector enters the teacher's
 space through a linear map: inside the encoder (--serve-proj: the served vector is the projected
 one) or beside it (the served vector is DiSAN's own 2*d_h vector).
@@ -59,12 +61,17 @@ class Student(torch.nn.Module):
         return served if self.map is None else self.map(served)
 
 
-def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float):
+def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float,
+                 relational: float = 0.0):
     pred_n, target_n = F.normalize(pred, dim=-1), F.normalize(target, dim=-1)
     loss = 1.0 - (pred_n * target_n).sum(-1).mean()
     if contrastive > 0:
         logits = pred_n @ target_n.T / temperature                      # [B,B]
         loss = loss + contrastive * F.cross_entropy(logits, torch.arange(len(pred), device=pred.device))
+    if relational > 0:
+        # The cosine between two sentences is what STS scores: match the student's batch of them to
+        # the teacher's, not only each vector to its own target.
+        loss = loss + relational * F.mse_loss(pred_n @ pred_n.T, target_n @ target_n.T)  # [B,B]
     return loss
 
 
@@ -165,7 +172,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
         for b in length_batches([len(rows[i]) for i in train], args.batch_size, rng):
             pred = student(*_batch(rows, train[b], device))
-            loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature)
+            loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature,
+                                args.relational)
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss

@@ -109,6 +109,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                         help="end the encoder in the projection to the teacher's space (served)")
     parser.add_argument("--contrastive", type=float, default=0.0, help="weight of the in-batch InfoNCE term")
     parser.add_argument("--temperature", type=float, default=0.05)
+    parser.add_argument("--relational", type=float, default=0.0,
+                        help="weight of the squared error between the student's and the teacher's "
+                             "in-batch cosine matrices")
     parser.add_argument("--pairs-weight", type=float, default=0.0,
                         help="weight of a cosine-vs-score loss on STS-B train and SICK train pairs")
     parser.add_argument("--pair-loss", choices=PAIR_LOSSES, default="mse",

@@ -20,9 +20,9 @@ WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
 
 def _args(out: Path, **over) -> argparse.Namespace:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
-                serve_proj=True, contrastive=0.1, pairs_weight=0.0, temperature=0.05, lr=1e-2, seed=0,
-                init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None, data=Path("unused"),
-                pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu")
+                serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
+                lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
+                data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu")
     return argparse.Namespace(**{**base, **over})
 
 
@@ -65,6 +65,19 @@ def test_loss_prefers_the_matching_teacher_vector() -> None:
     target = torch.eye(4)
     loss = distill.distill_loss
     assert loss(target, target, 1.0, 0.05) < loss(target.flip(0), target, 1.0, 0.05)
+
+
+def test_relational_term_matches_the_teachers_cosines() -> None:
+    """--relational scores the batch's cosine matrix: a student whose vectors each point the
+    teacher's way but whose pairwise cosines differ pays for it; without the term it does not."""
+    target = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    squeezed = torch.tensor([[1.0, 0.0], [0.99, 0.14], [0.0, 1.0]])  # rows 0 and 1 nearly the same
+    loss = distill.distill_loss
+    assert loss(target, target, 0.0, 0.05, relational=1.0) == pytest.approx(0.0, abs=1e-6)
+    gap = loss(squeezed, target, 0.0, 0.05, relational=1.0) - loss(squeezed, target, 0.0, 0.05)
+    cos = torch.nn.functional.normalize(squeezed, dim=-1)
+    expected = ((cos @ cos.T - target @ target.T) ** 2).mean()
+    assert gap == pytest.approx(float(expected), rel=1e-5) and gap > 0.005
 
 
 def test_projection_sets_the_served_size() -> None:
