@@ -12,11 +12,15 @@ from typing import Any
 
 import torch
 
+from disan.manifest import sha256_file
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
 
 CHECKPOINT_FORMAT = "disan-checkpoint"
 CHECKPOINT_VERSION = 1
+# Where a checkpoint came from: rebuilt from a bundle's graphs (`model_export.recover`), given words
+# by `disan extend-vocab`, or trained further from another checkpoint (`disan pretrain --init-from`).
+PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "init_from")
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],
@@ -42,6 +46,16 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(payload, tmp)
     tmp.replace(path)
+
+
+def provenance(path: str | Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """How a file made from the checkpoint at `path` names it: file name and sha256 (never a path),
+    with the provenance the checkpoint carries itself, so a chain of phases stays traceable."""
+    entry: dict[str, Any] = {"file": Path(path).name, "sha256": sha256_file(path)}
+    for key in PROVENANCE_KEYS:
+        if payload.get(key):
+            entry[key] = payload[key]
+    return entry
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

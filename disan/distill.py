@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
-from disan.checkpoint import load_checkpoint, save_checkpoint
+from disan.checkpoint import load_checkpoint, provenance, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.sts import sts_scores
 from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
@@ -124,6 +124,13 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     resume = load_checkpoint(out / "last.pt") if args.resume and (out / "last.pt").is_file() else None
     start = load_checkpoint(args.init_from) if args.init_from and not resume else None
     known = resume or start
+    # A further phase names the student it went on from (and that one's own origin) in its
+    # checkpoints, so a bundle exported from it can say where its weights came from.
+    lineage = {}
+    if resume and resume.get("init_from"):
+        lineage = {"init_from": resume["init_from"]}
+    elif args.init_from:  # a first phase, or the resume of one whose last.pt predates the record
+        lineage = {"init_from": provenance(args.init_from, start or load_checkpoint(args.init_from))}
     vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.ids(t) or [1] for t in texts]
@@ -188,14 +195,15 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             done = step >= args.steps or bool(out_of_time)
             if step % args.eval_every == 0 or done:
                 best = _evaluate(student, vocab, rows, target, val, step, float(loss.detach()), best, out,
-                                 optimizer, args, log)
+                                 optimizer, args, log, lineage)
             if done:
                 break
     log.close()
     return best
 
 
-def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log) -> dict:
+def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log,
+              lineage: dict) -> dict:
     sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), args.data)
     val_cosine = round(_val_cosine(student, rows, target, val), 4)
     record = {"step": step, "loss": round(loss, 4), "val_cosine": val_cosine,
@@ -207,7 +215,7 @@ def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimize
     if record["stsb"] > best["stsb"]:
         best = record
         save_checkpoint(out / "best.pt", student.encoder, vocab, [], train_config=config, step=step,
-                        metrics=record)
+                        metrics=record, **lineage)
     save_checkpoint(out / "last.pt", student.encoder, vocab, [], train_config=config, step=step, best=best,
-                    student_state=student.state_dict(), optimizer_state=optimizer.state_dict())
+                    student_state=student.state_dict(), optimizer_state=optimizer.state_dict(), **lineage)
     return best

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from disan import embeddings as E
-from disan.checkpoint import load_checkpoint, write_checkpoint
-from disan.manifest import sha256_file
+from disan.checkpoint import PROVENANCE_KEYS, load_checkpoint, provenance, write_checkpoint
 from disan.text import UNK, Vocab
 
 HELD_OUT = 0.1  # share of the known words the fit is scored on (then refitted on all)
@@ -98,11 +97,9 @@ def run(args: argparse.Namespace) -> int:
     extended, report = extend_vocab(payload, candidates, source)
     # The optimizer's and the training wrapper's state (a last.pt's) no longer fit the new table;
     # where the input came from moves under `vocab_extension`: this file was made, not recovered.
-    dropped = ("optimizer_state", "student_state", "recovered_from")
+    dropped = ("optimizer_state", "student_state", *PROVENANCE_KEYS)
     out = {k: v for k, v in extended.items() if k not in dropped}
-    origin = {"file": args.checkpoint.name, "sha256": sha256_file(args.checkpoint)}
-    if payload.get("recovered_from"):
-        origin["recovered_from"] = payload["recovered_from"]
+    origin = provenance(args.checkpoint, payload)
     out["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words", "from": origin}
     write_checkpoint(args.out, out)
     print(f"{args.out}: {report['added']} words added, {report['unk_rows_filled']} UNK rows filled "

@@ -30,7 +30,6 @@ from disan.manifest import (
     WEIGHTS_FILE,
     load_manifest,
     routes,
-    sha256_file,
     write_manifest,
 )
 
@@ -226,12 +225,11 @@ def versions() -> dict[str, str]:
 
 
 def source_entry(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
-    """How the manifest names a source checkpoint: file name and sha256, never a path."""
-    entry: dict[str, Any] = {"file": Path(path).name, "sha256": sha256_file(path)}
-    for key in ("recovered_from", "vocab_extension"):  # provenance the checkpoint carries
-        if payload.get(key):
-            entry[key] = payload[key]
-    return entry
+    """How the manifest names a source checkpoint: file name and sha256, never a path, with the
+    provenance the checkpoint carries."""
+    from disan.checkpoint import provenance  # torch, as above
+
+    return provenance(path, payload)
 
 
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,

@@ -120,6 +120,30 @@ def test_init_from_goes_on_from_a_trained_student(tmp_path: Path) -> None:
         torch.testing.assert_close(second["model_state"][name], weight)
 
 
+def test_init_from_names_the_student_it_went_on_from(tmp_path: Path) -> None:
+    # A further phase from a student that carries its own origin (here: rebuilt from a bundle) must
+    # keep that chain in best.pt and last.pt, through --resume, and into a bundle's manifest.
+    from disan.checkpoint import write_checkpoint
+    from disan.manifest import sha256_file
+    from model_export.export import source_entry
+
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    origin = {"bundle": "some-bundle", "graphs": {"encoder.onnx": "ab" * 32}}
+    start = tmp_path / "start.pt"
+    write_checkpoint(start, load_checkpoint(tmp_path / "a" / "best.pt") | {"recovered_from": origin})
+    expected = {"file": "start.pt", "sha256": sha256_file(start), "recovered_from": origin}
+    distill.distill(_args(tmp_path / "b", steps=3, init_from=start), sentences, lambda: teacher)
+    assert load_checkpoint(tmp_path / "b" / "best.pt")["init_from"] == expected
+    distill.distill(_args(tmp_path / "b", steps=6, resume=True, init_from=start), sentences,
+                    lambda: teacher)
+    for name in ("best.pt", "last.pt"):
+        assert load_checkpoint(tmp_path / "b" / name)["init_from"] == expected
+    best = tmp_path / "b" / "best.pt"
+    assert source_entry(best, load_checkpoint(best))["init_from"] == expected
+    assert "init_from" not in load_checkpoint(tmp_path / "a" / "best.pt")  # a first phase has none
+
+
 def test_init_from_refuses_a_student_of_another_teacher(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
