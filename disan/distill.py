@@ -134,11 +134,11 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.ids(t) or [1] for t in texts]
-    if start:  # a trained student goes on: its own architecture, not the flags'
-        cfg = DiSANConfig.from_dict(start["config"])
+    if known:  # a trained student goes on (or a run resumes): its own architecture, not the flags'
+        cfg = DiSANConfig.from_dict(known["config"])
         if cfg.proj_dim not in (0, teacher.shape[1]):
-            raise ValueError(f"{args.init_from}: serves {cfg.proj_dim}-d vectors, "
-                             f"the teacher {teacher.shape[1]}-d")
+            raise ValueError(f"{out / 'last.pt' if resume else args.init_from}: serves {cfg.proj_dim}-d "
+                             f"vectors, the teacher {teacher.shape[1]}-d")
     else:
         cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=args.embed_dim, d_h=args.d_h,
                           keep_prob=args.keep_prob, task="encoder",

@@ -144,6 +144,18 @@ def test_init_from_names_the_student_it_went_on_from(tmp_path: Path) -> None:
     assert "init_from" not in load_checkpoint(tmp_path / "a" / "best.pt")  # a first phase has none
 
 
+def test_resume_rebuilds_the_students_own_shape(tmp_path: Path) -> None:
+    # --resume takes the architecture from last.pt: a resumed --init-from phase (whose shape came
+    # from its start checkpoint, not from flags) failed with a size mismatch on the default flags.
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, d_h=6, embed_dim=10, serve_proj=False, steps=3), sentences,
+                    lambda: teacher)
+    distill.distill(_args(tmp_path, resume=True, steps=6), sentences, lambda: teacher)  # flags: d_h 4
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == 6
+    assert (last["config"]["d_h"], last["config"]["embed_dim"], last["config"]["proj_dim"]) == (6, 10, 0)
+
+
 def test_init_from_refuses_a_student_of_another_teacher(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
