@@ -126,11 +126,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     known = resume or start
     # A further phase names the student it went on from (and that one's own origin) in its
     # checkpoints, so a bundle exported from it can say where its weights came from.
-    lineage = {}
-    if resume and resume.get("init_from"):
-        lineage = {"init_from": resume["init_from"]}
-    elif args.init_from:  # a first phase, or the resume of one whose last.pt predates the record
-        lineage = {"init_from": provenance(args.init_from, start or load_checkpoint(args.init_from))}
+    origin = resume.get("init_from") if resume else start and provenance(args.init_from, start)
+    lineage = {"init_from": origin} if origin else {}
     vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.ids(t) or [1] for t in texts]

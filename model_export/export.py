@@ -224,14 +224,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version(), "opset": OPSET}
 
 
-def source_entry(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
-    """How the manifest names a source checkpoint: file name and sha256, never a path, with the
-    provenance the checkpoint carries."""
-    from disan.checkpoint import provenance  # torch, as above
-
-    return provenance(path, payload)
-
-
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,
                  sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
@@ -325,6 +317,7 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                     loaded: dict[str, tuple], payloads: dict[str, dict], paths: dict[str, Path]
                     ) -> dict[str, Any]:
     """The manifest of an exported bundle, before its hashes and verification (write_manifest)."""
+    from disan.checkpoint import provenance  # torch, as in load_sources
     from model_export.graphs import graph_source  # torch, as in load_sources
 
     has_embed = "embed" in loaded
@@ -360,7 +353,8 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                           "metrics": payloads[task].get("metrics", {}),
                           "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
                    for task in loaded},
-        "sources": {task: source_entry(path, payloads[task]) for task, path in paths.items()},
+        # each source named by file name and sha256 (never a path), with the provenance it carries
+        "sources": {task: provenance(path, payloads[task]) for task, path in paths.items()},
         "versions": versions(),
     })
     if has_embed:

@@ -123,9 +123,8 @@ def test_init_from_goes_on_from_a_trained_student(tmp_path: Path) -> None:
 def test_init_from_names_the_student_it_went_on_from(tmp_path: Path) -> None:
     # A further phase from a student that carries its own origin (here: rebuilt from a bundle) must
     # keep that chain in best.pt and last.pt, through --resume, and into a bundle's manifest.
-    from disan.checkpoint import write_checkpoint
+    from disan.checkpoint import provenance, write_checkpoint
     from disan.manifest import sha256_file
-    from model_export.export import source_entry
 
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
@@ -140,7 +139,7 @@ def test_init_from_names_the_student_it_went_on_from(tmp_path: Path) -> None:
     for name in ("best.pt", "last.pt"):
         assert load_checkpoint(tmp_path / "b" / name)["init_from"] == expected
     best = tmp_path / "b" / "best.pt"
-    assert source_entry(best, load_checkpoint(best))["init_from"] == expected
+    assert provenance(best, load_checkpoint(best))["init_from"] == expected  # as a manifest names it
     assert "init_from" not in load_checkpoint(tmp_path / "a" / "best.pt")  # a first phase has none
 
 

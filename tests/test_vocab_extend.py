@@ -80,9 +80,9 @@ def test_cli_writes_a_checkpoint_every_reader_takes(student: Path, tmp_path: Pat
     assert payload["vocab"][-2:] == ["new1", "new2"] and "optimizer_state" not in payload
     assert payload["vocab_extension"]["list"] == "GloVe 6B, first 3 words"
     assert payload["vocab_extension"]["from"]["file"] == "student.pt" and "recovered_from" not in payload
-    from model_export.export import source_entry  # what a bundle's manifest says of it
+    from disan.checkpoint import provenance  # what a bundle's manifest says of it
 
-    assert source_entry(out, payload)["vocab_extension"]["added"] == 2
+    assert provenance(out, payload)["vocab_extension"]["added"] == 2
     before, after = checkpoint_encoder(student), checkpoint_encoder(out)
     np.testing.assert_array_equal(before(["w1 w2 w3"]), after(["w1 w2 w3"]))  # no new word: as before
     assert not np.allclose(before(["w1 new1"]), after(["w1 new1"]))  # was UNK, now its own row
