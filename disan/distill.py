@@ -5,10 +5,11 @@ Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch 
 (each student vector must pick its own teacher vector among the batch's), which keeps unrelated
 sentences apart, the property unsupervised STS rewards; with --relational, the squared error
 between the student's and the teacher's cosines of every two sentences of the batch; and, with
---pairs-weight / --nli-weight,
-the labelled signals of `disan.supervision`. The student's vector enters the teacher's
-space through a linear map: inside the encoder (--serve-proj: the served vector is the projected
-one) or beside it (the served vector is DiSAN's own 2*d_h vector).
+--pairs-weight / --nli-weight, the labelled signals of `disan.supervision`. --neighbour-group
+builds each batch from groups of sentences that are neighbours in the teacher's space
+(`disan.neighbours`) instead of at random. The student's vector enters the teacher's space
+through a linear map: inside the encoder (--serve-proj: the served vector is the projected one)
+or beside it (the served vector is DiSAN's own 2*d_h vector).
 
 Model selection: cosine Spearman on STS-B dev (`disan.sts`); SICK dev and the mean cosine to the
 teacher on a held-out slice of the corpus are logged beside it. Writes to --out: vocab.json,
@@ -34,6 +35,7 @@ from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, provenance, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
+from disan.neighbours import neighbour_batches
 from disan.sts import sts_scores
 from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
 from disan.supervision import batch_tensors as _batch
@@ -174,7 +176,12 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         target = torch.from_numpy(np.asarray(teacher, dtype=np.float32))
         train = np.arange(n_val, len(teacher))
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
-        for b in length_batches([len(rows[i]) for i in train], args.batch_size, rng):
+        lengths = [len(rows[i]) for i in train]
+        if args.neighbour_group:
+            batches = neighbour_batches(teacher[n_val:], lengths, args.batch_size, args.neighbour_group, rng)
+        else:
+            batches = length_batches(lengths, args.batch_size, rng)
+        for b in batches:
             pred = student(*_batch(rows, train[b], device))
             loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature,
                                 args.relational)

@@ -112,6 +112,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relational", type=float, default=0.0,
                         help="weight of the squared error between the student's and the teacher's "
                              "in-batch cosine matrices")
+    parser.add_argument("--neighbour-group", type=int, default=0,
+                        help="build batches from groups of this many sentences that are neighbours in "
+                             "the teacher's space (0: batches of random sentences of similar length)")
     parser.add_argument("--pairs-weight", type=float, default=0.0,
                         help="weight of a cosine-vs-score loss on STS-B train and SICK train pairs")
     parser.add_argument("--pair-loss", choices=PAIR_LOSSES, default="mse",

@@ -22,7 +22,8 @@ def _args(out: Path, **over) -> argparse.Namespace:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
                 serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
-                data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu")
+                data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
+                neighbour_group=0)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -186,3 +187,10 @@ def test_resume_takes_the_new_learning_rate(tmp_path: Path) -> None:
     distill.distill(_args(tmp_path, resume=True, steps=9, lr=1e-4), sentences, lambda: teacher)
     state = load_checkpoint(tmp_path / "last.pt")["optimizer_state"]
     assert [g["lr"] for g in state["param_groups"]] == [1e-4]
+
+
+def test_neighbour_batches_train(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, neighbour_group=4), sentences, lambda: teacher)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3, 6]
