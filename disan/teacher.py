@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus import read_corpus
+from disan.corpus import key, read_corpus
 
 # teacher name -> (embeddings module's source name, vector size)
 TEACHERS = {"mpnet": ("mpnet", 768), "minilm": ("minilm", 384)}
@@ -135,11 +135,14 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
 APPEND_RULES = {"questions": lambda s: s.rstrip().endswith("?")}
 
 
-def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path) -> dict:
+def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path,
+                  append_from: Path | None = None) -> dict:
     """A corpus of `src`'s first `keep` rows (their teacher vectors copied, so nothing is encoded
     again) followed by the later rows that match `append` (e.g. questions, which the shuffled
-    prefix holds few of); `disan teacher --corpus OUT` then encodes only the appended rows. The
-    first rows, the students' validation slice, stay the same."""
+    prefix holds few of) or, with `append_from`, by the rows of that other corpus that are not
+    among the kept ones (text from sources the first corpus lacks); `disan teacher --corpus OUT`
+    then encodes only the appended rows. The first rows, the students' validation slice, stay the
+    same."""
     if out.resolve() == src.resolve():
         raise ValueError(f"--derive {out} is the source corpus itself; name a new folder")
     if keep < 1:
@@ -149,7 +152,13 @@ def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path) ->
                               TEACHERS[teacher][1])
     if cache.done < keep:
         raise ValueError(f"{src}: only {cache.done} rows have {teacher} vectors, fewer than --keep {keep}")
-    extra = [s for s in sentences[keep:] if APPEND_RULES[append](s)]
+    if append_from is not None:
+        kept = {key(s) for s in sentences[:keep]}
+        other, other_info = read_corpus(append_from)
+        extra = [s for s in other if key(s) not in kept]
+        append = f"corpus {other_info['sha256']}"
+    else:
+        extra = [s for s in sentences[keep:] if APPEND_RULES[append](s)]
     body = "".join(s + "\n" for s in sentences[:keep] + extra).encode("utf-8")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sentences.txt").write_bytes(body)
@@ -180,13 +189,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", type=int, default=0,
                         help="--derive: cached rows kept (at least 1), their vectors copied")
     parser.add_argument("--append", choices=sorted(APPEND_RULES), default="questions")
+    parser.add_argument("--append-from", type=Path, default=None, metavar="CORPUS",
+                        help="--derive: append this corpus's rows (those not kept) instead of --append's")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.derive:
-        info = derive_corpus(args.corpus, args.teacher, args.keep, args.append, args.derive)
-        print(f"{info['sentences']} sentences ({info['derived_from']['appended']} appended "
-              f"{args.append}) -> {args.derive}; run `disan teacher --corpus {args.derive}` next")
+        info = derive_corpus(args.corpus, args.teacher, args.keep, args.append, args.derive, args.append_from)
+        print(f"{info['sentences']} sentences ({info['derived_from']['appended']} appended: "
+              f"{info['derived_from']['append']}) -> {args.derive}; "
+              f"run `disan teacher --corpus {args.derive}` next")
         return 0
     sentences, info = read_corpus(args.corpus)
     out = args.out or args.corpus / f"teacher-{args.teacher}"

@@ -62,3 +62,37 @@ def test_eval_keys_cover_every_eval_set() -> None:
                        ("senteval/TREC/trec_test.jsonl.gz", "text")]:
         first = json.loads(gzip.open(DATA / rel, "rt").readline())[field]
         assert corpus.key(first) in keys, rel
+
+
+def _mail(folder: Path, name: str, text: str) -> None:
+    import json
+
+    (folder / "data" / "easy-ham-1").mkdir(parents=True, exist_ok=True)
+    (folder / "data" / "easy-ham-1" / name).write_text(json.dumps({"text": text}))
+
+
+def test_mailing_lists_keep_what_the_writer_wrote(tmp_path: Path) -> None:
+    from disan.corpus_sources import SOURCES
+
+    source = next(s for s in SOURCES if s.name == "mailing-lists")
+    assert not source.default and source.npm  # opt-in: the default corpus stays as it was
+    _mail(tmp_path, "1.json", "From: a@b\nSubject: pasta\n\nMartin wrote:\n> You mix in the raw egg.\n"
+          "> That's my understanding.\n\nYou're probably right, mine's the same\nbut with cream.\n\n"
+          "Stew\n-- \nStewart Smith, University of Edinburgh.\n")
+    _mail(tmp_path, "2.json", "Subject: ad\n\n<html><body>Buy now</body></html>\n")
+    assert list(source.read(tmp_path)) == ["You're probably right, mine's the same but with cream.", "Stew"]
+
+
+def test_npm_sources_need_their_folder(tmp_path: Path, monkeypatch) -> None:
+    from disan.corpus_sources import SOURCES
+
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
+    source = next(s for s in SOURCES if s.name == "mailing-lists")
+    with pytest.raises(ValueError, match="--npm-dir"):
+        corpus.build([source], tmp_path, None, tmp_path / "out")
+    package = tmp_path / "npm" / source.npm.replace("/", "+") / "package"
+    _mail(package, "1.json", "Subject: x\n\nThe new kernel boots fine on my old laptop.\n")
+    (package / "package.json").write_text("{}")  # already unpacked: nothing is fetched
+    info = corpus.build([source], tmp_path, None, tmp_path / "out", npm_dir=tmp_path / "npm")
+    assert corpus.read_corpus(tmp_path / "out")[0] == ["The new kernel boots fine on my old laptop."]
+    assert info["sources"][0]["licence"].startswith("Apache-2.0")

@@ -134,3 +134,23 @@ def test_derive_refuses_to_overwrite_its_source_or_keep_nothing(tmp_path: Path) 
     with pytest.raises(ValueError, match="--keep 0: give how many cached rows to keep"):
         derive_corpus(tmp_path / "src", "minilm", 0, "questions", tmp_path / "q")
     assert (tmp_path / "src" / "sentences.txt").read_bytes() == before
+
+
+def test_derive_appends_another_corpus_without_the_kept_rows(tmp_path: Path) -> None:
+    from disan.corpus import read_corpus
+    from disan.teacher import derive_corpus
+
+    sentences = ["a cat sat .", "dogs run .", "it rains .", "no ."]
+    _corpus_folder(tmp_path / "src", sentences)
+    _corpus_folder(tmp_path / "mail", ["thanks for the patch .", "Dogs  run .", "it rains ."])
+    _, info = read_corpus(tmp_path / "src")
+    _, mail = read_corpus(tmp_path / "mail")
+    src = TeacherCache.open(tmp_path / "src" / "teacher-minilm", info["sha256"], "minilm", 4, 384)
+    src.write(0, np.ones((3, 384), dtype=np.float32))
+    derived = derive_corpus(tmp_path / "src", "minilm", 3, "questions", tmp_path / "m",
+                            append_from=tmp_path / "mail")
+    got, _ = read_corpus(tmp_path / "m")
+    # the kept rows, then the other corpus's rows that are not among them (by the corpus's key)
+    assert got == sentences[:3] + ["thanks for the patch ."]
+    assert derived["derived_from"]["append"] == f"corpus {mail['sha256']}"
+    assert derived["derived_from"]["appended"] == 1
