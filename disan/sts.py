@@ -21,6 +21,9 @@ STS_SETS = {
     "STS-B dev": ("stsb/dev.jsonl.gz", "sentence1", "sentence2", "score"),
     "SICK dev": ("senteval/SICK/sick_dev.jsonl.gz", "sentence_a", "sentence_b", "relatedness"),
 }
+# Sets whose rows name their genre (STS-B: captions, news, forums), scored per genre as well by
+# `disan eval --sts`: one number hides where a student trails.
+GENRE_FIELDS = {"STS-B dev": "genre"}
 # Labelled training pairs a student may learn from (`disan pretrain --pairs-weight`): name ->
 # (file, fields as above, score range), scores mapped to [0, 1].
 STS_TRAIN_SETS = {
@@ -58,11 +61,19 @@ def cosine_spearman(left: np.ndarray, right: np.ndarray, gold: np.ndarray) -> fl
     return float(spearmanr((left * right).sum(axis=1), gold).statistic)
 
 
-def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None) -> dict[str, float]:
-    """{set name: cosine Spearman} of `encode` on each STS set."""
+def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None,
+               by_genre: bool = False) -> dict[str, float]:
+    """{set name: cosine Spearman} of `encode` on each STS set; with `by_genre`, also
+    {"SET: GENRE": ...} for the sets of `GENRE_FIELDS`, from the same vectors."""
     scores = {}
     for name in sets or list(STS_SETS):
         a, b, gold = read_pairs(data, name)
         vecs = np.asarray(encode(a + b), dtype=np.float32)
-        scores[name] = round(cosine_spearman(vecs[: len(a)], vecs[len(a):], gold), 4)
+        left, right = vecs[: len(a)], vecs[len(a):]
+        scores[name] = round(cosine_spearman(left, right, gold), 4)
+        if by_genre and name in GENRE_FIELDS:
+            genres = np.array([r[GENRE_FIELDS[name]] for r in read_jsonl(data / STS_SETS[name][0])])
+            for genre in sorted(set(genres)):
+                rows = genres == genre
+                scores[f"{name}: {genre}"] = round(cosine_spearman(left[rows], right[rows], gold[rows]), 4)
     return scores

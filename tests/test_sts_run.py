@@ -24,3 +24,33 @@ def test_unknown_baseline_is_one_line(tmp_path: Path, capsys, flags: list[str], 
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+def test_sts_scores_each_genre_from_the_same_vectors(tmp_path: Path) -> None:
+    """One number hides where a student trails: STS-B dev is also scored per genre."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from disan.sts import sts_scores
+
+    rows = [{"genre": g, "sentence1": f"{g} {i}", "sentence2": f"{g} {i} b", "score": float(i)}
+            for g in ("main-news", "main-forums") for i in range(5)]
+    (tmp_path / "stsb").mkdir()
+    with gzip.open(tmp_path / "stsb" / "dev.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        # news pairs: cosine rises with the score; forum pairs: it falls
+        out = []
+        for t in texts:
+            genre, i = t.split()[0], int(t.split()[1])
+            angle = (i if genre == "main-news" else 4 - i) * 0.3 if t.endswith(" b") else 0.0
+            out.append([np.cos(angle), np.sin(angle)])
+        return np.array(out)
+
+    scores = sts_scores(encode, tmp_path, ["STS-B dev"], by_genre=True)
+    assert scores["STS-B dev: main-news"] == pytest.approx(-1.0)   # larger angle, lower cosine
+    assert scores["STS-B dev: main-forums"] == pytest.approx(1.0)
+    assert sts_scores(encode, tmp_path, ["STS-B dev"]).keys() == {"STS-B dev"}
