@@ -2,7 +2,9 @@
 
 DiSAN's token2token attention costs n^2 per sentence, so every consumer groups rows of similar
 length: training (`length_batches`, shuffled), evaluation and offline encoding (`sorted_batches`,
-`map_sorted`), and the service's micro-batcher (`split_by_cells`, a padded-cells budget).
+`map_sorted`), and the service's micro-batcher (`split_by_cells`, a padded-cells budget). The one
+exception, distillation batches of sentences that are neighbours in the teacher's space, is
+`disan.neighbours` (which still lets groups of similar length share a batch).
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def neighbour_clusters(vectors: np.ndarray, rng: np.random.Generator, cluster_si
 def neighbour_batches(vectors: np.ndarray, lengths: Sequence[int], batch_size: int, group: int,
                       rng: np.random.Generator, cluster_size: int = 64,
                       chunk_batches: int = 50) -> list[np.ndarray]:
-    """Batches of `batch_size` rows made of groups of `group` rows from one cluster each.
+    """Batches of `batch_size // group` groups of up to `group` rows from one cluster each (a
+    cluster's last group may be short).
 
     Every row is in exactly one batch. Groups are cut from each cluster after sorting it by
     length, and the groups of similar length share a batch (as `length_batches` does for rows),
