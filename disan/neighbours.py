@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from disan.batching import length_batches
+
 
 def _normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
@@ -33,9 +35,8 @@ def _plus_plus(unit: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray
     return unit[seeds]
 
 
-def spherical_kmeans(vectors: np.ndarray, k: int, rng: np.random.Generator, iters: int = 5) -> np.ndarray:
-    """Cluster label of each row of `vectors` [N, D] (cosine k-means, `k` clusters, `iters` rounds)."""
-    unit = _normalise(vectors)
+def _kmeans(unit: np.ndarray, k: int, rng: np.random.Generator, iters: int) -> np.ndarray:
+    """Cluster labels of the rows of `unit` (already L2-normalised float32)."""
     k = max(1, min(k, len(unit)))
     centroids = _plus_plus(unit, k, rng)
     for _ in range(iters):
@@ -49,22 +50,28 @@ def spherical_kmeans(vectors: np.ndarray, k: int, rng: np.random.Generator, iter
     return (unit @ centroids.T).argmax(1)
 
 
+def spherical_kmeans(vectors: np.ndarray, k: int, rng: np.random.Generator, iters: int = 5) -> np.ndarray:
+    """Cluster label of each row of `vectors` [N, D] (cosine k-means, `k` clusters, `iters` rounds)."""
+    return _kmeans(_normalise(vectors), k, rng, iters)
+
+
 def neighbour_clusters(vectors: np.ndarray, rng: np.random.Generator, cluster_size: int = 64,
-                       coarse: int = 64) -> list[np.ndarray]:
+                       coarse: int = 64, iters: int = 5) -> list[np.ndarray]:
     """Row indices of clusters of about `cluster_size` neighbouring rows.
 
     Two levels (`coarse` clusters, then each split to the size asked for) so that the cost stays
-    a few passes over the vectors however many clusters there are.
+    a few passes over the vectors however many clusters there are. The vectors are normalised
+    once, here.
     """
     unit = _normalise(vectors)
-    top = spherical_kmeans(unit, coarse, rng)
+    top = _kmeans(unit, coarse, rng, iters)
     clusters: list[np.ndarray] = []
     for c in range(int(top.max()) + 1):
         members = np.flatnonzero(top == c)
         if len(members) <= cluster_size:
             clusters += [members] if len(members) else []
             continue
-        sub = spherical_kmeans(unit[members], len(members) // cluster_size, rng)
+        sub = _kmeans(unit[members], len(members) // cluster_size, rng, iters)
         clusters += [members[sub == s] for s in range(int(sub.max()) + 1) if (sub == s).any()]
     return clusters
 
@@ -76,23 +83,17 @@ def neighbour_batches(vectors: np.ndarray, lengths: Sequence[int], batch_size: i
     cluster's last group may be short).
 
     Every row is in exactly one batch. Groups are cut from each cluster after sorting it by
-    length, and the groups of similar length share a batch (as `length_batches` does for rows),
-    because DiSAN pays for the padding of its longest sentence.
+    length, and groups of similar length share a batch (`length_batches` over the groups, by
+    their longest row), because DiSAN pays for the padding of its longest sentence.
     """
+    if group < 1 or batch_size < 1:
+        raise ValueError(f"--neighbour-group {group} / --batch-size {batch_size}: both must be at least 1")
     lengths = np.asarray(lengths)
     groups: list[np.ndarray] = []
     for members in neighbour_clusters(vectors, rng, cluster_size):
         members = rng.permutation(members)
         members = members[np.argsort(lengths[members], kind="stable")]
         groups += [members[i:i + group] for i in range(0, len(members), group)]
-    order = rng.permutation(len(groups))
-    groups = [groups[i] for i in order]
-    per_batch = max(1, batch_size // group)
-    batches: list[np.ndarray] = []
-    step = per_batch * chunk_batches
-    for start in range(0, len(groups), step):
-        chunk = groups[start:start + step]
-        chunk.sort(key=lambda g: int(lengths[g].max()))
-        batches += [np.concatenate(chunk[i:i + per_batch]) for i in range(0, len(chunk), per_batch)]
-    order = rng.permutation(len(batches))
-    return [batches[i] for i in order]
+    longest = [int(lengths[g].max()) for g in groups]
+    return [np.concatenate([groups[i] for i in batch])
+            for batch in length_batches(longest, max(1, batch_size // group), rng, chunk_batches)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from disan.neighbours import neighbour_batches, spherical_kmeans
 
@@ -44,3 +45,12 @@ def test_groups_of_similar_length_share_a_batch() -> None:
     shuffled = rng.permutation(len(vectors))
     random = sum(32 * lengths[shuffled[i:i + 32]].max() for i in range(0, len(vectors), 32))
     assert padded < 0.8 * random
+
+
+def test_a_group_below_one_is_refused_not_looped_on() -> None:
+    # A negative group once cut no groups at all, so the distillation loop made no batches and
+    # re-clustered forever: a hang instead of an error.
+
+    vectors, _ = _blobs()
+    with pytest.raises(ValueError, match="--neighbour-group -1"):
+        neighbour_batches(vectors, [5] * len(vectors), batch_size=16, group=-1, rng=np.random.default_rng(0))
