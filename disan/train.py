@@ -25,7 +25,7 @@ from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, write_checkpoint
 from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
-from disan.text import Vocab
+from disan.text import UNK, Vocab
 from disan.train_config import TrainConfig
 
 matplotlib.use("Agg")  # curves are written to PNG files, never shown
@@ -316,13 +316,13 @@ def resume_model(path: str):
 def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
     """Copy the encoder of checkpoint `path` (an `encoder`, NLI or sentiment checkpoint) into `model`.
 
-    The vocabularies must be identical (row i must mean the same word); this run's trainable-row
-    mask is kept, so words outside its training data stay frozen at the pre-trained values.
+    Word-vector rows are matched by word: with the checkpoint's own vocab.json (`--vocab`) the
+    table is copied whole; with another vocabulary (e.g. the bundle's shared one, so a task model
+    can start from a distilled student with a larger vocabulary) each word the checkpoint knows
+    takes its row and the others keep this run's initial vectors. This run's trainable-row mask is
+    kept, so words outside its training data stay frozen at the values they start from.
     """
     ckpt = load_checkpoint(path)
-    if ckpt["vocab"] != vocab.itos:
-        raise ValueError(f"{path}: --init-encoder checkpoint has a different vocab (pass --vocab with "
-                         "the vocab.json it was trained with)")
     state = ckpt["model_state"]
     prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
     enc_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -337,5 +337,24 @@ def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
         if getattr(old, key) != getattr(new, key):
             raise ValueError(f"{path}: --init-encoder has {key}={getattr(old, key)!r}, "
                              f"this run {getattr(new, key)!r}")
+    matched = len(vocab)
+    if ckpt["vocab"] != vocab.itos:
+        enc_state["embed.weight"], matched = _rows_by_word(enc_state["embed.weight"], ckpt["vocab"],
+                                                           model.encoder.embed.weight.detach(), vocab.itos)
+        if matched <= UNK + 1:  # PAD and UNK alone
+            raise ValueError(f"{path}: --init-encoder checkpoint shares no word with this run's vocab")
     model.encoder.load_state_dict(enc_state)
-    return ckpt.get("metrics") or {}
+    return {**(ckpt.get("metrics") or {}), "rows_from_checkpoint": matched, "rows": len(vocab)}
+
+
+def _rows_by_word(table: torch.Tensor, words: list[str], own: torch.Tensor, own_words: list[str]
+                  ) -> tuple[torch.Tensor, int]:
+    """`own` with each row whose word is in `words` replaced by `table`'s row for it; and how many."""
+    index = {word: i for i, word in enumerate(words)}
+    pairs = [(i, index[word]) for i, word in enumerate(own_words) if word in index]
+    out = own.clone()
+    if pairs:
+        dst = torch.tensor([d for d, _ in pairs])
+        src = torch.tensor([s for _, s in pairs])
+        out[dst] = table[src].to(out.dtype)
+    return out, len(pairs)

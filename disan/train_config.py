@@ -69,7 +69,8 @@ class TrainConfig:
                                   metavar="FILE")
     vocab_texts_only: bool = False              # vocab words from vocab_texts alone (recipes)
     init_encoder: str | None = flag(None, "start from this checkpoint's encoder (e.g. disan "
-                                    "pretrain's best.pt; same vocab)", "embeddings", metavar="CKPT")
+                                    "pretrain's best.pt); word vectors matched by word", "embeddings",
+                                    metavar="CKPT")
     embed_dim: int = flag(300, "dimension for --init random|minilm|mpnet (glove takes the file's)",
                           "embeddings")
     d_h: int = flag(300, "hidden size of the DiSA blocks", "model")

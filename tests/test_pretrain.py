@@ -90,9 +90,33 @@ def test_init_encoder_copies_weights_and_checks_vocab(corpus, tmp_path: Path) ->
     for key, value in enc.items():
         if key != "trainable_rows":
             assert torch.equal(nli[f"encoder.{key}"], value), key
-    # Without the matching vocab the run refuses with one line.
-    assert main([*common, "--glove-extra", "2", "--init-encoder", str(pre / "best.pt"),
-                 "--out", str(tmp_path / "bad")]) == 2
+    # Another shape refuses with one line.
+    assert main([*common, "--d-h", "6", "--vocab", str(pre / "vocab.json"), "--init-encoder",
+                 str(pre / "best.pt"), "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_init_encoder_matches_word_vectors_by_word(corpus, tmp_path: Path) -> None:
+    """With another vocabulary (the bundle's shared one, say) each word the checkpoint knows takes
+    its row; the rest keep this run's initial vectors."""
+    pre = _pretrained(corpus, tmp_path / "pre")
+    own = load_checkpoint(pre / "best.pt")
+    plain = tmp_path / "plain"
+    assert main([*_train_nli(corpus), "--glove-extra", "2", "--out", str(plain)]) == 0
+    words = load_checkpoint(plain / "last.pt")["vocab"]
+    assert words != own["vocab"] and set(own["vocab"]) & set(words[2:])
+    out = tmp_path / "nli"
+    assert main([*_train_nli(corpus), "--glove-extra", "2", "--init-encoder", str(pre / "best.pt"),
+                 "--out", str(out)]) == 0
+    task = load_checkpoint(out / "last.pt")
+    assert task["vocab"] == words
+    table, start = task["model_state"]["encoder.embed.weight"], load_checkpoint(plain / "last.pt")
+    own_row = {w: own["model_state"]["embed.weight"][i] for i, w in enumerate(own["vocab"])}
+    for i, word in enumerate(words):
+        expected = own_row[word] if word in own_row else start["model_state"]["encoder.embed.weight"][i]
+        assert torch.equal(table[i], expected), word
+    for key, value in own["model_state"].items():
+        if key not in ("trainable_rows", "embed.weight"):
+            assert torch.equal(task["model_state"][f"encoder.{key}"], value), key
 
 
 def test_init_encoder_from_a_student_with_a_served_projection(corpus, tmp_path: Path) -> None:
