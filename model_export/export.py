@@ -102,13 +102,17 @@ def load_sources(nli_path: Path, sentiment_path: Path):
         if got != task:
             raise ValueError(f"{path}: is a '{got}' checkpoint, expected '{task}' for --{task}")
     v_nli, v_sent = loaded["nli"][1], loaded["sentiment"][1]
-    if v_nli != v_sent:
-        first = next((i for i, (a, b) in enumerate(zip(v_nli.itos, v_sent.itos, strict=False)) if a != b),
-                     min(len(v_nli), len(v_sent)))
+    longer = max(v_nli, v_sent, key=len)
+    first = next((i for i, (a, b) in enumerate(zip(v_nli.itos, v_sent.itos, strict=False)) if a != b), None)
+    if first is not None:
         raise ValueError(
             f"checkpoints use different vocabularies ({nli_path}: {len(v_nli)} words, {sentiment_path}: "
             f"{len(v_sent)} words, first difference at id {first}); the bundle has one vocab.json, "
             "so train both models with the same vocabulary")
+    # One list may extend the other (a recovered checkpoint carries the whole bundle vocabulary, a
+    # retrained one the words it was trained over): every id both use means the same word, and
+    # a model reads the ids past its own table as UNK, so the longer list serves both.
+    loaded = {task: (model, longer, labels) for task, (model, _, labels) in loaded.items()}
     return payloads, loaded
 
 

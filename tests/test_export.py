@@ -196,6 +196,24 @@ def test_export_refuses_mismatched_vocabs(tiny_checkpoints, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_export_takes_a_vocabulary_that_extends_the_other(tiny_checkpoints, tmp_path):
+    """A sentiment model retrained over more words than the NLI model's (or a recovered checkpoint
+    carrying the whole bundle vocabulary): the ids both use mean the same words, so the bundle
+    serves the longer list and the NLI model reads the extra ids as UNK."""
+    from conftest import SENTIMENT_LABELS, make_tiny_checkpoint
+
+    from disan.text import Vocab
+
+    longer = Vocab([*tiny_checkpoints.vocab.itos[2:], "zebra", "quokka"])
+    sent = make_tiny_checkpoint(tmp_path / "sent.pt", "sentiment", longer, SENTIMENT_LABELS, seed=4)
+    m = build_bundle(tiny_checkpoints.nli, sent, tmp_path / "out", sets=("cpu",), fp16=False,
+                     log=lambda *a: None)
+    assert m["vocab_size"] == len(longer)
+    assert Vocab.load(tmp_path / "out" / "vocab.json").itos == longer.itos
+    assert m["models"]["nli"]["config"]["vocab_size"] == len(tiny_checkpoints.vocab)
+    assert m["models"]["sentiment"]["config"]["vocab_size"] == len(longer)
+
+
 def test_export_refuses_bad_arguments(tiny_checkpoints, tmp_path):
     with pytest.raises(ValueError, match="is a 'sentiment' checkpoint"):
         build_bundle(tiny_checkpoints.sentiment, tiny_checkpoints.sentiment, tmp_path / "a")
