@@ -188,14 +188,15 @@ def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
     decoded = [json.loads(b) for b in bodies]
     rt = load_offline(args.bundle, threads=1)
     vocab = rt.vocab
-    rows = [vocab.ids(tokenize(s)) for s in sentences]
+    words = getattr(vocab, "tokens", tokenize)  # what the service reads; older checkouts (--before) lack it
+    rows = [vocab.ids(words(s)) for s in sentences]
     vectors = [rt.embed([r]) for r in rows[:64]]
     out = {
         "json_decode": best_us(lambda: [json.loads(b) for b in bodies], n, args.repeats),
         "validation": best_us(lambda: [EmbedRequest.model_validate(d, from_attributes=True)
                                        for d in decoded], n, args.repeats),
-        "tokenize_tok": best_us(lambda: [vocab.ids(tokenize(s)) for s in sentences], n, args.repeats),
-        "tokenize_raw": best_us(lambda: [vocab.ids(tokenize(s)) for s in raw], len(raw), args.repeats),
+        "tokenize_tok": best_us(lambda: [vocab.ids(words(s)) for s in sentences], n, args.repeats),
+        "tokenize_raw": best_us(lambda: [vocab.ids(words(s)) for s in raw], len(raw), args.repeats),
         "batcher_c1": batcher_cpu_us(1, rows, args.repeats),
         "batcher_c64": batcher_cpu_us(64, rows, args.repeats),
         "inference_1": best_us(lambda: [rt.embed([r]) for r in rows[:128]], 128, args.repeats),

@@ -140,7 +140,7 @@ def load_documents(data: Path, seed: int) -> list[list[tuple[str, str]]]:
 
 
 def agreement(runtime: Runtime, docs: list[list[tuple[str, str]]]) -> list[dict]:
-    ids = [runtime.vocab.ids(tokenize(" ".join(p for p, _ in d))) for d in docs]
+    ids = [runtime.vocab.ids(runtime.vocab.tokens(" ".join(p for p, _ in d))) for d in docs]
     rows = []
     for length in (200, 300, 500):
         texts = [i[:length] for i in ids if len(i) >= length][:60]
@@ -159,14 +159,14 @@ def agreement(runtime: Runtime, docs: list[list[tuple[str, str]]]) -> list[dict]
 
 def retrieval(runtime: Runtime, docs: list[list[tuple[str, str]]], seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
-    doc_ids = [runtime.vocab.ids(tokenize(" ".join(p for p, _ in d))) for d in docs]
+    doc_ids = [runtime.vocab.ids(runtime.vocab.tokens(" ".join(p for p, _ in d))) for d in docs]
     queries: dict[str, list[list[int]]] = {"verbatim": [], "paraphrase": []}
     late = []
     for doc in docs:
         start = int(rng.integers(0, max(1, len(doc) - 3)))
         part = doc[start:start + 4]
-        queries["verbatim"].append(runtime.vocab.ids(tokenize(" ".join(p for p, _ in part))))
-        queries["paraphrase"].append(runtime.vocab.ids(tokenize(" ".join(h for _, h in part))))
+        queries["verbatim"].append(runtime.vocab.ids(runtime.vocab.tokens(" ".join(p for p, _ in part))))
+        queries["paraphrase"].append(runtime.vocab.ids(runtime.vocab.tokens(" ".join(h for _, h in part))))
         late.append(sum(len(tokenize(p)) for p, _ in doc[:start]) >= 128)
     late_mask = np.array(late)
     query_vecs = {k: embed(runtime, v, 128) for k, v in queries.items()}
@@ -197,8 +197,8 @@ def sts(runtime: Runtime, data: Path, longer_than: int = 24) -> list[dict]:
     pairs = []
     for rel in ("stsb/train.jsonl.gz", "stsb/dev.jsonl.gz"):
         pairs += read_jsonl(data / rel)
-    a = [runtime.vocab.ids(tokenize(p["sentence1"])) for p in pairs]
-    b = [runtime.vocab.ids(tokenize(p["sentence2"])) for p in pairs]
+    a = [runtime.vocab.ids(runtime.vocab.tokens(p["sentence1"])) for p in pairs]
+    b = [runtime.vocab.ids(runtime.vocab.tokens(p["sentence2"])) for p in pairs]
     keep = [i for i in range(len(pairs)) if max(len(a[i]), len(b[i])) > longer_than]
     a, b = [a[i] for i in keep], [b[i] for i in keep]
     gold = ranks(np.array([float(pairs[i]["score"]) for i in keep]))

@@ -29,7 +29,7 @@ import numpy as np
 from disan.batching import BatchLimits, cell_batches, provider_limits
 from disan.optional import require
 from disan.runtime import Runtime, RuntimeOptions
-from disan.text import UNK, tokenize
+from disan.text import UNK
 from disan.windowing import LONG_TEXT_POLICIES, LongTextPolicy, pool_windows, split_windows
 
 # What a text longer than the model's max_tokens becomes (disan.windowing, the service's policy):
@@ -120,7 +120,7 @@ class Encoder:
         bounds = [0]
         truncated = windowed = 0
         for i, text in enumerate(texts):
-            tokens = tokenize(text)
+            tokens = vocab.tokens(text)
             if len(tokens) <= limit:
                 rows.append(vocab.ids(tokens) or [UNK])
             elif self.long_texts is LongTextPolicy.WINDOW:

@@ -42,6 +42,8 @@ _TOKEN_RE = re.compile(
 )
 # The same pattern for text already lowercased (ASCII): case-folding is then wasted work.
 _LOWER_TOKEN_RE = re.compile(_TOKEN_RE.pattern)
+# A compound's joints: "first-past-the-post", "animate/inanimate" (kept as pieces of their own).
+_JOINT_RE = re.compile(r"([-/])")
 # ASCII's control characters (category Cc: 0-31 and 127), each replaced by a space like any "C" character.
 _ASCII_CONTROLS = dict.fromkeys([*range(32), 127], " ")
 
@@ -130,13 +132,34 @@ class Vocab:
         return isinstance(other, Vocab) and self.itos == other.itos
 
     def ids(self, tokens: Sequence[str]) -> list[int]:
-        """Token ids, UNK for unknown tokens."""
+        """Token ids, UNK for unknown tokens (one id per token: see `pieces`)."""
         return [self.stoi.get(tok, UNK) for tok in tokens]
+
+    def pieces(self, tokens: Sequence[str]) -> list[str]:
+        """`tokens` as this vocabulary reads them: a compound it lacks whose words it all knows
+        ("non-physical", "on/in") becomes those words and its joints (where it knows them),
+        instead of one UNK. Known tokens, and compounds with an unknown word, stay whole. Ids come
+        from these pieces, one each, so explanations and limits count what the model sees."""
+        out: list[str] = []
+        for tok in tokens:
+            if tok in self.stoi or len(tok) < 3 or ("-" not in tok and "/" not in tok):
+                out.append(tok)
+                continue
+            parts = [p for p in _JOINT_RE.split(tok) if p]
+            if all(p in self.stoi for p in parts if p not in "-/"):
+                out.extend(p for p in parts if p in self.stoi)  # a joint it lacks is dropped
+            else:
+                out.append(tok)
+        return out
+
+    def tokens(self, text: str) -> list[str]:
+        """Raw text -> the pieces the model reads (`tokenize`, then `pieces`)."""
+        return self.pieces(tokenize(text))
 
     def text_ids(self, text: str, max_len: int | None = None) -> list[int]:
         """Raw text -> ids cut to `max_len`; an empty text becomes one UNK (every row needs one
         valid position; the service rejects empty texts before this point)."""
-        return self.ids(tokenize(text)[:max_len]) or [UNK]
+        return self.ids(self.tokens(text)[:max_len]) or [UNK]
 
     def encode(self, texts: Sequence[str], max_len: int | None = None,
                min_len: int = 1) -> Encoded:

@@ -106,3 +106,16 @@ if given is not None:
     @given(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join))
     def test_fast_path_matches_the_reference_on_ptb_pieces(text: str) -> None:
         _check_same(text)
+
+
+def test_an_unknown_compound_reads_as_its_known_words() -> None:
+    vocab = Vocab(["dog", "man", "on", "in", "first", "past", "the", "post", "-", "well-known"])
+    tokens = tokenize("A dog-man on/in the first-past-the-post, well-known x-ray -- -")
+    assert vocab.pieces(tokens) == ["a", "dog", "-", "man", "on", "in", "the", "first", "-", "past", "-",
+                                    "the", "-", "post", ",", "well-known", "x-ray", "--", "-"]
+    assert vocab.tokens("the dog-man") == ["the", "dog", "-", "man"]
+    # one id per piece: limits, windows and explanations count what the model reads
+    assert vocab.text_ids("the dog-man") == vocab.ids(["the", "dog", "-", "man"])
+    assert vocab.text_ids("the dog-man", max_len=2) == vocab.ids(["the", "dog"])
+    # a joint the vocabulary lacks ("/" here) is dropped; a compound with an unknown word stays whole
+    assert vocab.ids(vocab.pieces(["x-ray"])) == [UNK]

@@ -46,6 +46,16 @@ def test_tokenize_gives_our_tokens_ids_and_the_limit(client, tiny_vocab):
     assert usage["tokens"] == first["count"]
 
 
+def test_an_unknown_compound_is_read_as_its_known_words(client, tiny_vocab):
+    """"dog-man" is not in the vocabulary but both its words are: the model reads them (not one
+    UNK), and /tokenize shows what it reads, one id per token ("-" is not in the tiny vocabulary)."""
+    assert "dog-man" not in tiny_vocab and "-" not in tiny_vocab
+    got = client.post("/tokenize", json={"texts": ["a dog-man runs"]}).json()["results"][0]
+    assert got["tokens"] == ["a", "dog", "man", "runs"] and got["ids"] == tiny_vocab.ids(got["tokens"])
+    same = unit(client, ["a dog-man runs", "a dog man runs"])
+    assert np.allclose(same[0], same[1], atol=1e-6)
+
+
 def test_tokenize_limits_and_errors(client):
     assert client.post("/tokenize", json={"texts": ["a"] * 9}).status_code == 413
     assert client.post("/tokenize", json={"texts": ["x" * 100_001]}).status_code == 413

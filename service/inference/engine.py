@@ -19,7 +19,6 @@ import numpy as np
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
 from disan.encoder import normalized, prediction, sentiment_prediction
 from disan.runtime import Runtime
-from disan.text import tokenize
 from disan.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
@@ -383,7 +382,7 @@ class Engine:
         self.check_sizes(texts, field)
 
         def run() -> list[Tokenized]:
-            return [Tokenized(tokens, ids, [ids]) for tokens in map(tokenize, texts)
+            return [Tokenized(tokens, ids, [ids]) for tokens in map(vocab.tokens, texts)
                     for ids in [vocab.ids(tokens)]]
 
         return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()

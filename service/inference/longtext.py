@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disan.text import UNK, UNK_TOKEN, Vocab, tokenize
+from disan.text import UNK, UNK_TOKEN, Vocab
 from disan.windowing import LongTextPolicy, pool_windows, split_windows
 from service.common.errors import InvalidRequest, RequestTooLarge
 
@@ -85,7 +85,7 @@ def prepare_texts(texts: Sequence[str], vocab: Vocab, limits: Limits, field: str
     problems: list[tuple[bool, str]] = []
     total = 0
     for i, text in enumerate(texts):
-        tokens = tokenize(text)
+        tokens = vocab.tokens(text)
         n = len(tokens)
         total += n
         where = location(field, i, member)
