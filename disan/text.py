@@ -146,7 +146,7 @@ class Vocab:
                 out.append(tok)
                 continue
             parts = [p for p in _JOINT_RE.split(tok) if p]
-            if all(p in self.stoi for p in parts if p not in "-/"):
+            if all(p in self.stoi for p in parts if p not in ("-", "/")):
                 out.extend(p for p in parts if p in self.stoi)  # a joint it lacks is dropped
             else:
                 out.append(tok)
