@@ -281,7 +281,7 @@ class EncodedDataset:
 
 def encode_dataset(ds: Dataset, vocab: Vocab, max_len: int | None) -> EncodedDataset:
     """Tokens -> ids (unknown -> UNK), cut to `max_len` tokens."""
-    rows = [tuple(np.asarray(vocab.ids(vocab.pieces(t)[:max_len]), dtype=np.int64) for t in ex.texts)
+    rows = [tuple(np.asarray(vocab.token_ids(t, max_len), dtype=np.int64) for t in ex.texts)
             for ex in ds.examples]
     return EncodedDataset(ds.task, rows, np.asarray(ds.label_ids, dtype=np.int64))
 

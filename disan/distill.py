@@ -132,7 +132,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     lineage = {"init_from": origin} if origin else {}
     vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
-    rows = [vocab.ids(vocab.pieces(t)[:MAX_TOKENS]) or [1] for t in texts]
+    rows = [vocab.token_ids(t, MAX_TOKENS) or [1] for t in texts]
     if known:  # a trained student goes on (or a run resumes): its own architecture, not the flags'
         cfg = DiSANConfig.from_dict(known["config"])
         if cfg.proj_dim not in (0, teacher.shape[1]):

@@ -164,7 +164,7 @@ def trainable_rows(vocab: Vocab, train_texts: Iterable[Sequence[str]]) -> np.nda
     rows = np.zeros(len(vocab), dtype=bool)
     rows[UNK] = True
     for toks in train_texts:
-        rows[vocab.ids(vocab.pieces(toks))] = True
+        rows[vocab.token_ids(toks)] = True
     rows[PAD] = False
     return rows
 

@@ -47,10 +47,9 @@ def predict(runtime: Runtime, task: str, examples, batch_size: int = 64) -> np.n
     """Class probabilities for every example, in input order."""
     max_len = runtime.max_tokens
     if task in NLI_EVAL_TASKS:
-        vocab = runtime.vocab
-        rows = [tuple(vocab.ids(vocab.pieces(text))[:max_len] for text in ex.texts[:2]) for ex in examples]
+        rows = [tuple(runtime.vocab.token_ids(text, max_len) for text in ex.texts[:2]) for ex in examples]
         return np.stack(map_sorted(runtime.nli, rows, batch_size, length=lambda r: len(r[0])))
-    rows = [runtime.vocab.ids(runtime.vocab.pieces(ex.texts[0]))[:max_len] for ex in examples]
+    rows = [runtime.vocab.token_ids(ex.texts[0], max_len) for ex in examples]
     return np.stack(map_sorted(runtime.sentiment, rows, batch_size))
 
 

@@ -73,7 +73,7 @@ def pretrain_encoder(args: argparse.Namespace, sentences: list[str], teacher: np
         encoder.trainable_rows.copy_(torch.from_numpy(E.trainable_rows(vocab, texts)))
     proj = torch.nn.Linear(encoder.out_dim, teacher.shape[1])
     optimizer = torch.optim.Adam([*encoder.parameters(), *proj.parameters()], lr=args.lr)
-    rows = [vocab.ids(vocab.pieces(t))[:128] for t in texts]
+    rows = [vocab.token_ids(t, 128) for t in texts]
     target = torch.from_numpy(teacher.astype(np.float32))
     rng = np.random.default_rng(args.seed)
     perm = rng.permutation(len(rows))

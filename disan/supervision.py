@@ -92,8 +92,8 @@ class NLITriples:
         triples = nli_triples(data)
         if not triples:
             raise ValueError(f"{data}: no NLI training triples found")
-        self.anchor, self.pos, self.neg = (
-            [vocab.ids(vocab.pieces(t[k])[:MAX_TOKENS]) or [1] for t in triples] for k in range(3))
+        self.anchor, self.pos, self.neg = ([vocab.token_ids(t[k], MAX_TOKENS) or [1] for t in triples]
+                                           for k in range(3))
 
     def __len__(self) -> int:
         return len(self.anchor)

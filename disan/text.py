@@ -156,10 +156,15 @@ class Vocab:
         """Raw text -> the pieces the model reads (`tokenize`, then `pieces`)."""
         return self.pieces(tokenize(text))
 
+    def token_ids(self, tokens: Sequence[str], max_len: int | None = None) -> list[int]:
+        """Tokenized text -> the ids of its pieces, cut to `max_len` (the one way training data,
+        evaluation and raw text become model input)."""
+        return self.ids(self.pieces(tokens)[:max_len])
+
     def text_ids(self, text: str, max_len: int | None = None) -> list[int]:
         """Raw text -> ids cut to `max_len`; an empty text becomes one UNK (every row needs one
         valid position; the service rejects empty texts before this point)."""
-        return self.ids(self.tokens(text)[:max_len]) or [UNK]
+        return self.token_ids(tokenize(text), max_len) or [UNK]
 
     def encode(self, texts: Sequence[str], max_len: int | None = None,
                min_len: int = 1) -> Encoded:

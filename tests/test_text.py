@@ -117,5 +117,6 @@ def test_an_unknown_compound_reads_as_its_known_words() -> None:
     # one id per piece: limits, windows and explanations count what the model reads
     assert vocab.text_ids("the dog-man") == vocab.ids(["the", "dog", "-", "man"])
     assert vocab.text_ids("the dog-man", max_len=2) == vocab.ids(["the", "dog"])
+    assert vocab.token_ids(["the", "dog-man"], 3) == vocab.ids(["the", "dog", "-"])
     # a joint the vocabulary lacks ("/" here) is dropped; a compound with an unknown word stays whole
     assert vocab.ids(vocab.pieces(["x-ray"])) == [UNK]
