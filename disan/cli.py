@@ -1,5 +1,5 @@
-"""`disan` console script: train | experiment | corpus | teacher | pretrain | extend-vocab | slim |
-eval | export | verify | serve | embed.
+"""`disan` console script: train | experiment | corpus | teacher | pretrain | extend-vocab | widen |
+slim | eval | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -24,6 +24,7 @@ COMMANDS = {
     "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
     "extend-vocab": ("disan.vocab_extend", "give a trained sentence encoder rows for words it never saw",
                      "train"),
+    "widen": ("disan.widen", "grow a trained sentence encoder's d_h, serving the same vectors", "train"),
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
