@@ -82,18 +82,21 @@ class Encoder:
     `max_tokens` (sharing `overlap` tokens) whose vectors are pooled by their token counts
     (`window`, disan.windowing, as the service does), cut (`truncate`) or refused (`error`:
     `TextTooLong`). An empty text is embedded as one unknown token, as the offline runtime does.
+    `spelling=False` leaves a misspelt word unknown instead of reading it as the known word one
+    edit away (the service's `--spelling`).
     """
 
     def __init__(self, bundle: str | Path = "models/default", *, providers: str = "auto",
                  variant: str = "auto", threads: int = 0, max_tokens: int | None = None,
-                 long_texts: LongTexts = "window", overlap: int = 0, runtime: Runtime | None = None):
+                 long_texts: LongTexts = "window", overlap: int = 0, spelling: bool = True,
+                 runtime: Runtime | None = None):
         if long_texts not in LONG_TEXT_POLICIES:
             raise ValueError(f"long_texts={long_texts!r}: one of {', '.join(LONG_TEXT_POLICIES)}")
         self.long_texts = LongTextPolicy(long_texts)
         self.overlap = overlap
         self.runtime = runtime or Runtime(bundle, RuntimeOptions(
             providers=providers, variant=variant, intra_op_threads=threads,  # type: ignore[arg-type]
-            max_tokens=max_tokens))
+            max_tokens=max_tokens, spelling=spelling))
         self.limits: BatchLimits = provider_limits(self.runtime.provider)
         if not 0 <= overlap < self.runtime.max_tokens:
             raise ValueError(f"overlap={overlap}: from 0 to max_tokens - 1 ({self.runtime.max_tokens - 1})")

@@ -40,6 +40,7 @@ class RuntimeOptions:
     workers: int = 1                          # processes sharing this host's cores (auto layout)
     max_tokens: int | None = None             # None: the bundle's max_len
     model_name: str | None = None             # None: the manifest's name
+    spelling: bool = True                     # a misspelt unknown word read as a known one (Vocab.spelled)
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

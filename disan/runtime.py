@@ -94,6 +94,9 @@ class Runtime(ExplainFlags):
             self.vocab = Vocab.load(vocab_file)
         except (OSError, ValueError) as exc:
             raise BundleError(f"{vocab_file}: cannot load vocab ({exc})") from exc
+        self.vocab.spelling = options.spelling
+        if options.spelling:
+            self.vocab.index_spelling()  # now, not on the first request with a misspelt word
         providers = requested_providers(options.providers)
         if CUDA in providers:
             preload_cuda()

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
         LongTextPolicy.WINDOW, description="texts over max_tokens on /embed, /similarity, /nli and "
         "/sentiment when the request does not say: window (cut into windows, pooled), truncate, "
         "error (422)")
+    spelling: bool = Field(True, description="read an unknown word of 5 to 24 letters a-z that is one "
+                           "edit from a known word as that word (/tokenize shows it); false: unknown")
     window_overlap: int = Field(0, ge=0, le=100_000, description="tokens consecutive windows share "
                                 "(< max_tokens)")
     max_tokens_per_text: int = Field(8192, ge=1, le=10_000_000, description="longest text windowed "
@@ -240,4 +242,4 @@ class Settings(BaseSettings):
             providers=self.providers, variant=self.variant, intra_op_threads=self.intra_op_threads,
             inter_op_threads=self.inter_op_threads, graph_optimization_level=self.graph_optimization_level,
             ort_spinning=self.ort_spinning, batch_concurrency=self.batch_concurrency, workers=self.workers,
-            max_tokens=self.max_tokens, model_name=self.model_name)
+            max_tokens=self.max_tokens, model_name=self.model_name, spelling=self.spelling)

@@ -130,3 +130,12 @@ def test_provider_chosen_as_the_service_chooses(encoder, client):
     batching = info["batching"]
     assert (encoder.limits.max_batch_size, encoder.limits.max_batch_cells) == (
         batching["max_batch_size"], batching["max_batch_cells"])
+
+
+def test_spelling_reads_a_misspelt_word_unless_turned_off(encoder, tiny_bundle):
+    misspelt, right = "a man playnig the guitarr", "a man playing the guitar"
+    on = encoder.encode([misspelt, right])
+    np.testing.assert_allclose(on[0], on[1], atol=1e-6)
+    off = Encoder(tiny_bundle, spelling=False).encode([misspelt, right])
+    assert not np.allclose(off[0], off[1], atol=1e-3)
+    np.testing.assert_allclose(off[1], on[1], atol=1e-6)  # correctly spelt text: the same either way

@@ -120,3 +120,54 @@ def test_an_unknown_compound_reads_as_its_known_words() -> None:
     assert vocab.token_ids(["the", "dog-man"], 3) == vocab.ids(["the", "dog", "-"])
     # a joint the vocabulary lacks ("/" here) is dropped; a compound with an unknown word stays whole
     assert vocab.ids(vocab.pieces(["x-ray"])) == [UNK]
+
+
+def test_a_misspelt_word_reads_as_the_known_word_one_edit_away() -> None:
+    vocab = Vocab(["the", "ingredients", "escalator", "referring", "greenwich", "hotel", "hostel",
+                   "cooking", "blade", "blades"])
+    text = "The ingrediants escelator refering greenwhich cookign"
+    assert vocab.tokens(text) == ["the", "ingredients", "escalator", "referring", "greenwich", "cooking"]
+    assert vocab.text_ids(text)[1] == vocab.stoi["ingredients"]
+    # several known words one edit away: the earliest in the vocabulary (the more frequent)
+    assert vocab.spelled("hootel") == "hotel" and vocab.spelled("hxstel") == "hostel"
+    assert vocab.spelled("bladez") == "blade"  # "blade" (replace) and "blades" (insert) both qualify
+    # left unknown: no word one edit away, too short, too long, not a-z, or two edits away
+    for word in ["zzzzzz", "thee", "ingredientsingredientsxx", "ingrédients", "escal4tor", "ingrdiants"]:
+        assert vocab.spelled(word) is None
+        assert vocab.token_ids([word]) == [UNK]
+
+
+def test_spelling_matches_every_edit_of_the_brute_force() -> None:
+    """The index (`_OneEdit`) finds exactly the known words among all strings one edit away."""
+    import random
+    import string
+
+    rng = random.Random(0)
+    words = sorted({"".join(rng.choice("abcde") for _ in range(rng.randrange(4, 9))) for _ in range(400)})
+    vocab = Vocab(words)
+
+    def brute(q: str) -> str | None:
+        splits = [(q[:i], q[i:]) for i in range(len(q) + 1)]
+        near = ({a + b[1:] for a, b in splits if b}
+                | {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
+                | {a + c + b[1:] for a, b in splits if b for c in string.ascii_lowercase}
+                | {a + c + b for a, b in splits for c in string.ascii_lowercase})
+        ids = [vocab.stoi[w] for w in near if w in vocab.stoi]
+        return vocab.itos[min(ids)] if ids else None
+
+    queries = {"".join(rng.choice("abcdef") for _ in range(rng.randrange(5, 9))) for _ in range(600)}
+    queries = [q for q in queries if q not in vocab]
+    assert sum(brute(q) is not None for q in queries) > 50  # the test sees many corrections
+    for q in queries:
+        assert vocab.spelled(q) == brute(q), q
+
+
+def test_spelling_answers_stay_bounded(monkeypatch) -> None:
+    import disan.text as text_module
+
+    monkeypatch.setattr(text_module, "_SPELLING_CACHE", 3)
+    vocab = Vocab(["hotel", "hostel"])
+    for q in ["hootel", "hxstel", "aaaaaa", "bbbbbb", "hootel"]:
+        vocab.spelled(q)
+        assert len(vocab._spelled) <= 3
+    assert vocab.spelled("hootel") == "hotel"

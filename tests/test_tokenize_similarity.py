@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
-from disan.text import tokenize
+from disan.text import UNK, tokenize
 from service.main import create_app
 from service.settings import Settings
 
@@ -54,6 +54,26 @@ def test_an_unknown_compound_is_read_as_its_known_words(client, tiny_vocab):
     assert got["tokens"] == ["a", "dog", "man", "runs"] and got["ids"] == tiny_vocab.ids(got["tokens"])
     same = unit(client, ["a dog-man runs", "a dog man runs"])
     assert np.allclose(same[0], same[1], atol=1e-6)
+
+
+def test_a_misspelt_word_is_read_as_the_known_word(client, tiny_vocab):
+    """"playnig" and "guitarr" are one edit from known words: /tokenize shows the words the model
+    reads, and the vectors are those of the text spelt right."""
+    assert "playnig" not in tiny_vocab and "guitarr" not in tiny_vocab
+    got = client.post("/tokenize", json={"texts": ["a man playnig the guitarr"]}).json()["results"][0]
+    assert got["tokens"] == ["a", "man", "playing", "the", "guitar"]
+    assert got["ids"] == tiny_vocab.ids(got["tokens"])
+    same = unit(client, ["a man playnig the guitarr", "a man playing the guitar"])
+    assert np.allclose(same[0], same[1], atol=1e-6)
+
+
+def test_spelling_off_leaves_a_misspelt_word_unknown(tiny_bundle, tiny_vocab):
+    app = create_app(Settings(bundle=tiny_bundle, spelling=False))
+    with TestClient(app) as c:
+        wait_ready(c.get)
+        got = c.post("/tokenize", json={"texts": ["a man playnig the guitarr"]}).json()["results"][0]
+    assert got["tokens"] == ["a", "man", "playnig", "the", "guitarr"]
+    assert got["ids"][2] == got["ids"][4] == UNK
 
 
 def test_tokenize_limits_and_errors(client):
