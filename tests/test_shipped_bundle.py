@@ -46,4 +46,7 @@ def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
     recorded = 100 * load_manifest(BUNDLE)["models"]["sentiment"]["metrics"]["test_acc"]
     report = evaluate_task(BUNDLE, "sst5", STAGED)
     assert report["n"] == 2210
-    assert abs(report["accuracy"] - recorded) <= 0.1, (report["accuracy"], recorded)
+    # `recorded` is the model's own test accuracy when it was trained; since then the tokenizer
+    # reads unknown compounds and misspellings as known words (+0.27 points), so half a point
+    # (11 of 2,210 sentences) is allowed; a broken graph or vocabulary is far outside it.
+    assert abs(report["accuracy"] - recorded) <= 0.5, (report["accuracy"], recorded)
