@@ -47,8 +47,8 @@ _JOINT_RE = re.compile(r"([-/])")
 # ASCII's control characters (category Cc: 0-31 and 127), each replaced by a space like any "C" character.
 _ASCII_CONTROLS = dict.fromkeys([*range(32), 127], " ")
 # An unknown word of SPELLING_LETTERS a-z letters is read as a known word one edit away (`Vocab.
-# spelled`). Shorter words have too many neighbours to guess from; a longer one would cost
-# ~54 lookups per letter, so it stays unknown.
+# spelled`). Shorter words have too many neighbours to guess from; longer runs of letters are
+# rarely misspelt words.
 SPELLING_LETTERS = range(5, 25)
 _SPELLING_CACHE = 65_536  # answers kept per vocabulary (then forgotten): bounded memory
 _NOT_ASKED = object()
@@ -113,8 +113,9 @@ class _OneEdit:
     that are one edit from it (Norvig's `edits1`: a request full of long unknown words would cost
     a millisecond a word on the event loop).
 
-    Every known word of SPELLING_LETTERS +- 1 letters is indexed under each of its deletions
-    (the word with letter i left out), as sorted 64-bit hashes. For a query q of n letters:
+    Every known word of SPELLING_LETTERS or one more letter is indexed under each of its
+    deletions (the word with letter i left out), as sorted 64-bit hashes (Python's `hash`, so an
+    index is only good in the process that built it: `Vocab` never pickles one). For a query q of n letters:
     a known word with q's letter i replaced shares q's deletion at i (same length, same i); one
     with a letter deleted from q is q's deletion itself (a plain lookup); one with a letter
     inserted has q as one of its deletions; a swap of neighbours is looked up directly. Hash
@@ -122,7 +123,7 @@ class _OneEdit:
     """
 
     def __init__(self, itos: Sequence[str]):
-        low, high = SPELLING_LETTERS.start - 1, SPELLING_LETTERS.stop
+        low, high = SPELLING_LETTERS.start, SPELLING_LETTERS.stop
         keys, ids, where = [], [], []
         for i, w in enumerate(itos):
             if i > UNK and low <= len(w) <= high and w.isascii() and w.isalpha():
@@ -184,6 +185,10 @@ class Vocab:
 
     def __len__(self) -> int:
         return len(self.itos)
+
+    def __getstate__(self) -> dict:
+        # The spelling index holds this process's string hashes: another process rebuilds it.
+        return {**self.__dict__, "_spelled": {}, "_one_edit": None}
 
     def __contains__(self, word: str) -> bool:
         return word in self.stoi

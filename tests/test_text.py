@@ -171,3 +171,14 @@ def test_spelling_answers_stay_bounded(monkeypatch) -> None:
         vocab.spelled(q)
         assert len(vocab._spelled) <= 3
     assert vocab.spelled("hootel") == "hotel"
+
+
+def test_a_pickled_vocab_rebuilds_its_spelling_index() -> None:
+    """The index holds this process's string hashes; a copy sent elsewhere must not carry it."""
+    import pickle
+
+    vocab = Vocab(["the", "ingredients"])
+    assert vocab.spelled("ingrediants") == "ingredients" and vocab._one_edit is not None
+    copy = pickle.loads(pickle.dumps(vocab))
+    assert copy._one_edit is None and copy._spelled == {}
+    assert copy.spelled("ingrediants") == "ingredients" and copy.stoi == vocab.stoi
