@@ -50,6 +50,10 @@ _ASCII_CONTROLS = dict.fromkeys([*range(32), 127], " ")
 # spelled`). Shorter words have too many neighbours to guess from; longer runs of letters are
 # rarely misspelt words.
 SPELLING_LETTERS = range(5, 25)
+# What PTB splits off before "n't" ("didn't" -> did n't, "can't" -> ca n't): an unknown "didnt"
+# is read the same way, before any spelling guess could drop the negation ("wasnt" -> "want").
+_NEGATED = frozenset("do does did is are was were has have had could should would must need might "
+                     "ca wo ai sha".split())
 _SPELLING_CACHE = 65_536  # answers kept per vocabulary (then forgotten): bounded memory
 _NOT_ASKED = object()
 
@@ -203,13 +207,17 @@ class Vocab:
     def pieces(self, tokens: Sequence[str]) -> list[str]:
         """`tokens` as this vocabulary reads them: a compound it lacks whose words it all knows
         ("non-physical", "on/in") becomes those words and its joints (where it knows them),
-        instead of one UNK, and a misspelt word becomes the known word one edit away
-        (`spelled`). Known tokens, and compounds with an unknown word, stay whole. Ids come
+        instead of one UNK, a negation written without its apostrophe ("didnt") becomes the
+        PTB pieces of the one with it (`did n't`), and a misspelt word the known word one edit
+        away (`spelled`). Known tokens, and compounds with an unknown word, stay whole. Ids come
         from these pieces, one each, so explanations and limits count what the model sees."""
         out: list[str] = []
         for tok in tokens:
             if tok in self.stoi or len(tok) < 3:
                 out.append(tok)
+                continue
+            if tok.endswith("nt") and tok[:-2] in _NEGATED and tok[:-2] in self.stoi:
+                out += [tok[:-2], "n't"]                                    # "didnt": did n't
                 continue
             if "-" not in tok and "/" not in tok:
                 out.append((self.spelling and self.spelled(tok)) or tok)

@@ -182,3 +182,13 @@ def test_a_pickled_vocab_rebuilds_its_spelling_index() -> None:
     copy = pickle.loads(pickle.dumps(vocab))
     assert copy._one_edit is None and copy._spelled == {}
     assert copy.spelled("ingrediants") == "ingredients" and copy.stoi == vocab.stoi
+
+
+def test_a_negation_without_its_apostrophe_reads_as_with_it() -> None:
+    """"wasnt" is one edit from "want": read as `was n't`, as "wasn't" is, the negation kept."""
+    vocab = Vocab(["i", "was", "did", "want", "n't", "know", "dont", "couldst", "could"])
+    assert vocab.tokens("I wasnt, I didnt know") == vocab.tokens("I wasn't, I didn't know") == [
+        "i", "was", "n't", ",", "i", "did", "n't", "know"]
+    assert vocab.tokens("couldnt") == ["could", "n't"]  # not the spelling guess "couldst"
+    assert vocab.tokens("dont") == ["dont"]  # a known word stays itself
+    assert vocab.tokens("mightnt") == ["mightnt"]  # "might" unknown here: left to the rest
