@@ -64,7 +64,10 @@ class Student(torch.nn.Module):
 
 
 def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float,
-                 relational: float = 0.0):
+                 relational: float = 0.0, second: torch.Tensor | None = None, mix: float = 0.0):
+    """Cosine to the teacher, + in-batch InfoNCE, + the relational term: the squared error between
+    the student's in-batch cosine matrix and the teacher's (mixed with a `second` teacher's, its
+    share `mix`, where one is given: its vectors may live in another space)."""
     pred_n, target_n = F.normalize(pred, dim=-1), F.normalize(target, dim=-1)
     loss = 1.0 - (pred_n * target_n).sum(-1).mean()
     if contrastive > 0:
@@ -73,7 +76,11 @@ def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, t
     if relational > 0:
         # The cosine between two sentences is what STS scores: match the student's batch of them to
         # the teacher's, not only each vector to its own target.
-        loss = loss + relational * F.mse_loss(pred_n @ pred_n.T, target_n @ target_n.T)  # [B,B]
+        related = target_n @ target_n.T                                  # [B,B]
+        if second is not None:
+            second_n = F.normalize(second, dim=-1)
+            related = (1.0 - mix) * related + mix * (second_n @ second_n.T)
+        loss = loss + relational * F.mse_loss(pred_n @ pred_n.T, related)
     return loss
 
 
@@ -110,8 +117,11 @@ def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
     return total / len(idx)
 
 
-def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Callable[[], np.ndarray]) -> dict:
+def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Callable[[], np.ndarray],
+            second_prefix: Callable[[], np.ndarray] | None = None) -> dict:
     """Train on the sentences whose teacher vectors are cached; returns the best record.
+    `second_prefix` (--relational-teacher): a second teacher's vectors of the same rows, mixed
+    into the relational term's target.
 
     `teacher_prefix()` gives the vectors of the corpus's first rows; it is asked again before each
     pass over the data, so a student trains while its teacher is still encoding the corpus. The
@@ -174,6 +184,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     while not done:
         teacher = teacher_prefix()
         target = torch.from_numpy(np.asarray(teacher, dtype=np.float32))
+        second = (torch.from_numpy(np.asarray(second_prefix()[: len(teacher)], dtype=np.float32))
+                  if second_prefix else None)
         train = np.arange(n_val, len(teacher))
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
         lengths = [len(rows[i]) for i in train]
@@ -184,7 +196,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         for b in batches:
             pred = student(*_batch(rows, train[b], device))
             loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature,
-                                args.relational)
+                                args.relational, None if second is None else second[train[b]].to(device),
+                                args.relational_mix)
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss

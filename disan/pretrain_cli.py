@@ -112,6 +112,11 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--relational", type=float, default=0.0,
                         help="weight of the squared error between the student's and the teacher's "
                              "in-batch cosine matrices")
+    parser.add_argument("--relational-teacher", default=None, metavar="NAME",
+                        help="a second teacher cache under the corpus (teacher-NAME) whose in-batch "
+                             "cosines are mixed into the relational term's target")
+    parser.add_argument("--relational-mix", type=float, default=0.5,
+                        help="the second teacher's share of the relational target (0 to 1)")
     parser.add_argument("--neighbour-group", type=int, default=0,
                         help="build batches from groups of this many sentences that are neighbours in "
                              "the teacher's space (0: batches of random sentences of similar length)")
@@ -162,5 +167,28 @@ def run_corpus(args: argparse.Namespace) -> int:
         raise ValueError(f"fewer than 1000 {args.teacher} vectors cached: "
                          f"run `disan teacher --corpus {args.corpus}`")
     print(f"{cache.done}/{len(sentences)} corpus sentences have {args.teacher} vectors so far")
-    print(json.dumps({"out": str(args.out), **distill(args, sentences, cache.vectors)}))
+    second = _relational_teacher(args, info["sha256"], len(sentences))
+    if second is None:
+        best = distill(args, sentences, cache.vectors)
+    else:  # both teachers' vectors for the same rows: the prefix both caches hold
+        best = distill(args, sentences, lambda: cache.vectors()[: second.done], second.vectors)
+    print(json.dumps({"out": str(args.out), **best}))
     return 0
+
+
+def _relational_teacher(args: argparse.Namespace, corpus_sha256: str, rows: int) -> TeacherCache | None:
+    """The cache of --relational-teacher, checked against the flags it needs, or None."""
+    name = args.relational_teacher
+    if name is None:
+        return None
+    if name not in TEACHERS or name == args.teacher:
+        raise ValueError(f"--relational-teacher {name}: one of {', '.join(sorted(TEACHERS))}, other "
+                         f"than --teacher {args.teacher}")
+    if args.relational <= 0 or not 0.0 <= args.relational_mix <= 1.0:
+        raise ValueError("--relational-teacher needs --relational > 0 and --relational-mix in [0, 1]")
+    cache = TeacherCache.open(args.corpus / f"teacher-{name}", corpus_sha256, name, rows, TEACHERS[name][1])
+    if cache.done < 1000:
+        raise ValueError(f"fewer than 1000 {name} vectors cached: "
+                         f"run `disan teacher --corpus {args.corpus} --teacher {name}`")
+    print(f"{cache.done}/{rows} corpus sentences have {name} vectors so far (relational target)")
+    return cache

@@ -23,7 +23,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
-                neighbour_group=0)
+                neighbour_group=0, relational_mix=0.5)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -79,6 +79,33 @@ def test_relational_term_matches_the_teachers_cosines() -> None:
     cos = torch.nn.functional.normalize(squeezed, dim=-1)
     expected = ((cos @ cos.T - target @ target.T) ** 2).mean()
     assert gap == pytest.approx(float(expected), rel=1e-5) and gap > 0.005
+
+
+def test_a_second_teacher_joins_the_relational_target() -> None:
+    """--relational-teacher: the target cosines are the teachers' mixed by --relational-mix; the
+    second teacher's vectors may have another size."""
+    target = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    second = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])  # all apart
+    loss = distill.distill_loss
+    alone = loss(target, target, 0.0, 0.05, relational=1.0)
+    assert loss(target, target, 0.0, 0.05, 1.0, second, mix=0.0) == pytest.approx(float(alone), abs=1e-6)
+    for mix in (0.5, 1.0):
+        mixed = (1 - mix) * target @ target.T + mix * second @ second.T
+        expected = ((target @ target.T - mixed) ** 2).mean()
+        got = loss(target, target, 0.0, 0.05, 1.0, second, mix=mix)
+        assert got == pytest.approx(float(expected), rel=1e-5) and got > 0.01
+
+
+def test_trains_with_a_second_teacher(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    second = np.random.default_rng(1).standard_normal((len(sentences), 3)).astype(np.float16)
+    asked = []
+
+    def second_prefix() -> np.ndarray:
+        asked.append(1)
+        return second
+    distill.distill(_args(tmp_path, relational=1.0, steps=3), sentences, lambda: teacher, second_prefix)
+    assert asked and (tmp_path / "best.pt").is_file()
 
 
 def test_projection_sets_the_served_size() -> None:
@@ -194,3 +221,17 @@ def test_neighbour_batches_train(tmp_path: Path) -> None:
     distill.distill(_args(tmp_path, neighbour_group=4), sentences, lambda: teacher)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [3, 6]
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"relational_teacher": "mpnet"}, "other than --teacher mpnet"),
+    ({"relational_teacher": "glove"}, "one of minilm, mpnet"),
+    ({"relational": 0.0}, "needs --relational > 0"),
+    ({"relational_mix": 1.5}, "--relational-mix in \\[0, 1\\]"),
+])
+def test_second_teacher_flags_are_checked(tmp_path: Path, over: dict, message: str) -> None:
+    from disan.pretrain_cli import _relational_teacher
+
+    args = _args(tmp_path, corpus=tmp_path, teacher="mpnet", relational_teacher="minilm", relational=1.0)
+    with pytest.raises(ValueError, match=message):
+        _relational_teacher(argparse.Namespace(**{**vars(args), **over}), "sha", 10)
