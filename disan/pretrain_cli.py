@@ -161,12 +161,7 @@ def run_corpus(args: argparse.Namespace) -> int:
     from disan.distill import distill  # torch: not needed for --teacher-only
 
     sentences, info = read_corpus(args.corpus)
-    cache = TeacherCache.open(args.corpus / f"teacher-{args.teacher}", info["sha256"], args.teacher,
-                              len(sentences), TEACHERS[args.teacher][1])
-    if cache.done < 1000:
-        raise ValueError(f"fewer than 1000 {args.teacher} vectors cached: "
-                         f"run `disan teacher --corpus {args.corpus}`")
-    print(f"{cache.done}/{len(sentences)} corpus sentences have {args.teacher} vectors so far")
+    cache = _cached_teacher(args.corpus, args.teacher, info["sha256"], len(sentences))
     second = _relational_teacher(args, info["sha256"], len(sentences))
     if second is None:
         best = distill(args, sentences, cache.vectors)
@@ -174,6 +169,18 @@ def run_corpus(args: argparse.Namespace) -> int:
         best = distill(args, sentences, lambda: cache.vectors()[: second.done], second.vectors)
     print(json.dumps({"out": str(args.out), **best}))
     return 0
+
+
+def _cached_teacher(corpus: Path, name: str, corpus_sha256: str, rows: int, role: str = "") -> TeacherCache:
+    """The `disan teacher` cache of teacher `name` under `corpus`, once it holds 1,000 rows."""
+    if name not in TEACHERS:
+        raise ValueError(f"teacher {name!r}: one of {', '.join(sorted(TEACHERS))}")
+    cache = TeacherCache.open(corpus / f"teacher-{name}", corpus_sha256, name, rows, TEACHERS[name][1])
+    if cache.done < 1000:
+        raise ValueError(f"fewer than 1000 {name} vectors cached: "
+                         f"run `disan teacher --corpus {corpus} --teacher {name}`")
+    print(f"{cache.done}/{rows} corpus sentences have {name} vectors so far{role}")
+    return cache
 
 
 def _relational_teacher(args: argparse.Namespace, corpus_sha256: str, rows: int) -> TeacherCache | None:
@@ -186,9 +193,4 @@ def _relational_teacher(args: argparse.Namespace, corpus_sha256: str, rows: int)
                          f"than --teacher {args.teacher}")
     if args.relational <= 0 or not 0.0 <= args.relational_mix <= 1.0:
         raise ValueError("--relational-teacher needs --relational > 0 and --relational-mix in [0, 1]")
-    cache = TeacherCache.open(args.corpus / f"teacher-{name}", corpus_sha256, name, rows, TEACHERS[name][1])
-    if cache.done < 1000:
-        raise ValueError(f"fewer than 1000 {name} vectors cached: "
-                         f"run `disan teacher --corpus {args.corpus} --teacher {name}`")
-    print(f"{cache.done}/{rows} corpus sentences have {name} vectors so far (relational target)")
-    return cache
+    return _cached_teacher(args.corpus, name, corpus_sha256, rows, " (relational target)")

@@ -235,3 +235,11 @@ def test_second_teacher_flags_are_checked(tmp_path: Path, over: dict, message: s
     args = _args(tmp_path, corpus=tmp_path, teacher="mpnet", relational_teacher="minilm", relational=1.0)
     with pytest.raises(ValueError, match=message):
         _relational_teacher(argparse.Namespace(**{**vars(args), **over}), "sha", 10)
+
+
+def test_an_unknown_teacher_is_a_clear_error(tmp_path: Path) -> None:
+    """--teacher glove used to reach TEACHERS["glove"] (a KeyError, a traceback from the CLI)."""
+    from disan.pretrain_cli import _cached_teacher
+
+    with pytest.raises(ValueError, match="teacher 'glove': one of minilm, mpnet"):
+        _cached_teacher(tmp_path, "glove", "sha", 10)
