@@ -126,7 +126,7 @@ class _OneEdit:
     matches are checked against the words themselves, so a collision never answers.
     """
 
-    def __init__(self, itos: Sequence[str]):
+    def __init__(self, itos: Sequence[str], stoi: dict[str, int]):
         low, high = SPELLING_LETTERS.start, SPELLING_LETTERS.stop
         keys, ids, where = [], [], []
         for i, w in enumerate(itos):
@@ -139,11 +139,12 @@ class _OneEdit:
         self.keys = np.asarray(keys, dtype=np.int64)[order]                 # [N] sorted
         self.ids = np.asarray(ids, dtype=np.int32)[order]                   # [N] word id
         self.where = np.asarray(where, dtype=np.int8)[order]                # [N] letter left out
-        self.itos = itos
+        self.itos, self.stoi = itos, stoi
 
-    def nearest(self, q: str, stoi: dict[str, int]) -> int | None:
-        """The smallest id of a known word one edit from the unknown word `q`, or None."""
-        n = len(q)
+    def nearest(self, q: str) -> int | None:
+        """The smallest id of a known word one edit from the unknown word `q` (letters only, so
+        never PAD or UNK), or None."""
+        stoi, n = self.stoi, len(q)
         gone = [q[:j] + q[j + 1:] for j in range(n)]                        # q's deletions
         found = [stoi[g] for g in gone if g in stoi]                        # q has a letter too many
         found += [stoi[s] for j in range(n - 1)                             # two neighbours swapped
@@ -160,7 +161,6 @@ class _OneEdit:
                     continue                                                # a hash collision
                 if j == n or (at == j and len(w) == n):                     # q lacks a letter / one replaced
                     found.append(i)
-        found = [i for i in found if i > UNK]
         return min(found) if found else None
 
 
@@ -239,7 +239,7 @@ class Vocab:
             return None
         if (known := self._spelled.get(word, _NOT_ASKED)) is not _NOT_ASKED:
             return known
-        found = self.index_spelling().nearest(word, self.stoi)
+        found = self.index_spelling().nearest(word)
         answer = self.itos[found] if found is not None else None
         if len(self._spelled) >= _SPELLING_CACHE:  # threads may tokenize at once: the answer is
             self._spelled.clear()                  # returned from here, never read back
@@ -250,7 +250,7 @@ class Vocab:
         """The index behind `spelled`, built on first use (a quarter of a second for 100k
         words; a server builds it while it loads, not on its first misspelt word)."""
         if self._one_edit is None:
-            self._one_edit = _OneEdit(self.itos)
+            self._one_edit = _OneEdit(self.itos, self.stoi)
         return self._one_edit
 
     def tokens(self, text: str) -> list[str]:

@@ -83,13 +83,11 @@ def widen_state(state: dict[str, Tensor], d_old: int, d_new: int, noise: float =
         out[name + ".bias"] = _rows(state[name + ".bias"], u)
     if "proj.weight" in state:
         out["proj.weight"] = _cols(state["proj.weight"], u)                       # [proj, 2d]
-    if noise > 0:
+    if noise > 0:  # on the widened matrices only: the word vectors and biases stay as they were
         gen = torch.Generator().manual_seed(seed)
-        for name, w in out.items():
-            if name != "embed.weight" and w.is_floating_point() and w.ndim == 2 and not w.equal(state[name]):
-                w = w.clone()
-                w += noise * w.std() * torch.randn(w.shape, generator=gen, dtype=w.dtype)
-                out[name] = w
+        for name in [n for n, w in out.items() if w is not state[n] and w.ndim == 2]:
+            w = out[name]
+            out[name] = w + noise * w.std() * torch.randn(w.shape, generator=gen, dtype=w.dtype)
     return out
 
 
