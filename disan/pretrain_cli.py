@@ -22,7 +22,7 @@ import numpy as np
 from disan.corpus import read_corpus
 from disan.data import holdout_split, read_examples
 from disan.embeddings import STATIC_SOURCES
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, LR_DECAYS, PAIR_LOSSES
 from disan.teacher import TEACHERS, TeacherCache
 
 TEACHER_DIM = 384
@@ -130,6 +130,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start from a trained student's best.pt (its vocabulary and shape)")
     parser.add_argument("--keep-prob", type=float, default=0.9)
     parser.add_argument("--steps", type=int, default=10**9)
+    parser.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
+                        help="lower the learning rate from --lr to 0 over this run's --steps "
+                             "(linear or half a cosine); none: constant")
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--resume", action="store_true", help="continue from --out/last.pt")
     parser.add_argument("--device", default="auto", help="auto (a GPU if PyTorch has one) | cpu | cuda[:N]")
@@ -160,6 +163,8 @@ def run_corpus(args: argparse.Namespace) -> int:
     """Distil the cached teacher vectors of a `disan corpus` (as far as they are encoded)."""
     from disan.distill import distill  # torch: not needed for --teacher-only
 
+    if args.lr_decay != "none" and args.steps >= 10**9:
+        raise ValueError(f"--lr-decay {args.lr_decay} needs --steps: the step the rate reaches 0 at")
     sentences, info = read_corpus(args.corpus)
     cache = _cached_teacher(args.corpus, args.teacher, info["sha256"], len(sentences))
     second = _relational_teacher(args, info["sha256"], len(sentences))

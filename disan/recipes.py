@@ -18,6 +18,8 @@ HOLDOUT_SIZE, HOLDOUT_SEED = 1500, 2018
 
 # Losses on scored training pairs a distilled student may add (`disan pretrain --pair-loss`).
 PAIR_LOSSES = ("mse", "cosent")
+# How a distillation phase's learning rate falls to 0 over its --steps (`disan pretrain --lr-decay`).
+LR_DECAYS = ("none", "linear", "cosine")
 
 RECIPES = {
     "nli": {"task": "nli", "train": ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz",

@@ -23,7 +23,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
-                neighbour_group=0, relational_mix=0.5)
+                neighbour_group=0, relational_mix=0.5, lr_decay="none")
     return argparse.Namespace(**{**base, **over})
 
 
@@ -214,6 +214,31 @@ def test_resume_takes_the_new_learning_rate(tmp_path: Path) -> None:
     distill.distill(_args(tmp_path, resume=True, steps=9, lr=1e-4), sentences, lambda: teacher)
     state = load_checkpoint(tmp_path / "last.pt")["optimizer_state"]
     assert [g["lr"] for g in state["param_groups"]] == [1e-4]
+
+
+def test_learning_rate_decays_to_zero_over_the_steps() -> None:
+    linear = [distill.decayed_lr(0.4, "linear", d, 4) for d in range(5)]
+    assert linear == pytest.approx([0.4, 0.3, 0.2, 0.1, 0])
+    assert [distill.decayed_lr(0.4, "cosine", d, 4) for d in (0, 2, 4)] == pytest.approx([0.4, 0.2, 0])
+    assert distill.decayed_lr(0.4, "none", 3, 4) == 0.4
+
+
+def test_a_decaying_run_ends_at_a_low_rate_and_a_resume_decays_afresh(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, lr_decay="linear"), sentences, lambda: teacher)
+    state = load_checkpoint(tmp_path / "last.pt")["optimizer_state"]
+    assert [g["lr"] for g in state["param_groups"]] == pytest.approx([1e-2 / 6])  # the 6th of 6 steps
+    distill.distill(_args(tmp_path, lr_decay="linear", resume=True, steps=9), sentences, lambda: teacher)
+    state = load_checkpoint(tmp_path / "last.pt")["optimizer_state"]
+    assert [g["lr"] for g in state["param_groups"]] == pytest.approx([1e-2 / 3])  # the 3rd of 3 more
+
+
+def test_lr_decay_needs_steps(tmp_path: Path) -> None:
+    from disan.pretrain_cli import run_corpus
+
+    args = _args(tmp_path, corpus=tmp_path / "missing", lr_decay="cosine", steps=10**9)
+    with pytest.raises(ValueError, match="--lr-decay cosine needs --steps"):
+        run_corpus(args)
 
 
 def test_neighbour_batches_train(tmp_path: Path) -> None:
