@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
                         "rounded to what is stored before the parity check: checked as shipped")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
-                        "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32")
+                        "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32; its test sets "
+                        "(SNLI, SST-5, SST-2), where staged, give the manifest's served_accuracy")
     parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
     parser.add_argument("--force", action="store_true", help="replace an existing bundle in --out")
     parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
@@ -303,6 +304,10 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                     entry["note"] = FP16_NOTE
                 else:
                     entry["embedding"] = "int8" if int8_embedding else "fp32"
+        if dev_data is not None and dev_data.is_dir():
+            from model_export.served import served_accuracy
+
+            manifest["served_accuracy"] = served_accuracy(tmp, dev_data, log)
         write_manifest(tmp, manifest)
         load_manifest(tmp)  # the service's own check must accept what we wrote
         if not passed:

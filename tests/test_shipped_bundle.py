@@ -1,5 +1,5 @@
 """The shipped bundle (models/default): loads, its hashes verify, and it reproduces its recorded
-SST-5 test accuracy within 0.1 points when the staged data is present."""
+SST-5 test accuracy (as served, recorded at export) when the staged data is present."""
 
 from __future__ import annotations
 
@@ -43,10 +43,16 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
 def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
     from disan.evaluate import evaluate_task
 
-    recorded = 100 * load_manifest(BUNDLE)["models"]["sentiment"]["metrics"]["test_acc"]
+    manifest = load_manifest(BUNDLE)
+    served = manifest.get("served_accuracy", {}).get("sst5")
     report = evaluate_task(BUNDLE, "sst5", STAGED)
     assert report["n"] == 2210
-    # `recorded` is the model's own test accuracy when it was trained; since then the tokenizer
-    # reads unknown compounds and misspellings as known words (+0.27 points), so half a point
-    # (11 of 2,210 sentences) is allowed; a broken graph or vocabulary is far outside it.
+    if served is not None:
+        # measured by export on this bundle with the same code: only a changed graph, vocabulary
+        # or tokenizer moves it (0.1 points: two of 2,210 sentences, for float noise across CPUs)
+        assert abs(report["accuracy"] - served["accuracy"]) <= 0.1, (report["accuracy"], served)
+        return
+    # A bundle exported before export measured it: the model's training-time test accuracy; the
+    # tokenizer has since read unknown compounds and misspellings as known words (+0.27 points).
+    recorded = 100 * manifest["models"]["sentiment"]["metrics"]["test_acc"]
     assert abs(report["accuracy"] - recorded) <= 0.5, (report["accuracy"], recorded)

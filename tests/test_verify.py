@@ -143,3 +143,24 @@ def test_write_manifest_rehashes(bundle_copy):
     assert load_manifest(bundle_copy)["files"]["vocab.json"] == sha256_file(bundle_copy / "vocab.json")
 
 
+
+
+def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_path):
+    """Export records the bundle's own test accuracy (its tokenizer and graphs), per staged set."""
+    import gzip
+
+    from disan.evaluate import evaluate_task
+    from model_export.served import served_accuracy
+
+    (tmp_path / "sst").mkdir()
+    with gzip.open(tmp_path / "sst" / "sst5_test.jsonl.gz", "wt") as fh:
+        for i in range(40):
+            text = "a good movie " * (i % 4 + 1) + "bad" * (i % 2)
+            fh.write(json.dumps({"text": text, "label": i % 5}) + "\n")
+    logged = []
+    served = served_accuracy(tiny_bundle, tmp_path, logged.append)
+    assert list(served) == ["sst5"]  # SNLI and SST-2 are not staged here: skipped, not failed
+    want = evaluate_task(tiny_bundle, "sst5", tmp_path)
+    assert served["sst5"] == {"accuracy": want["accuracy"], "macro_f1": want["macro_f1"], "n": 40,
+                              "data": "sst/sst5_test.jsonl.gz"}  # the staged layout, no machine path
+    assert logged and "sst5" in logged[0]
