@@ -33,6 +33,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labe
         "model_state": model.state_dict(),
         "config": model.cfg.to_dict(),
         "vocab": vocab.itos,
+        **({"unknown_rows": vocab.unknown_rows} if vocab.unknown_rows else {}),
         "labels": list(labels),
         **extra,
     }
@@ -79,4 +80,9 @@ def model_from_checkpoint(payload: dict[str, Any]) -> tuple[torch.nn.Module, Voc
     model = build_model(cfg)
     model.load_state_dict(payload["model_state"])
     model.eval()
-    return model, Vocab(payload["vocab"][2:]), list(payload["labels"])
+    return model, checkpoint_vocab(payload), list(payload["labels"])
+
+
+def checkpoint_vocab(payload: dict[str, Any]) -> Vocab:
+    """The vocabulary a checkpoint's model reads, with its hashed unknown rows if it has them."""
+    return Vocab(payload["vocab"][2:], unknown_rows=int(payload.get("unknown_rows", 0)))

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
-from disan.checkpoint import load_checkpoint, provenance, save_checkpoint
+from disan.checkpoint import checkpoint_vocab, load_checkpoint, provenance, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.neighbours import neighbour_batches
 from disan.sts import sts_scores
@@ -115,7 +115,7 @@ def checkpoint_encoder(path: Path):
     ckpt = load_checkpoint(path)
     encoder = DiSANEncoder(DiSANConfig.from_dict(ckpt["config"]))
     encoder.load_state_dict(ckpt["model_state"])
-    vocab = Vocab(ckpt["vocab"][2:])
+    vocab = checkpoint_vocab(ckpt)
     return lambda texts: encode_texts(encoder, vocab, texts)
 
 
@@ -153,7 +153,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     # checkpoints, so a bundle exported from it can say where its weights came from.
     origin = resume.get("init_from") if resume else start and provenance(args.init_from, start)
     lineage = {"init_from": origin} if origin else {}
-    vocab = Vocab(known["vocab"][2:]) if known else corpus_vocab(texts, args.vocab_size)
+    vocab = checkpoint_vocab(known) if known else corpus_vocab(texts, args.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.token_ids(t, MAX_TOKENS) or [1] for t in texts]
     if known:  # a trained student goes on (or a run resumes): its own architecture, not the flags'

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +175,17 @@ class Encoded:
 
 
 class Vocab:
-    """Word <-> id map with PAD=0 and UNK=1, saved as JSON next to the model."""
+    """Word <-> id map with PAD=0 and UNK=1, saved as JSON next to the model.
 
-    def __init__(self, words: Iterable[str]):
+    With `unknown_rows` K > 0 an unknown word does not read as UNK: it reads as one of the last K
+    (rarest) words, the same one every time (CRC-32 of its spelling, mod K). Why: two texts that
+    share a word the model lacks ("guillemets", a name, a number) then share that word's row and
+    come out closer, where UNK would make every unknown word alike; what the row means matters
+    less than that it is the same in both texts. The rows are existing ones, so this costs no
+    bytes; a model whose table is shorter than the vocabulary (a bundle's NLI and sentiment
+    models) reads those ids as UNK, as it reads every id past its table."""
+
+    def __init__(self, words: Iterable[str], unknown_rows: int = 0):
         self.itos: list[str] = [PAD_TOKEN, UNK_TOKEN]
         self.stoi: dict[str, int] = {PAD_TOKEN: PAD, UNK_TOKEN: UNK}
         self.spelling = True  # read misspelt unknown words as known ones (`spelled`); a setting
@@ -186,6 +195,9 @@ class Vocab:
             if word not in self.stoi:
                 self.stoi[word] = len(self.itos)
                 self.itos.append(word)
+        if not 0 <= unknown_rows <= len(self.itos) - 2:
+            raise ValueError(f"unknown_rows must be 0 to the {len(self.itos) - 2} words, not {unknown_rows}")
+        self.unknown_rows = unknown_rows
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -198,11 +210,21 @@ class Vocab:
         return word in self.stoi
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Vocab) and self.itos == other.itos
+        return (isinstance(other, Vocab) and self.itos == other.itos
+                and self.unknown_rows == other.unknown_rows)
 
     def ids(self, tokens: Sequence[str]) -> list[int]:
-        """Token ids, UNK for unknown tokens (one id per token: see `pieces`)."""
-        return [self.stoi.get(tok, UNK) for tok in tokens]
+        """Token ids, one per token (see `pieces`); an unknown token gets UNK, or with
+        `unknown_rows` its hashed row (`unknown_id`)."""
+        if not self.unknown_rows:
+            return [self.stoi.get(tok, UNK) for tok in tokens]
+        return [i if (i := self.stoi.get(tok)) is not None else self.unknown_id(tok) for tok in tokens]
+
+    def unknown_id(self, token: str) -> int:
+        """The id an unknown `token` reads as: UNK, or one of the last `unknown_rows` words."""
+        if not self.unknown_rows:
+            return UNK
+        return len(self.itos) - self.unknown_rows + zlib.crc32(token.encode("utf-8")) % self.unknown_rows
 
     def pieces(self, tokens: Sequence[str]) -> list[str]:
         """`tokens` as this vocabulary reads them: a compound it lacks whose words it all knows
@@ -283,7 +305,8 @@ class Vocab:
         return Encoded(ids=ids, mask=ids != PAD, lengths=lengths)
 
     def to_json(self) -> dict:
-        return {"format": "disan-vocab", "version": 1, "pad": PAD, "unk": UNK, "itos": self.itos}
+        extra = {"unknown_rows": self.unknown_rows} if self.unknown_rows else {}
+        return {"format": "disan-vocab", "version": 1, "pad": PAD, "unk": UNK, **extra, "itos": self.itos}
 
     @classmethod
     def from_json(cls, data: dict) -> Vocab:
@@ -291,7 +314,7 @@ class Vocab:
             PAD_TOKEN, UNK_TOKEN
         ]:
             raise ValueError("not a disan vocab (expected format 'disan-vocab' with <pad>, <unk> first)")
-        return cls(data["itos"][2:])
+        return cls(data["itos"][2:], unknown_rows=int(data.get("unknown_rows", 0)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8")

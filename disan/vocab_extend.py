@@ -12,6 +12,10 @@ New words are the first `--top` of a frequency-ordered list (GloVe 6B's 400k wor
 (a checkpoint recovered from a bundle has some). Nothing else changes: every text without a new
 word encodes exactly as before. The fit's quality (cosine of mapped to trained rows on held-out
 known words) is kept in the checkpoint beside what was added.
+
+With --unknown-rows K the last K words (the list's rarest) also stand for the words the
+vocabulary still lacks: each such word always reads as the same one of them, so two texts that
+share it share a row (`disan.text.Vocab`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 import torch
 
 from disan import embeddings as E
-from disan.checkpoint import PROVENANCE_KEYS, load_checkpoint, provenance, write_checkpoint
+from disan.checkpoint import PROVENANCE_KEYS, checkpoint_vocab, load_checkpoint, provenance, write_checkpoint
 from disan.text import UNK, Vocab
 
 HELD_OUT = 0.1  # share of the known words the fit is scored on (then refitted on all)
@@ -83,11 +87,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="candidates: the first N words of GloVe 6B's frequency-ordered list")
     parser.add_argument("--source", choices=E.STATIC_SOURCES,
                         help="static word vectors to map (default: the checkpoint's --init)")
+    parser.add_argument("--unknown-rows", type=int, default=0, metavar="K",
+                        help="the last K words of the extended vocabulary also stand for the words it "
+                             "still lacks, each unknown word always the same one (a hash of its "
+                             "spelling; `disan.text.Vocab`); 0: unknown words read as UNK")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top {args.top}: give how many list words to consider (at least 1)")
+    if args.unknown_rows < 0:
+        raise ValueError(f"--unknown-rows {args.unknown_rows}: give how many rows (0: none)")
     payload = load_checkpoint(args.checkpoint)
     source = args.source or (payload.get("train_config") or {}).get("init")
     if source not in E.STATIC_SOURCES:
@@ -95,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
                          f"{' or '.join(E.STATIC_SOURCES)} (--init {source}); name one with --source")
     candidates = E.load_glove_package().words[: args.top]
     extended, report = extend_vocab(payload, candidates, source)
+    extended.pop("unknown_rows", None)  # an input's K named its own last rows, not these
+    if args.unknown_rows:
+        checkpoint_vocab({**extended, "unknown_rows": args.unknown_rows})  # raises past the word count
+        extended["unknown_rows"] = args.unknown_rows
+    report["unknown_rows"] = args.unknown_rows
     # The optimizer's and the training wrapper's state (a last.pt's) no longer fit the new table;
     # where the input came from moves under `vocab_extension`: this file was made, not recovered.
     dropped = ("optimizer_state", "student_state", *PROVENANCE_KEYS)
@@ -103,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
     out["vocab_extension"] = report | {"list": f"GloVe 6B, first {args.top} words", "from": origin}
     write_checkpoint(args.out, out)
     print(f"{args.out}: {report['added']} words added, {report['unk_rows_filled']} UNK rows filled "
-          f"(map fitted on {report['fit_words']} words, held-out cosine {report['fit_heldout_cosine']})")
+          f"(map fitted on {report['fit_words']} words, held-out cosine {report['fit_heldout_cosine']}); "
+          f"unknown words read as {f'the last {args.unknown_rows} words' if args.unknown_rows else 'UNK'}")
     return 0

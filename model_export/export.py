@@ -369,9 +369,11 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
     if has_embed:
         own = loaded["embed"][1]
         manifest["models"]["embed"]["vocab"] = {
-            "own_words": len(own), "bundle_words": len(vocab),
+            "own_words": len(own), "bundle_words": len(vocab), "unknown_rows": vocab.unknown_rows,
             "note": "the checkpoint's table re-indexed to the bundle vocabulary (its config's "
-                    "vocab_size is the bundle's); bundle words it lacks read its UNK row"}
+                    "vocab_size is the bundle's); bundle words it lacks read its UNK row; a word "
+                    "the vocabulary lacks reads as one of its last unknown_rows words (vocab.json), "
+                    "past the NLI and sentiment tables, so those models read it as UNK"}
     return manifest
 
 

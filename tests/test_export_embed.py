@@ -290,3 +290,41 @@ def test_routes_are_checked_when_the_bundle_loads(tiny_bundle, tmp_path):
             load_manifest(bundle)
     write_manifest(bundle, {**manifest, "routes": {"embed_explain": "nli_encoder_explain"}})
     assert routes(load_manifest(bundle))["embed_explain"] == "nli_encoder_explain"  # explain: optional
+
+
+def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(tiny_checkpoints, embed_ckpt,
+                                                                              tmp_path):
+    """An encoder whose last words stand for unknown words (`extend-vocab --unknown-rows`):
+    the bundle's vocabulary keeps them last, /embed reads an unknown word as the checkpoint does
+    (its hashed row), and the NLI and sentiment models still read it as UNK."""
+    from disan.checkpoint import checkpoint_vocab, write_checkpoint
+    from model_export.recover import recover
+
+    payload = load_checkpoint(embed_ckpt)
+    hashed = tmp_path / "hashed.pt"
+    write_checkpoint(hashed, {**payload, "unknown_rows": 2})  # the last two: sunset, harbor
+    out = tmp_path / "bundle"
+    manifest = build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=hashed,
+                            log=lambda *_: None)
+    vocab = Vocab.load(out / "vocab.json")
+    assert vocab.unknown_rows == 2 and vocab.itos[-2:] == ["sunset", "harbor"]
+    assert manifest["models"]["embed"]["vocab"]["unknown_rows"] == 2
+    texts = ["a man plays the xylophone", "xylophone", "a man plays the violin"]
+    model, own = loaded(hashed)
+    assert own.unknown_rows == 2
+    assert vocab.ids(["xylophone"]) == [vocab.stoi[own.itos[own.ids(["xylophone"])[0]]]]
+    enc = Encoder(out)
+    np.testing.assert_allclose(enc.encode(texts), encode(model, own, texts), atol=1e-5, rtol=0)
+    plain = encode(model, checkpoint_vocab(payload), texts)  # UNK for the xylophone
+    assert not np.allclose(enc.encode(texts)[1], plain[1], atol=1e-3)
+    pairs = [("a man plays the xylophone", "a man plays music")]
+    want = nli_probs(*loaded(tiny_checkpoints.nli), pairs)
+    got = np.asarray([[p["scores"][k] for k in tiny_checkpoints.nli_labels] for p in enc.nli(pairs)])
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    written = recover(out, tmp_path / "ckpt", log=lambda *_: None)
+    assert loaded(written["embed"])[1].unknown_rows == 2
+    nli_vocab = loaded(tiny_checkpoints.nli)[1]
+    with pytest.raises(ValueError, match="last 2 words stand for unknown words"):
+        from model_export.embed import merged_vocab
+
+        merged_vocab(nli_vocab, Vocab([*own.itos[2:], "dog", "man"], unknown_rows=2))

@@ -28,6 +28,27 @@ def test_ptb_and_raw_text_give_the_same_tokens(ptb: str, raw: str) -> None:
     assert all(t == t.lower() for t in tokenize(raw))
 
 
+def test_unknown_words_read_as_hashed_rows_of_the_rarest_words(tmp_path) -> None:
+    words = [f"w{i}" for i in range(20)]
+    plain, hashed = Vocab(words), Vocab(words, unknown_rows=4)
+    tokens = ["w3", "guillemets", "929.06", "w3", "guillemets", "<unk>"]
+    assert plain.ids(tokens) == [5, UNK, UNK, 5, UNK, UNK]
+    ids = hashed.ids(tokens)
+    assert ids[0] == ids[3] == 5 and ids[5] == UNK  # known words (and the UNK token) as before
+    assert ids[1] == ids[4] and all(len(words) + 2 - 4 <= i < len(words) + 2 for i in ids[1:3])
+    # the same id in every process and vocabulary copy: a stable hash of the spelling, not hash()
+    assert Vocab(words, unknown_rows=4).ids(["guillemets"]) == [ids[1]]
+    assert len({hashed.unknown_id(f"x{i}") for i in range(100)}) == 4  # every row is used
+    path = tmp_path / "vocab.json"
+    hashed.save(path)
+    assert json.loads(path.read_text(encoding="utf-8"))["unknown_rows"] == 4
+    assert Vocab.load(path) == hashed and Vocab.load(path) != plain
+    plain.save(path)
+    assert "unknown_rows" not in json.loads(path.read_text(encoding="utf-8"))  # files as before
+    with pytest.raises(ValueError, match="unknown_rows must be 0 to the 20 words"):
+        Vocab(words, unknown_rows=21)
+
+
 def test_tokenize_splits_clitics_and_punctuation() -> None:
     expected = ["do", "n't", "stop", ",", "it", "'s", "3.5", "miles", "!"]
     assert tokenize("Don't stop, it's 3.5 miles!") == expected

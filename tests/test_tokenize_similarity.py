@@ -39,6 +39,7 @@ def test_tokenize_gives_our_tokens_ids_and_the_limit(client, tiny_vocab):
     assert first["tokens"] == ["a", "man", "is", "n't", "playing", "(", "the", "guitar", ")", "."]
     assert first["ids"] == tiny_vocab.ids(first["tokens"])
     assert first["count"] == 10 and first["over_limit"] is False
+    assert first["unknown"] == [i for i, t in enumerate(first["tokens"]) if t not in tiny_vocab]
     assert second["count"] == 140 and len(second["tokens"]) == 140 and second["over_limit"] is True
     # the count is what the embedding routes charge
     assert first["tokens"] == tokenize("A man isn't playing -LRB- the guitar -RRB- .")
@@ -73,7 +74,7 @@ def test_spelling_off_leaves_a_misspelt_word_unknown(tiny_bundle, tiny_vocab):
         wait_ready(c.get)
         got = c.post("/tokenize", json={"texts": ["a man playnig the guitarr"]}).json()["results"][0]
     assert got["tokens"] == ["a", "man", "playnig", "the", "guitarr"]
-    assert got["ids"][2] == got["ids"][4] == UNK
+    assert got["ids"][2] == got["ids"][4] == UNK and got["unknown"] == [2, 4]
 
 
 def test_tokenize_limits_and_errors(client):

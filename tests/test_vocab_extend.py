@@ -99,3 +99,26 @@ def test_refusals_are_one_line(student: Path, tmp_path: Path, monkeypatch, capsy
     assert main(["extend-vocab", str(bare), str(tmp_path / "x.pt")]) == 2
     assert "name one with --source" in capsys.readouterr().err
     assert main(["extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "0"]) == 2
+
+
+def test_unknown_rows_make_a_shared_unknown_word_a_shared_row(student: Path, tmp_path: Path, monkeypatch,
+                                                              capsys) -> None:
+    glove = E.WordVectors(["w1", "new1", "new2", "new3"], np.zeros((4, 2)), "fake glove")
+    monkeypatch.setattr(E, "load_glove_package", lambda: glove)
+    out = tmp_path / "extended.pt"
+    assert main(["extend-vocab", str(student), str(out), "--top", "4", "--unknown-rows", "2"]) == 0
+    assert "the last 2 words" in capsys.readouterr().out
+    payload = load_checkpoint(out)
+    assert payload["unknown_rows"] == 2 and payload["vocab_extension"]["unknown_rows"] == 2
+    from disan.checkpoint import checkpoint_vocab
+
+    vocab = checkpoint_vocab(payload)
+    assert vocab.ids(["zebra"])[0] in (len(vocab) - 2, len(vocab) - 1)  # new2 or new3's row
+    before, after = checkpoint_encoder(student), checkpoint_encoder(out)
+    np.testing.assert_array_equal(before(["w1 w2 w3"]), after(["w1 w2 w3"]))  # known words: as before
+    unknown = after(["w1 zebra", "w1 " + vocab.itos[vocab.ids(["zebra"])[0]]])
+    np.testing.assert_allclose(unknown[0], unknown[1], rtol=1e-6)  # zebra reads as that word's row
+    assert not np.allclose(unknown[0], before(["w1 zebra"])[0])  # not as UNK any more
+    assert main(["extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "4",
+                 "--unknown-rows", "99"]) == 2
+    assert "unknown_rows must be 0 to the" in capsys.readouterr().err

@@ -156,9 +156,11 @@ async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, An
     items = await engine.tokenize_only(body.texts)
     runtime = engine.require_ready()
     limit = runtime.max_tokens
+    vocab = runtime.vocab
     return {"model": runtime.name, "max_tokens": limit,
-            "results": [{"tokens": t.tokens, "ids": t.ids, "count": len(t.tokens),
-                         "over_limit": len(t.tokens) > limit} for t in items]}
+            "results": [{"tokens": t.tokens, "ids": t.ids,
+                         "unknown": [i for i, tok in enumerate(t.tokens) if tok not in vocab],
+                         "count": len(t.tokens), "over_limit": len(t.tokens) > limit} for t in items]}
 
 
 async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str, Any]:

@@ -312,7 +312,10 @@ class TokenizeRequest(BaseModel):
 
 class TokenizedText(BaseModel):
     tokens: list[str] = Field(description="the model's tokens (lowercased, PTB-style), uncut")
-    ids: list[int] = Field(description="vocabulary ids of the tokens (1 = unknown word)")
+    ids: list[int] = Field(description="vocabulary ids of the tokens; an unknown word has 1, or, where "
+                           "the vocabulary has unknown_rows, the id of one of its last words, always the "
+                           "same for the same word")
+    unknown: list[int] = Field(description="positions (in tokens) of the words the vocabulary lacks")
     count: int = Field(description="number of tokens")
     over_limit: bool = Field(description="count > max_tokens: windowed, truncated or refused as "
                              "long_text says")
@@ -322,7 +325,7 @@ class TokenizeResponse(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "model": "default", "max_tokens": 128, "results": [{
             "tokens": ["a", "man", "is", "n't", "playing", "the", "guitar", "."],
-            "ids": [5, 21, 9, 880, 310, 2, 954, 4], "count": 8, "over_limit": False}]}]})
+            "ids": [5, 21, 9, 880, 310, 2, 954, 4], "unknown": [], "count": 8, "over_limit": False}]}]})
     model: str
     max_tokens: int = Field(description="the most tokens a text may have (the served limit)")
     results: list[TokenizedText]
