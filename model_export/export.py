@@ -274,6 +274,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would keep the bundle from a server running as another user
     try:
         with tempfile.TemporaryDirectory(prefix="disan-export-") as stage:
             layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),

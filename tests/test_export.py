@@ -30,6 +30,8 @@ torch.set_num_threads(1)
 
 def test_manifest_records_contract(tiny_bundle, tiny_checkpoints):
     m = load_manifest(tiny_bundle)
+    # readable by a server running as another user (the temporary folder it is built in is 0700)
+    assert tiny_bundle.stat().st_mode & 0o755 == 0o755
     assert m["format_version"] == FORMAT_VERSION == 2
     assert m["name"] == "tiny-disan"  # the --name given, not a graph's name
     assert m["max_len"] == 128 and m["vocab_size"] == len(tiny_checkpoints.vocab)
