@@ -224,7 +224,9 @@ class Vocab:
         """The id an unknown `token` reads as: UNK, or one of the last `unknown_rows` words."""
         if not self.unknown_rows:
             return UNK
-        return len(self.itos) - self.unknown_rows + zlib.crc32(token.encode("utf-8")) % self.unknown_rows
+        # surrogatepass: a token that skipped `tokenize` may hold a lone surrogate; hash it anyway
+        key = zlib.crc32(token.encode("utf-8", "surrogatepass"))
+        return len(self.itos) - self.unknown_rows + key % self.unknown_rows
 
     def pieces(self, tokens: Sequence[str]) -> list[str]:
         """`tokens` as this vocabulary reads them: a compound it lacks whose words it all knows

@@ -32,6 +32,7 @@ from disan.manifest import (
     routes,
     write_manifest,
 )
+from model_export.served import served_accuracy
 
 # the storage names are torch- and onnx-free facts; model_export.weights holds the same tuple
 STORAGES = ("fp32", "fp16", "int8")
@@ -306,8 +307,6 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                 else:
                     entry["embedding"] = "int8" if int8_embedding else "fp32"
         if dev_data is not None and dev_data.is_dir():
-            from model_export.served import served_accuracy
-
             manifest["served_accuracy"] = served_accuracy(tmp, dev_data, log)
         write_manifest(tmp, manifest)
         load_manifest(tmp)  # the service's own check must accept what we wrote

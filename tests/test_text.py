@@ -39,6 +39,7 @@ def test_unknown_words_read_as_hashed_rows_of_the_rarest_words(tmp_path) -> None
     # the same id in every process and vocabulary copy: a stable hash of the spelling, not hash()
     assert Vocab(words, unknown_rows=4).ids(["guillemets"]) == [ids[1]]
     assert len({hashed.unknown_id(f"x{i}") for i in range(100)}) == 4  # every row is used
+    assert hashed.ids(["\ud800"])[0] >= len(words) + 2 - 4  # a lone surrogate is hashed, not an error
     path = tmp_path / "vocab.json"
     hashed.save(path)
     assert json.loads(path.read_text(encoding="utf-8"))["unknown_rows"] == 4
