@@ -218,7 +218,10 @@ class Vocab:
         `unknown_rows` its hashed row (`unknown_id`)."""
         if not self.unknown_rows:
             return [self.stoi.get(tok, UNK) for tok in tokens]
-        return [i if (i := self.stoi.get(tok)) is not None else self.unknown_id(tok) for tok in tokens]
+        ids = [self.stoi.get(tok, -1) for tok in tokens]  # the common case: every token known
+        if -1 in ids:
+            ids = [i if i >= 0 else self.unknown_id(tok) for i, tok in zip(ids, tokens, strict=True)]
+        return ids
 
     def unknown_id(self, token: str) -> int:
         """The id an unknown `token` reads as: UNK, or one of the last `unknown_rows` words."""
