@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import tempfile
 import time
@@ -26,18 +25,16 @@ from disan.manifest import (
     GRAPH_SETS,
     GRAPHS,
     MANIFEST_NAME,
-    ROUTES,
     WEIGHTS_FILE,
     load_manifest,
     routes,
     write_manifest,
 )
+from model_export.bundle_manifest import bundle_manifest
 from model_export.served import served_accuracy
 
 # the storage names are torch- and onnx-free facts; model_export.weights holds the same tuple
 STORAGES = ("fp32", "fp16", "int8")
-# Routes of a bundle with a distilled sentence encoder: /nli keeps the NLI model's own encoder.
-EMBED_ROUTES = {"nli": "nli_encoder", "nli_explain": "nli_encoder_explain"}
 
 FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_io_types: ids int64, "
              "mask bool in, float32 out); fp16 weights and activations, the weights stored once in "
@@ -217,19 +214,6 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
                         for kind in kinds)}
 
 
-def versions() -> dict[str, str]:
-    """Library versions used for the export (recorded in the manifest)."""
-    # torch and onnx: imported when exporting (see load_sources)
-    import onnx
-    import onnxruntime
-    import torch
-
-    from model_export.graphs import OPSET  # torch, as above
-
-    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "python": platform.python_version(), "opset": OPSET}
-
-
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,
                  sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
@@ -319,61 +303,6 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return manifest
-
-
-def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: int, weights: dict[str, Any],
-                    loaded: dict[str, tuple], payloads: dict[str, dict], paths: dict[str, Path]
-                    ) -> dict[str, Any]:
-    """The manifest of an exported bundle, before its hashes and verification (write_manifest)."""
-    from disan.checkpoint import provenance  # torch, as in load_sources
-    from model_export.graphs import graph_source  # torch, as in load_sources
-
-    has_embed = "embed" in loaded
-    encoder = loaded["embed" if has_embed else "nli"][0]
-    encoder = getattr(encoder, "encoder", encoder)  # the NLI model's, or the bare distilled one
-    present = set().union(*(v["fp32"] for v in layout.values()))
-    labels = {"nli": loaded["nli"][2], "sentiment": loaded["sentiment"][2]}
-    manifest: dict[str, Any] = {
-        "name": name,  # the model name the service reports
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
-        "embedding_dim": encoder.out_dim, "word_embedding_dim": encoder.cfg.embed_dim,
-        "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs),
-                       "source": graph_source(g, has_embed),
-                       "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
-                   for g, spec in GRAPHS.items() if g in present},
-    }
-    if has_embed:  # without, the defaults (disan.manifest.ROUTES): the bundle reads as before routes
-        manifest["routes"] = {route: graph for route, graph in {**ROUTES, **EMBED_ROUTES}.items()
-                              if graph in present}
-    # the distilled encoder's config as served: over the bundle's vocabulary (model_export.embed)
-    configs = {task: loaded[task][0].cfg.to_dict() if task == "embed" else payloads[task]["config"]
-               for task in loaded}
-    manifest.update({
-        "sets": {s: {"provider": GRAPH_SETS[s],
-                     "attention_chunk_cells":
-                         chunk_cells if ".chunked." in variants["fp32"]["encoder"] else 0,
-                     "default_variant": next(iter(variants)),
-                     "variants": {v: {"files": f} for v, f in variants.items()}}
-                 for s, variants in layout.items()},
-        "weights": weights,
-        "models": {task: {"config": configs[task], "labels": loaded[task][2],
-                          "metrics": payloads[task].get("metrics", {}),
-                          "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
-                   for task in loaded},
-        # each source named by file name and sha256 (never a path), with the provenance it carries
-        "sources": {task: provenance(path, payloads[task]) for task, path in paths.items()},
-        "versions": versions(),
-    })
-    if has_embed:
-        own = loaded["embed"][1]
-        manifest["models"]["embed"]["vocab"] = {
-            "own_words": len(own), "bundle_words": len(vocab), "unknown_rows": vocab.unknown_rows,
-            "note": "the checkpoint's table re-indexed to the bundle vocabulary (its config's "
-                    "vocab_size is the bundle's); bundle words it lacks read its UNK row; a word "
-                    "the vocabulary lacks reads as one of its last unknown_rows words (vocab.json), "
-                    "past the NLI and sentiment tables, so those models read it as UNK"}
     return manifest
 
 
