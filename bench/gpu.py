@@ -1,7 +1,7 @@
 """GPU benchmark: issue 17's table in one command on a CUDA host (results: bench/RESULTS.md, GPU).
 
     python -m bench.gpu --bundle models/default --data ../shared/data [--checkpoint NLI_CKPT] \\
-        [--parts offline sweep service] [--json bench/gpu.json]
+        [--parts offline sweep lengths service] [--json bench/gpu.json]
     python -m bench.gpu --smoke --bundle DIR --data DIR --json OUT   # CPU, seconds (the test)
 
 Parts (each usable alone, so a run fits a time-limited GPU lease):
@@ -17,6 +17,8 @@ Parts (each usable alone, so a run fits a time-limited GPU lease):
   them (windows of max_batch_size, length-sorted, split by cells); prints the best per
   provider and writes it to the JSON (service/common/batching_defaults.py takes its CUDA values from
   there, by hand, with the numbers in RESULTS.md).
+- lengths: the offline encoder (`disan.Encoder`, as `disan embed`) at several batch budgets on
+  short, medium and long (windowed) texts: whether the sweep's budget also suits long texts.
 - service: `disan serve` with W workers x R sentences per request under wrk (Debian's package;
   else several bench.load client processes) at --connections, with the auto batching defaults
   (each worker its own runtime; and, for --shared-workers, all workers feeding one shared
@@ -55,6 +57,7 @@ from bench.gpu_graphs import (
     onnxruntime_module,
     require_cuda,
 )
+from bench.gpu_lengths import lengths
 from bench.gpu_offline import offline
 from bench.gpu_report import markdown
 from bench.gpu_service import service
@@ -108,6 +111,8 @@ def run_gpu(args: argparse.Namespace) -> dict:
             results["offline"] = offline(args, provider, encoders, sentences, rows)
         if "sweep" in args.parts:
             results["sweep"] = sweep(args, [CPU] if args.smoke else [CUDA, CPU], encoders, rows)
+        if "lengths" in args.parts:
+            results["lengths"] = lengths(args, "cpu" if args.smoke else "cuda", sentences)
         if "service" in args.parts:
             results["service"] = service(args, provider, sentences)
     finally:
@@ -121,8 +126,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--checkpoint", type=Path, help="NLI checkpoint: adds the unchunked export and "
                    "the PyTorch eager row")
-    p.add_argument("--parts", nargs="+", choices=["offline", "sweep", "service"],
-                   default=["offline", "sweep", "service"])
+    p.add_argument("--parts", nargs="+", choices=["offline", "sweep", "lengths", "service"],
+                   default=["offline", "sweep", "lengths", "service"])
     p.add_argument("--sentences", type=int, default=8192)
     p.add_argument("--cpu-sentences", type=int, default=1024, help="sweep: sentences on the CPU provider")
     p.add_argument("--repeats", type=int, default=3)

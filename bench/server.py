@@ -123,7 +123,7 @@ def load(url: str, bodies_file: Path, concurrency: int, seconds: float, per_requ
         out = subprocess.run(
             [
                 "wrk",
-                f"-t{threads}",
+                f"-t{max(1, min(threads, concurrency))}",
                 f"-c{concurrency}",
                 f"-d{max(1, round(seconds))}s",
                 "--timeout",

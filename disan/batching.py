@@ -82,7 +82,7 @@ class BatchLimits:
 # (service.common.batching_defaults) and disan.encoder both read them.
 PROVIDER_DEFAULTS: dict[str, BatchLimits] = {
     "CPUExecutionProvider": BatchLimits(max_batch_size=64, max_batch_cells=4096),
-    "CUDAExecutionProvider": BatchLimits(max_batch_size=256, max_batch_cells=1 << 20),
+    "CUDAExecutionProvider": BatchLimits(max_batch_size=1024, max_batch_cells=1 << 18),
 }
 # Providers without measured values (e.g. TensorRT, ROCm) get the CPU's: small calls are never
 # wrong, only slower than they could be.

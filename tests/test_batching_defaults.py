@@ -16,7 +16,7 @@ def test_cpu_gets_the_cpu_defaults():
 
 def test_cuda_gets_the_cuda_defaults():
     b = resolve_batching(0, 0, CUDA)
-    assert (b.max_batch_size, b.max_batch_cells) == (256, 1 << 20)
+    assert (b.max_batch_size, b.max_batch_cells) == (1024, 1 << 18)  # bench/gpu.json: sweep + long texts
     assert b.source["max_batch_cells"] == "auto: CUDA default"
     assert b.source["batch_concurrency"].startswith("auto")
 
@@ -64,7 +64,7 @@ def _info(bundle, monkeypatch, provider: str | None, **settings) -> tuple[dict, 
 
 @pytest.mark.parametrize(("provider", "expected", "why"), [
     (None, (64, 4096), "auto: CPU default"),  # the real provider of this CPU machine
-    (CUDA, (256, 1 << 20), "auto: CUDA default"),
+    (CUDA, (1024, 1 << 18), "auto: CUDA default"),
 ])
 def test_engine_uses_and_info_reports_the_provider_defaults(tiny_bundle, monkeypatch, provider, expected,
                                                             why):

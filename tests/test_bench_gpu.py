@@ -54,6 +54,10 @@ def test_smoke_runs_every_part_on_cpu(tiny_bundle, tiny_checkpoints, snli_dir, t
     assert all(r["sentences_per_s"] > 0 and r["non2xx"] == 0 for r in runs)
     assert all(r["mean_batch_one_worker"] for r in runs if r["inference_process"] == "shared")
     assert "| engine |" in capsys.readouterr().out
+    lengths = results["lengths"]
+    assert {r["budget"] for r in lengths["rows"]} == {"8/256", "32/4096"}
+    assert {r["texts"] for r in lengths["rows"]} == set(lengths["tokens"])
+    assert all(r["texts_per_s"] > 0 and r["tokens_per_s"] > 0 for r in lengths["rows"])
 
 
 def test_without_cuda_it_stops_with_one_line(tiny_bundle, snli_dir, tmp_path):
