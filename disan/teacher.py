@@ -118,7 +118,9 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
 
     from disan.embeddings import _sentence_encoder
 
-    model = _sentence_encoder(TEACHERS[teacher][0], device)
+    # fp32 weights whatever the folder stores: a `disan slim` teacher (fp16 on disk, to travel)
+    # loads as an fp16 model, whose layer norms refuse bf16 autocast's activations
+    model = _sentence_encoder(TEACHERS[teacher][0], device).float()
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     if precision == "auto":
         precision = "bf16" if native_bf16(device) else "fp32"

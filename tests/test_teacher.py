@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,9 @@ class _RecordingModel:
     def __init__(self) -> None:
         self.autocast: list[bool] = []
 
+    def float(self) -> _RecordingModel:
+        return self
+
     def encode(self, texts, **_kw):
         import torch
 
@@ -83,6 +87,50 @@ def test_cpu_autocast_only_where_bf16_is_native(monkeypatch, has_bf16, precision
     teacher.sentence_transformer_encoder("minilm", **kwargs)(["a b c"])
     assert model.autocast == [want]
     assert teacher.native_bf16("cuda:0")
+
+
+def _tiny_sentence_transformer(folder: Path) -> Path:
+    """A 2-layer BERT sentence-transformer with a 12-word vocabulary, saved as a folder."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+             "a", "man", "plays", "the", "guitar", "dog", "runs"]
+    (folder / "vocab").mkdir(parents=True)
+    (folder / "vocab" / "vocab.txt").write_text("\n".join(words) + "\n")
+    bert = folder / "bert"
+    BertModel(BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(bert)
+    BertTokenizerFast(vocab_file=str(folder / "vocab" / "vocab.txt")).save_pretrained(bert)
+    word = models.Transformer(str(bert))
+    out = folder / "st"
+    SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension())]).save(str(out))
+    # as all-mpnet-base-v2's config (2021): no dtype, so transformers loads the weights' own
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                 if k not in ("dtype", "torch_dtype")}))
+    return out
+
+
+def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: Path) -> None:
+    """`disan slim` halves a teacher to carry it to a GPU; loaded as stored it was an fp16 model
+    whose layer norms refused bf16 autocast (`disan teacher` died on the dry run of a GPU lease)."""
+    pytest.importorskip("torch")
+    from sentence_transformers import SentenceTransformer
+
+    from disan import embeddings, teacher
+    from disan.slim import slim_teacher
+
+    full = _tiny_sentence_transformer(tmp_path)
+    slim_teacher(full, tmp_path / "half")
+    texts = ["a man plays the guitar", "the dog runs"]
+    want = SentenceTransformer(str(full), device="cpu").encode(texts, normalize_embeddings=True)
+    monkeypatch.setattr(embeddings, "_sentence_encoder",
+                        lambda name, device: SentenceTransformer(str(tmp_path / "half"), device=device))
+    got = teacher.sentence_transformer_encoder("mpnet", precision="bf16")(texts)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.min(np.sum(got * want, axis=1)) > 0.99  # bf16 activations, fp16-rounded weights
 
 
 def _corpus_folder(folder: Path, sentences: list[str]) -> None:
