@@ -91,14 +91,16 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", batch_size: int = 64) -> dict:
-    """Run the bundle on a task's data file and score it."""
+def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", batch_size: int = 64,
+                  runtime: Runtime | None = None) -> dict:
+    """Run the bundle on a task's data file and score it (`runtime`: the bundle already loaded, so
+    several tasks load it once)."""
     require("sklearn.metrics", "train")  # before the long prediction pass, not after it
     path = data / EVAL_FILES[task] if data.is_dir() else data
     kind, examples = read_examples(path)
     if (kind == "nli") != (task in NLI_EVAL_TASKS):
         raise ValueError(f"{path}: holds {kind} data, not {task}")
-    runtime = load_offline(bundle, variant)
+    runtime = runtime or load_offline(bundle, variant)
     graph_labels = runtime.labels["nli" if task in NLI_EVAL_TASKS else "sentiment"]
     probs = predict(runtime, task, examples, batch_size)
     report = score(task, graph_labels, examples, probs)

@@ -145,7 +145,7 @@ def test_write_manifest_rehashes(bundle_copy):
 
 
 
-def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_path):
+def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_path, monkeypatch):
     """Export records the bundle's own test accuracy (its tokenizer and graphs), per staged set."""
     import gzip
 
@@ -157,10 +157,23 @@ def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_pa
         for i in range(40):
             text = "a good movie " * (i % 4 + 1) + "bad" * (i % 2)
             fh.write(json.dumps({"text": text, "label": i % 5}) + "\n")
+    (tmp_path / "snli").mkdir()
+    with gzip.open(tmp_path / "snli" / "test_tok.jsonl.gz", "wt") as fh:
+        for i in range(12):
+            fh.write(json.dumps({"sentence1": "a man plays", "sentence2": "a man " + "runs" * (i % 2),
+                                 "gold_label": ["entailment", "neutral", "contradiction"][i % 3]}) + "\n")
+    from disan import evaluate as evaluate_module
+    from disan import runtime as runtime_module
+    loads = []
+    real_load = runtime_module.load_offline
+    counted = lambda *a, **k: loads.append(a) or real_load(*a, **k)  # noqa: E731
+    monkeypatch.setattr(runtime_module, "load_offline", counted)
+    monkeypatch.setattr(evaluate_module, "load_offline", counted)
     logged = []
     served = served_accuracy(tiny_bundle, tmp_path, logged.append)
-    assert list(served) == ["sst5"]  # SNLI and SST-2 are not staged here: skipped, not failed
+    assert len(loads) == 1  # the bundle is loaded once for every task, not once per task
+    assert list(served) == ["snli", "sst5"]  # SST-2 is not staged here: skipped, not failed
     want = evaluate_task(tiny_bundle, "sst5", tmp_path)
     assert served["sst5"] == {"accuracy": want["accuracy"], "macro_f1": want["macro_f1"], "n": 40,
                               "data": "sst/sst5_test.jsonl.gz"}  # the staged layout, no machine path
-    assert logged and "sst5" in logged[0]
+    assert logged and "sst5" in logged[1]
