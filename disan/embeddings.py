@@ -236,7 +236,9 @@ def _sentence_encoder(source: str, device: str = "cpu"):
         from sentence_transformers import SentenceTransformer  # optional: only these sources need it
     except ImportError as exc:
         raise MissingDependency("sentence_transformers", source, note) from exc
-    return SentenceTransformer(str(path), device=device)
+    # fp32 weights whatever the folder stores: a `disan slim` folder (fp16 on disk, to travel)
+    # loads as an fp16 model, whose layer norms refuse bf16 autocast's activations
+    return SentenceTransformer(str(path), device=device).float()
 
 
 def _minilm_model_dir(note: str) -> Path:

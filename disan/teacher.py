@@ -118,9 +118,7 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
 
     from disan.embeddings import _sentence_encoder
 
-    # fp32 weights whatever the folder stores: a `disan slim` teacher (fp16 on disk, to travel)
-    # loads as an fp16 model, whose layer norms refuse bf16 autocast's activations
-    model = _sentence_encoder(TEACHERS[teacher][0], device).float()
+    model = _sentence_encoder(TEACHERS[teacher][0], device)
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     if precision == "auto":
         precision = "bf16" if native_bf16(device) else "fp32"

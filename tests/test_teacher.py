@@ -58,9 +58,6 @@ class _RecordingModel:
     def __init__(self) -> None:
         self.autocast: list[bool] = []
 
-    def float(self) -> _RecordingModel:
-        return self
-
     def encode(self, texts, **_kw):
         import torch
 
@@ -115,7 +112,8 @@ def _tiny_sentence_transformer(folder: Path) -> Path:
 
 def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: Path) -> None:
     """`disan slim` halves a teacher to carry it to a GPU; loaded as stored it was an fp16 model
-    whose layer norms refused bf16 autocast (`disan teacher` died on the dry run of a GPU lease)."""
+    whose layer norms refused bf16 autocast (`disan teacher` died on the dry run of a GPU lease).
+    `embeddings._sentence_encoder`, which every reader of a teacher folder goes through, casts it."""
     pytest.importorskip("torch")
     from sentence_transformers import SentenceTransformer
 
@@ -126,8 +124,7 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
     slim_teacher(full, tmp_path / "half")
     texts = ["a man plays the guitar", "the dog runs"]
     want = SentenceTransformer(str(full), device="cpu").encode(texts, normalize_embeddings=True)
-    monkeypatch.setattr(embeddings, "_sentence_encoder",
-                        lambda name, device: SentenceTransformer(str(tmp_path / "half"), device=device))
+    monkeypatch.setattr(embeddings, "mpnet_model_dir", lambda: tmp_path / "half")  # the folder it loads
     got = teacher.sentence_transformer_encoder("mpnet", precision="bf16")(texts)
     assert got.dtype == np.float32 and got.shape == want.shape
     assert np.min(np.sum(got * want, axis=1)) > 0.99  # bf16 activations, fp16-rounded weights
