@@ -25,8 +25,6 @@ if [ ! -d $G/site ]; then
   cat /tmp/w/gpu.tar.xz.part-* | sha256sum
   mkdir -p $G && cat /tmp/w/gpu.tar.xz.part-* | xz -d -T0 | tar -x -C $G || exit 3
 fi
-SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-NV=$(find "$SP/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
 export PYTHONPATH=$G/site:$PWD PATH=$G/wrk/usr/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export LD_LIBRARY_PATH=$G/wrk/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B="--bundle $G/bundle --data $G/data"
@@ -45,7 +43,11 @@ import fastapi, fastapi_offline, orjson, prometheus_client, pydantic, pydantic_s
 print("service imports ok", fastapi.__version__, pydantic.__version__)
 sys.exit(0 if s.get_providers()[0] == "CUDAExecutionProvider" else 1)
 PY
-[ $? = 0 ] || { echo "adding the nvidia wheels' folders to LD_LIBRARY_PATH"; export LD_LIBRARY_PATH=$NV:$LD_LIBRARY_PATH; }
+if [ $? != 0 ]; then  # preload_dlls found no CUDA: point the loader at the nvidia wheels' folders
+  SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+  NV=$(find "$SP/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+  echo "adding the nvidia wheels' folders to LD_LIBRARY_PATH"; export LD_LIBRARY_PATH=$NV:$LD_LIBRARY_PATH
+fi
 wrk --version 2>&1 | head -1
 if [ "$step" = offline ]; then
   python3 -m bench.gpu $B --parts offline --json $OUT/gpu_offline.json 2>&1 | grep -Ev "$QUIET" | tee $OUT/offline.log

@@ -11,7 +11,8 @@
 # Writes .gpurun/q00, q01, ... (one piece each, sized to what a call may carry beside the
 # checkout once models/default is moved out) and .gpurun/run.sh (= deploy/gpu-lease/device.sh).
 set -euo pipefail
-student=$1; corpus=${2:-runs/corpus}; data=${3:-../shared/data}
+student=${1:?usage: deploy/gpu-lease/pack.sh STUDENT.pt [CORPUS_DIR] [DATA_DIR]}
+corpus=${2:-runs/corpus}; data=${3:-../shared/data}
 teacher=$(python3 -c 'from disan.embeddings import mpnet_model_dir; print(mpnet_model_dir())')
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK"
