@@ -1,5 +1,5 @@
-"""`disan` console script: train | experiment | corpus | teacher | pretrain | extend-vocab | widen |
-slim | eval | export | verify | serve | embed.
+"""`disan` console script: train | experiment | corpus | teacher | task-teacher | pretrain |
+extend-vocab | widen | slim | eval | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -21,6 +21,8 @@ COMMANDS = {
     "experiment": ("disan.experiment", "run a resumable grid of training configurations x seeds", "train"),
     "corpus": ("disan.corpus", "build the distillation corpus (staged text + Debian packages)", "train"),
     "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "train"),
+    "task-teacher": ("disan.task_teacher", "fine-tune a sentence-transformer on a sentiment task and "
+                     "write its soft labels of the training examples (for train --soft-targets)", "train"),
     "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
     "extend-vocab": ("disan.vocab_extend", "give a trained sentence encoder rows for words it never saw",
                      "train"),

@@ -269,6 +269,7 @@ class EncodedDataset:
     task: str
     ids: list[tuple[np.ndarray, ...]]
     labels: np.ndarray
+    soft: np.ndarray | None = None  # a teacher's logits [N, C] (`train --soft-targets`), else None
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -100,16 +100,33 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, max_cells: int):
-    """One optimizer step over batch `idx` (accumulated over pieces) -> (loss, correct)."""
+def distillation_loss(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(teacher || student) of the softened distributions, summed over the rows (Hinton et
+    al., 2015: the T^2 keeps its gradients' scale as T changes)."""
+    t = temperature
+    return F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
+                    reduction="sum") * t * t
+
+
+def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, max_cells: int,
+               kd_weight: float = 0.0, kd_temperature: float = 1.0):
+    """One optimizer step over batch `idx` (accumulated over pieces) -> (loss, correct).
+
+    With a teacher's logits in `data.soft` and `kd_weight` w > 0, the loss is (1 - w) times the
+    cross-entropy on the gold labels plus w times `distillation_loss`."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_total, correct = 0.0, 0
+    soft = data.soft if kd_weight > 0 else None
     for piece in _pieces(idx, data, max_cells):
         inputs, y = collate(data, piece)
         y = y.to(device)
         logits = model(*(t.to(device) for t in inputs))
-        loss = F.cross_entropy(logits, y, reduction="sum") / len(idx)  # mean over the whole batch
+        loss = F.cross_entropy(logits, y, reduction="sum")
+        if soft is not None:
+            teacher = torch.from_numpy(np.asarray(soft[piece], dtype=np.float32)).to(device)
+            loss = (1 - kd_weight) * loss + kd_weight * distillation_loss(logits, teacher, kd_temperature)
+        loss = loss / len(idx)  # mean over the whole batch
         loss.backward()
         loss_total += loss.item()
         correct += int((logits.argmax(-1) == y).sum())
@@ -214,7 +231,8 @@ class Trainer:
             batches = length_batches(lengths, cfg.batch_size, np.random.default_rng([cfg.seed, st["epoch"]]))
             for idx in batches[st["pos"]:]:
                 loss, correct = train_step(self.model, self.optimizer, self.train, idx, self.device,
-                                           cfg.max_cells)
+                                           cfg.max_cells, cfg.kd_weight if cfg.soft_targets else 0.0,
+                                           cfg.kd_temperature)
                 if self.averaged is not None:
                     self.averaged.update_parameters(self.model)
                 st["step"] += 1

@@ -16,9 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from disan import data as D
 from disan import embeddings as E
 from disan.recipes import RECIPE_VOCAB_FILES, RECIPES, TASK_DEFAULTS
+from disan.task_teacher import example_key
 from disan.text import Vocab
 from disan.train_config import TrainConfig, add_config_arguments, config_values
 
@@ -55,6 +58,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ValueError("--out DIR is required")
     if not 0.0 <= values.get("ema", 0.0) < 1.0:
         raise ValueError(f"--ema {values['ema']}: give a decay in [0, 1) (0 turns the average off)")
+    if not 0.0 <= values.get("kd_weight", 0.5) <= 1.0:
+        raise ValueError(f"--kd-weight {values['kd_weight']}: give a weight in [0, 1]")
+    if values.get("kd_temperature", 1.0) <= 0:
+        raise ValueError(f"--kd-temperature {values['kd_temperature']}: give a temperature above 0")
     task_defaults = {**TASK_DEFAULTS[values["task"]], "lr": 1e-3 if values["optimizer"] == "adam" else 0.5}
     for key, default in task_defaults.items():
         if values[key] is None:
@@ -88,6 +95,29 @@ def load_splits(cfg: TrainConfig):
         test = D.make_dataset(cfg.task, test_ex, raw_labels)
     return (list(names), D.make_dataset(cfg.task, train_ex, raw_labels),
             D.make_dataset(cfg.task, dev_ex, raw_labels), test)
+
+
+def soft_targets(path: str, task: str, train: D.Dataset) -> np.ndarray:
+    """A teacher's logits [N, C] of `train`'s examples, in its order and label order, from a
+    `disan task-teacher` soft.npz (keys: the examples' tokens joined by spaces)."""
+    if task != "sentiment":
+        raise ValueError("--soft-targets: only sentiment tasks have a task teacher")
+    try:
+        with np.load(path) as z:
+            keys, logits, columns = z["keys"], z["logits"], [str(c) for c in z["labels"]]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: not a soft-target file of `disan task-teacher` ({exc})") from exc
+    raw = D.label_set(task, train.examples)
+    if sorted(columns) != sorted(raw):
+        raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
+    row = {str(k): i for i, k in enumerate(keys)}
+    wanted = [example_key(ex.texts[0]) for ex in train.examples]
+    missing = [k for k in wanted if k not in row]
+    if missing:
+        raise ValueError(f"{path}: no teacher logits for {len(missing)} of {len(wanted)} training "
+                         f"examples (first: {missing[0][:80]!r})")
+    order = [columns.index(lab) for lab in raw]
+    return np.asarray(logits, dtype=np.float32)[[row[k] for k in wanted]][:, order]
 
 
 def _check_task(cfg: TrainConfig, task: str, path: str) -> None:
@@ -153,10 +183,12 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             cfg.out = args.out
         _, train, dev, test = load_splits(cfg)
+        soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
     else:
         ckpt = None
         cfg = config_from_args(args)
         labels, train, dev, test = load_splits(cfg)
+        soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
         vocab, matrix, trainable, info = prepare_embeddings(cfg, train)
         model = new_model(cfg, len(vocab), matrix.shape[1], len(labels), matrix, trainable)
         if cfg.init_encoder:
@@ -166,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
               f"pre-trained from {info['source']}), embed_dim {info['embed_dim']}", file=sys.stderr)
     sizes = {"train": len(train), "dev": len(dev), "test": len(test) if test else 0}
     enc = [D.encode_dataset(ds, vocab, cfg.max_len) if ds else None for ds in (train, dev, test)]
+    enc[0].soft = soft
     n_params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("encoder.embed."))
     print(f"{cfg.task}: train {sizes['train']}, dev {sizes['dev']}, test {sizes['test']}; "
           f"{n_params / 1e6:.2f}M parameters excluding embeddings; data ready in "

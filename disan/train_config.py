@@ -99,6 +99,12 @@ class TrainConfig:
     ema: float = flag(0.0, "evaluate, select and ship an exponential moving average of the weights "
                       "with this decay, warmed up as TensorFlow's (0 = off; the paper's code keeps "
                       "one at 0.999 but evaluates the raw weights)", "optimisation", type=float)
+    soft_targets: str | None = flag(None, "learn also from a teacher's logits of the training examples "
+                                    "(`disan task-teacher`'s soft.npz)", "optimisation", metavar="NPZ")
+    kd_weight: float = flag(0.5, "with --soft-targets: the loss is (1 - w) * cross-entropy on the gold "
+                            "labels + w * T^2 * KL(teacher || student) at temperature T", "optimisation")
+    kd_temperature: float = flag(1.0, "with --soft-targets: the temperature T of both distributions",
+                                 "optimisation")
     batch_size: int = flag(64, "sentences (pairs) per optimizer step", "optimisation")
     epochs: int = flag(30, "epochs at most", "optimisation")
     eval_every: int = flag(500, "evaluate on dev every N steps (0 = per epoch)", "optimisation")

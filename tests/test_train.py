@@ -275,3 +275,68 @@ def test_an_ema_decay_outside_0_1_is_a_one_line_error(files, tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--ema {float(decay)}" in err
     assert not (tmp_path / "run").exists()  # refused before any training
+
+
+def test_distillation_loss_is_zero_at_the_teacher_and_scaled_by_t_squared() -> None:
+    from disan.train import distillation_loss
+
+    teacher = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
+    assert distillation_loss(teacher.clone(), teacher, 2.0).abs() < 1e-6
+    student = torch.zeros(2, 3)
+    p = torch.softmax(teacher / 3.0, -1)
+    kl = (p * (p.log() - torch.log_softmax(student / 3.0, -1))).sum()
+    assert torch.allclose(distillation_loss(student, teacher, 3.0), 9.0 * kl)
+
+
+def test_soft_targets_teach_what_the_teacher_says_not_the_gold_label() -> None:
+    """With --kd-weight 1 the student learns the teacher's labels; here the teacher says the
+    opposite of the gold label for every example, so a trainer that ignored it would learn gold."""
+    gen = np.random.default_rng(0)
+    ids = [(gen.integers(2, 30, size=gen.integers(1, 9)).astype(np.int64),) for _ in range(32)]
+    gold = gen.integers(0, 2, size=32)
+    data = EncodedDataset("sentiment", ids, gold, soft=np.where(np.eye(3)[1 - gold] > 0, 6.0, -6.0)
+                          .astype(np.float32))
+    model = tiny_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(150):
+        train_step(model, opt, data, np.arange(32), torch.device("cpu"), 10**6, kd_weight=1.0)
+    model.eval()
+    inputs, y = collate(data, np.arange(32))
+    assert (model(*inputs).argmax(-1).numpy() == 1 - gold).all()
+
+
+def _soft_file(path: Path, texts: list[str], logits: np.ndarray, labels=("0", "1")) -> Path:
+    from disan.task_teacher import example_key
+    from disan.text import tokenize
+
+    np.savez(path, keys=np.asarray([example_key(tuple(tokenize(t))) for t in texts]), logits=logits,
+             labels=np.asarray(labels))
+    return path
+
+
+def test_cli_trains_with_soft_targets_and_refuses_a_file_that_misses_examples(files, tmp_path: Path,
+                                                                             capsys) -> None:
+    texts = [json.loads(r)["text"] for r in files["sent_train"].read_text().splitlines()]
+    labels = [json.loads(r)["label"] for r in files["sent_train"].read_text().splitlines()]
+    # the teacher's columns in another order than the training labels: mapped by name
+    logits = np.asarray([[0.0, 3.0] if lab == 0 else [3.0, 0.0] for lab in labels], dtype=np.float32)
+    soft = _soft_file(tmp_path / "soft.npz", texts, logits, labels=("1", "0"))
+    common = ["--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+              "--glove", files["glove"], "--epochs", "1", *TINY]
+    assert run_cli(*common, "--soft-targets", soft, "--kd-weight", "0.7", "--kd-temperature", "2",
+                   "--out", tmp_path / "kd") == 0
+    cfg = load_checkpoint(tmp_path / "kd" / "best.pt")["train_config"]
+    assert (cfg["soft_targets"], cfg["kd_weight"], cfg["kd_temperature"]) == (str(soft), 0.7, 2.0)
+    capsys.readouterr()
+
+    short = _soft_file(tmp_path / "short.npz", texts[:-1], logits[:-1])
+    assert run_cli(*common, "--soft-targets", short, "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no teacher logits for 1 of 48 training examples" in err
+    wrong = _soft_file(tmp_path / "wrong.npz", texts, logits, labels=("0", "2"))
+    assert run_cli(*common, "--soft-targets", wrong, "--out", tmp_path / "o") == 2
+    assert "are not the training labels" in capsys.readouterr().err
+    assert run_cli(*common, "--soft-targets", tmp_path / "none.npz", "--out", tmp_path / "o") == 2
+    assert "not a soft-target file" in capsys.readouterr().err
+    assert run_cli(*common, "--soft-targets", soft, "--kd-weight", "1.5", "--out", tmp_path / "o") == 2
+    assert "--kd-weight 1.5" in capsys.readouterr().err

@@ -1,0 +1,241 @@
+"""A task teacher (`disan task-teacher`): a sentence-transformer fine-tuned on a sentiment task,
+whose class probabilities a DiSAN model then learns from (`disan train --soft-targets`).
+
+Knowledge distillation of a fine-tuned transformer into a small network (Tang et al., 2019,
+"Distilling Task-Specific Knowledge from BERT into Simple Neural Networks"): the teacher sees the
+task's labelled sentences; the student learns from its soft labels on every training example
+(for SST, every phrase), where the gold labels alone say less. Two steps, each resumable by
+rerunning it:
+
+1. `fit`: the teacher's transformer + mean pooling + a linear head, fine-tuned end to end on the
+   recipe's sentence-level training file; the epoch with the best dev accuracy is kept
+   (`teacher.pt`, with its dev and test accuracy in `teacher.json`). A finished fit is not rerun.
+2. `label`: the kept teacher's logits of every training example of the recipe, written in chunks
+   to `soft/` (`logits.f32.npy` + `progress.json`, as `disan teacher`'s cache); `soft.npz` (the
+   examples' token keys and logits) once every chunk is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from disan.data import read_examples
+from disan.recipes import RECIPES
+
+KEY_SEP = " "  # an example's key: its tokens (disan.text.tokenize) joined, as training reads them
+
+
+def example_key(tokens: tuple[str, ...]) -> str:
+    return KEY_SEP.join(tokens)
+
+
+def _labelled(path: Path) -> tuple[list[str], list[int]]:
+    """(texts as the teacher reads them: tokens joined by spaces, integer labels) of a text/label file."""
+    _, examples = read_examples(path)
+    return [example_key(ex.texts[0]) for ex in examples], [int(ex.label) for ex in examples]
+
+
+class Classifier:
+    """A sentence-transformer's transformer and pooling, and a linear head on the pooled vector."""
+
+    def __init__(self, source: str, num_classes: int, device: str = "cpu", max_seq_length: int = 128):
+        import torch
+
+        from disan.embeddings import _sentence_encoder
+
+        st = _sentence_encoder(source, device)
+        st.max_seq_length = max_seq_length
+        self.body = torch.nn.Sequential(st[0], st[1])  # transformer, mean pooling (no normalisation)
+        dim = st[0].auto_model.config.hidden_size  # mean pooling keeps the transformer's width
+        self.head = torch.nn.Linear(dim, num_classes).to(device)
+        self.tokenizer = st.tokenizer
+        self.max_seq_length = max_seq_length
+        self.device = device
+
+    def parameters(self):
+        return [*self.body.parameters(), *self.head.parameters()]
+
+    def train(self, on: bool) -> None:
+        self.body.train(on)
+        self.head.train(on)
+
+    def logits(self, texts: list[str]):
+        feats = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
+                               return_tensors="pt")
+        feats = {k: v.to(self.device) for k, v in feats.items()}
+        pooled = self.body(feats)["sentence_embedding"]
+        return self.head(pooled.float())
+
+    def state_dict(self) -> dict:
+        return {"body": self.body.state_dict(), "head": self.head.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.body.load_state_dict(state["body"])
+        self.head.load_state_dict(state["head"])
+
+
+def _autocast(device: str, precision: str):
+    import torch
+
+    from disan.teacher import native_bf16
+
+    enabled = precision == "bf16" or (precision == "auto" and native_bf16(device))
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                          enabled=enabled)
+
+
+def predict(model: Classifier, texts: list[str], batch_size: int, precision: str) -> np.ndarray:
+    """Logits [N, C] (float32), batches of similar length for speed, in `texts` order."""
+    import torch
+
+    model.train(False)
+    order = np.argsort([len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), model.head.out_features), dtype=np.float32)
+    with torch.inference_mode(), _autocast(model.device, precision):
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            out[idx] = model.logits([texts[j] for j in idx]).float().cpu().numpy()
+    return out
+
+
+def accuracy(logits: np.ndarray, labels: list[int]) -> float:
+    return float((logits.argmax(-1) == np.asarray(labels)).mean())
+
+
+def fit(args: argparse.Namespace, out: Path) -> dict:
+    """Fine-tune the teacher; keep the best-dev epoch in `teacher.pt`; its numbers in `teacher.json`."""
+    import torch
+
+    recipe = RECIPES[args.recipe]
+    data = Path(args.data)
+    train_x, train_y = _labelled(data / args.train_file)
+    dev_x, dev_y = _labelled(data / recipe["dev"])
+    test_x, test_y = _labelled(data / recipe["test"])
+    num_classes = len(recipe["label_names"])
+    torch.manual_seed(args.seed)
+    model = Classifier(args.teacher, num_classes, args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
+    total = steps_per_epoch * args.epochs
+    warmup = max(1, int(0.1 * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    rng = np.random.default_rng(args.seed)
+    best, log = -1.0, []
+    started = time.monotonic()
+    for epoch in range(args.epochs):
+        model.train(True)
+        perm = rng.permutation(len(train_x))
+        # batches of similar length (sorted within windows of 50 batches), then shuffled
+        window = args.batch_size * 50
+        chunks = [sorted(perm[i:i + window], key=lambda j: len(train_x[j]))
+                  for i in range(0, len(perm), window)]
+        batches = [c[i:i + args.batch_size] for c in chunks for i in range(0, len(c), args.batch_size)]
+        rng.shuffle(batches)
+        loss_sum = 0.0
+        for idx in batches:
+            with _autocast(args.device, args.precision):
+                logits = model.logits([train_x[j] for j in idx])
+            loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([train_y[j] for j in idx],
+                                                                                  device=args.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            loss_sum += loss.item()
+        dev_acc = accuracy(predict(model, dev_x, 64, args.precision), dev_y)
+        row = {"epoch": epoch + 1, "train_loss": loss_sum / len(batches), "dev_acc": dev_acc,
+               "elapsed_s": round(time.monotonic() - started, 1)}
+        log.append(row)
+        print(json.dumps(row), flush=True)
+        if dev_acc > best:
+            best = dev_acc
+            torch.save(model.state_dict(), out / "teacher.pt.tmp")
+            (out / "teacher.pt.tmp").replace(out / "teacher.pt")
+    model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
+    test_acc = accuracy(predict(model, test_x, 64, args.precision), test_y)
+    info = {"teacher": args.teacher, "recipe": args.recipe, "train_file": args.train_file,
+            "train_examples": len(train_x), "epochs": args.epochs, "lr": args.lr,
+            "batch_size": args.batch_size, "seed": args.seed, "best_dev_acc": best,
+            "test_acc_at_best_dev": test_acc, "log": log}
+    (out / "teacher.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def label(args: argparse.Namespace, out: Path) -> Path:
+    """The kept teacher's logits of every training example of the recipe -> `soft.npz`."""
+    import torch
+
+    recipe = RECIPES[args.recipe]
+    keys: list[str] = []
+    for name in recipe["train"]:
+        _, examples = read_examples(Path(args.data) / name)
+        keys += [example_key(ex.texts[0]) for ex in examples]
+    keys = list(dict.fromkeys(keys))  # each distinct text once
+    num_classes = len(recipe["label_names"])
+    folder = out / "soft"
+    folder.mkdir(exist_ok=True)
+    progress = folder / "progress.json"
+    store = folder / "logits.f32.npy"
+    if not progress.is_file() or json.loads(progress.read_text()).get("rows") != len(keys):
+        np.lib.format.open_memmap(store, "w+", np.float32, (len(keys), num_classes)).flush()
+        progress.write_text(json.dumps({"rows": len(keys), "done": 0}))
+    done = json.loads(progress.read_text())["done"]
+    model = Classifier(args.teacher, num_classes, args.device)
+    model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
+    logits = np.load(store, mmap_mode="r+")
+    while done < len(keys):
+        end = min(done + args.chunk, len(keys))
+        logits[done:end] = predict(model, keys[done:end], args.batch_size * 4, args.precision)
+        logits.flush()
+        done = end
+        progress.write_text(json.dumps({"rows": len(keys), "done": done}))
+        print(json.dumps({"labelled": done, "of": len(keys)}), flush=True)
+    target = out / "soft.npz"
+    # column c is the teacher's class c, which `_labelled` read as the integer label c
+    np.savez(target, keys=np.asarray(keys), logits=np.asarray(logits),
+             labels=np.asarray([str(c) for c in range(num_classes)]))
+    return target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", choices=["sst5", "sst2"], default="sst5")
+    parser.add_argument("--data", default="../shared/data", help="the staged data folder")
+    parser.add_argument("--train-file", default="sst/sst5_train.jsonl.gz",
+                        help="what the teacher is fine-tuned on (sentence level), under --data")
+    parser.add_argument("--teacher", choices=["mpnet", "minilm"], default="mpnet")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=8192, help="examples labelled between progress records")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "teacher.json").is_file():
+        info = json.loads((out / "teacher.json").read_text())
+        print(f"teacher already fitted: dev {info['best_dev_acc']:.4f}, "
+              f"test {info['test_acc_at_best_dev']:.4f}")
+    else:
+        info = fit(args, out)
+    print(json.dumps({k: v for k, v in info.items() if k != "log"}), flush=True)
+    target = label(args, out)
+    print(f"soft targets: {target}")
+    return 0

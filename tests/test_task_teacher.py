@@ -1,0 +1,91 @@
+"""`disan task-teacher`: a tiny sentence-transformer fine-tuned on a fake SST-5, its soft labels
+written resumably, and `disan train --soft-targets` reading them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sentence_transformers")
+
+from disan import embeddings  # noqa: E402
+from disan.cli import main  # noqa: E402
+from test_teacher import _tiny_sentence_transformer  # noqa: E402
+
+WORDS = ["a", "man", "plays", "the", "guitar", "dog", "runs"]
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+
+
+@pytest.fixture()
+def staged(tmp_path: Path, monkeypatch) -> Path:
+    """A fake staged-data folder (SST-5 sentences, phrases, dev, test) and the tiny teacher as MPNet."""
+    rng = random.Random(0)
+
+    def rows(n: int) -> list[dict]:
+        return [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))), "label": i % 5}
+                for i in range(n)]
+
+    root = tmp_path / "data"
+    sentences = rows(20)
+    _write(root / "sst/sst5_train.jsonl.gz", sentences)
+    _write(root / "sst/sst5_phrases_train.jsonl.gz", sentences + rows(17))
+    _write(root / "sst/sst5_dev.jsonl.gz", rows(10))
+    _write(root / "sst/sst5_test.jsonl.gz", rows(10))
+    folder = _tiny_sentence_transformer(tmp_path / "teacher")
+    monkeypatch.setattr(embeddings, "mpnet_model_dir", lambda: folder)
+    return root
+
+
+def _run(root: Path, out: Path) -> int:
+    return main(["task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2",
+                 "--batch-size", "4", "--chunk", "8", "--threads", "1", "--lr", "1e-3"])
+
+
+def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tt"
+    assert _run(staged, out) == 0
+    info = json.loads((out / "teacher.json").read_text())
+    assert [r["epoch"] for r in info["log"]] == [1, 2] and 0.0 <= info["test_acc_at_best_dev"] <= 1.0
+    assert info["best_dev_acc"] == max(r["dev_acc"] for r in info["log"])
+    with np.load(out / "soft.npz") as z:
+        keys, logits, labels = list(z["keys"]), z["logits"], list(z["labels"])
+    phrases = [json.loads(r)["text"] for r in gzip.decompress(
+        (staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()]
+    assert keys == list(dict.fromkeys(phrases))  # each distinct training text once, in file order
+    assert logits.shape == (len(keys), 5) and np.isfinite(logits).all() and labels == list("01234")
+
+    # a rerun neither fits again nor relabels what is done; a lost chunk is labelled again the same
+    fitted = os.stat(out / "teacher.pt").st_mtime_ns
+    store = np.load(out / "soft" / "logits.f32.npy", mmap_mode="r+")
+    store[8:] = 0.0
+    store.flush()
+    (out / "soft" / "progress.json").write_text(json.dumps({"rows": len(keys), "done": 8}))
+    assert _run(staged, out) == 0
+    assert os.stat(out / "teacher.pt").st_mtime_ns == fitted
+    with np.load(out / "soft.npz") as z:
+        np.testing.assert_allclose(z["logits"], logits, rtol=1e-4, atol=1e-4)
+
+
+def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
+    """The keys the teacher writes are the keys training looks its examples up by."""
+    from disan.checkpoint import load_checkpoint
+
+    out = tmp_path / "tt"
+    assert _run(staged, out) == 0
+    rc = main(["train", "--task", "sentiment", "--train", str(staged / "sst/sst5_phrases_train.jsonl.gz"),
+               "--dev", str(staged / "sst/sst5_dev.jsonl.gz"), "--init", "random", "--embed-dim", "8",
+               "--glove-extra", "0", "--d-h", "8", "--epochs", "1", "--no-progress", "--threads", "1",
+               "--soft-targets", str(out / "soft.npz"), "--kd-weight", "1", "--out", str(tmp_path / "kd")])
+    assert rc == 0
+    assert load_checkpoint(tmp_path / "kd" / "best.pt")["train_config"]["kd_weight"] == 1.0
