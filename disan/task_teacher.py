@@ -4,12 +4,13 @@ whose class probabilities a DiSAN model then learns from (`disan train --soft-ta
 Knowledge distillation of a fine-tuned transformer into a small network (Tang et al., 2019,
 "Distilling Task-Specific Knowledge from BERT into Simple Neural Networks"): the teacher sees the
 task's labelled sentences; the student learns from its soft labels on every training example
-(for SST, every phrase), where the gold labels alone say less. Two steps, each resumable by
-rerunning it:
+(for SST, every phrase), where the gold labels alone say less. Two steps; rerunning the command
+goes on where it stopped:
 
 1. `fit`: the teacher's transformer + mean pooling + a linear head, fine-tuned end to end on the
    recipe's sentence-level training file; the epoch with the best dev accuracy is kept
-   (`teacher.pt`, with its dev and test accuracy in `teacher.json`). A finished fit is not rerun.
+   (`teacher.pt`, with its dev and test accuracy in `teacher.json`). A finished fit is not rerun;
+   an interrupted one starts again (it is the short step).
 2. `label`: the kept teacher's logits of every training example of the recipe, written in chunks
    to `soft/` (`logits.f32.npy` + `progress.json`, as `disan teacher`'s cache); `soft.npz` (the
    examples' token keys and logits) once every chunk is there.
