@@ -13,7 +13,8 @@ goes on where it stopped:
    an interrupted one starts again (it is the short step).
 2. `label`: the kept teacher's logits of every training example of the recipe, written in chunks
    to `soft/` (`logits.f32.npy` + `progress.json`, as `disan teacher`'s cache); `soft.npz` (the
-   examples' token keys and logits) once every chunk is there.
+   examples' token keys and logits) once every chunk is there, and `soft_sentences.npz`, the same
+   with the logits of every example that is not one of the fine-tuning sentences left out (NaN).
 """
 
 from __future__ import annotations
@@ -201,8 +202,14 @@ def label(args: argparse.Namespace, out: Path) -> Path:
         print(json.dumps({"labelled": done, "of": len(keys)}), flush=True)
     target = out / "soft.npz"
     # column c is the teacher's class c, which `_labelled` read as the integer label c
-    np.savez(target, keys=np.asarray(keys), logits=np.asarray(logits),
-             labels=np.asarray([str(c) for c in range(num_classes)]))
+    columns = np.asarray([str(c) for c in range(num_classes)])
+    np.savez(target, keys=np.asarray(keys), logits=np.asarray(logits), labels=columns)
+    # the same with NaN (no opinion) for every example that is not a sentence the teacher was
+    # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
+    sentences = set(_labelled(Path(args.data) / args.train_file)[0])
+    only = np.where(np.asarray([k in sentences for k in keys])[:, None], np.asarray(logits), np.nan)
+    np.savez(out / "soft_sentences.npz", keys=np.asarray(keys), logits=only.astype(np.float32),
+             labels=columns)
     return target
 
 

@@ -112,8 +112,9 @@ def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, 
                kd_weight: float = 0.0, kd_temperature: float = 1.0):
     """One optimizer step over batch `idx` (accumulated over pieces) -> (loss, correct).
 
-    With a teacher's logits in `data.soft` and `kd_weight` w > 0, the loss is (1 - w) times the
-    cross-entropy on the gold labels plus w times `distillation_loss`."""
+    With a teacher's logits in `data.soft` and `kd_weight` w > 0, the loss of a row is (1 - w) times
+    the cross-entropy on its gold label plus w times `distillation_loss`; a row whose logits are NaN
+    (the teacher gave none: `disan task-teacher`'s soft_sentences.npz) has the cross-entropy alone."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_total, correct = 0.0, 0
@@ -122,10 +123,14 @@ def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, 
         inputs, y = collate(data, piece)
         y = y.to(device)
         logits = model(*(t.to(device) for t in inputs))
-        loss = F.cross_entropy(logits, y, reduction="sum")
-        if soft is not None:
+        if soft is None:
+            loss = F.cross_entropy(logits, y, reduction="sum")
+        else:  # rows without a teacher opinion (NaN) learn from their gold label alone
             teacher = torch.from_numpy(np.asarray(soft[piece], dtype=np.float32)).to(device)
-            loss = (1 - kd_weight) * loss + kd_weight * distillation_loss(logits, teacher, kd_temperature)
+            taught = ~teacher.isnan().any(-1)
+            ce = F.cross_entropy(logits, y, reduction="none")
+            loss = (ce[~taught].sum() + (1 - kd_weight) * ce[taught].sum()
+                    + kd_weight * distillation_loss(logits[taught], teacher[taught], kd_temperature))
         loss = loss / len(idx)  # mean over the whole batch
         loss.backward()
         loss_total += loss.item()

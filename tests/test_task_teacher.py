@@ -15,9 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 
+from test_teacher import _tiny_sentence_transformer  # noqa: E402
+
 from disan import embeddings  # noqa: E402
 from disan.cli import main  # noqa: E402
-from test_teacher import _tiny_sentence_transformer  # noqa: E402
 
 WORDS = ["a", "man", "plays", "the", "guitar", "dog", "runs"]
 
@@ -64,6 +65,11 @@ def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path) -> N
         (staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()]
     assert keys == list(dict.fromkeys(phrases))  # each distinct training text once, in file order
     assert logits.shape == (len(keys), 5) and np.isfinite(logits).all() and labels == list("01234")
+    with np.load(out / "soft_sentences.npz") as z:  # the fine-tuning sentences' rows alone
+        sentences = set(phrases[:20])
+        taught = ~np.isnan(z["logits"]).any(1)
+        assert taught.tolist() == [k in sentences for k in keys] and 0 < taught.sum() < len(keys)
+        np.testing.assert_array_equal(z["logits"][taught], logits[taught])
 
     # a rerun neither fits again nor relabels what is done; a lost chunk is labelled again the same
     fitted = os.stat(out / "teacher.pt").st_mtime_ns

@@ -305,6 +305,26 @@ def test_soft_targets_teach_what_the_teacher_says_not_the_gold_label() -> None:
     assert (model(*inputs).argmax(-1).numpy() == 1 - gold).all()
 
 
+def test_rows_without_teacher_logits_learn_from_their_gold_label() -> None:
+    """NaN logits are "no opinion": with --kd-weight 1 those rows still learn their gold labels,
+    while the taught rows follow the teacher (here the opposite of gold)."""
+    gen = np.random.default_rng(1)
+    ids = [(gen.integers(2, 30, size=gen.integers(1, 9)).astype(np.int64),) for _ in range(32)]
+    gold = gen.integers(0, 2, size=32)
+    soft = np.where(np.eye(3)[1 - gold] > 0, 6.0, -6.0).astype(np.float32)
+    soft[16:] = np.nan
+    data = EncodedDataset("sentiment", ids, gold, soft=soft)
+    model = tiny_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(200):
+        loss, _ = train_step(model, opt, data, np.arange(32), torch.device("cpu"), 10**6, kd_weight=1.0)
+        assert np.isfinite(loss)
+    model.eval()
+    inputs, _ = collate(data, np.arange(32))
+    pred = model(*inputs).argmax(-1).numpy()
+    assert (pred[:16] == 1 - gold[:16]).all() and (pred[16:] == gold[16:]).all()
+
+
 def _soft_file(path: Path, texts: list[str], logits: np.ndarray, labels=("0", "1")) -> Path:
     from disan.task_teacher import example_key
     from disan.text import tokenize
