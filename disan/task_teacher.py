@@ -47,9 +47,9 @@ class Classifier:
     """A sentence-transformer's transformer and pooling, and a linear head on the pooled vector."""
 
     def __init__(self, source: str, num_classes: int, device: str = "cpu", max_seq_length: int = 128):
-        import torch
+        import torch  # optional (`train` extra): the module loads without it
 
-        from disan.embeddings import _sentence_encoder
+        from disan.embeddings import _sentence_encoder  # imports sentence-transformers (the mpnet extra)
 
         st = _sentence_encoder(source, device)
         st.max_seq_length = max_seq_length
@@ -83,9 +83,9 @@ class Classifier:
 
 
 def _autocast(device: str, precision: str):
-    import torch
+    import torch  # optional (`train` extra)
 
-    from disan.teacher import native_bf16
+    from disan.teacher import native_bf16  # the module's own imports are lazy too
 
     enabled = precision == "bf16" or (precision == "auto" and native_bf16(device))
     return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
@@ -94,7 +94,7 @@ def _autocast(device: str, precision: str):
 
 def predict(model: Classifier, texts: list[str], batch_size: int, precision: str) -> np.ndarray:
     """Logits [N, C] (float32), batches of similar length for speed, in `texts` order."""
-    import torch
+    import torch  # optional (`train` extra)
 
     model.train(False)
     order = np.argsort([len(t) for t in texts], kind="stable")
@@ -112,7 +112,7 @@ def accuracy(logits: np.ndarray, labels: list[int]) -> float:
 
 def fit(args: argparse.Namespace, out: Path) -> dict:
     """Fine-tune the teacher; keep the best-dev epoch in `teacher.pt`; its numbers in `teacher.json`."""
-    import torch
+    import torch  # optional (`train` extra)
 
     recipe = RECIPES[args.recipe]
     data = Path(args.data)
@@ -173,7 +173,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
 
 def label(args: argparse.Namespace, out: Path) -> Path:
     """The kept teacher's logits of every training example of the recipe -> `soft.npz`."""
-    import torch
+    import torch  # optional (`train` extra)
 
     recipe = RECIPES[args.recipe]
     keys: list[str] = []
@@ -231,7 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # optional (`train` extra)
 
     if args.threads:
         torch.set_num_threads(args.threads)
