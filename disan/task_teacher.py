@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.data import read_examples
+from disan.manifest import sha256_file
 from disan.recipes import RECIPES
 
 KEY_SEP = " "  # an example's key: its tokens (disan.text.tokenize) joined, as training reads them
@@ -186,19 +187,23 @@ def label(args: argparse.Namespace, out: Path) -> Path:
     folder.mkdir(exist_ok=True)
     progress = folder / "progress.json"
     store = folder / "logits.f32.npy"
-    if not progress.is_file() or json.loads(progress.read_text()).get("rows") != len(keys):
+    # the labels on disk count only for the same examples and the same teacher weights
+    state = {"rows": len(keys), "teacher_sha256": sha256_file(out / "teacher.pt")}
+    recorded = json.loads(progress.read_text()) if progress.is_file() else {}
+    if {k: recorded.get(k) for k in state} != state:
         np.lib.format.open_memmap(store, "w+", np.float32, (len(keys), num_classes)).flush()
-        progress.write_text(json.dumps({"rows": len(keys), "done": 0}))
+        progress.write_text(json.dumps({**state, "done": 0}))
     done = json.loads(progress.read_text())["done"]
-    model = Classifier(args.teacher, num_classes, args.device)
-    model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
     logits = np.load(store, mmap_mode="r+")
+    if done < len(keys):
+        model = Classifier(args.teacher, num_classes, args.device)
+        model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
     while done < len(keys):
         end = min(done + args.chunk, len(keys))
         logits[done:end] = predict(model, keys[done:end], args.batch_size * 4, args.precision)
         logits.flush()
         done = end
-        progress.write_text(json.dumps({"rows": len(keys), "done": done}))
+        progress.write_text(json.dumps({**state, "done": done}))
         print(json.dumps({"labelled": done, "of": len(keys)}), flush=True)
     target = out / "soft.npz"
     # column c is the teacher's class c, which `_labelled` read as the integer label c

@@ -76,11 +76,21 @@ def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path) -> N
     store = np.load(out / "soft" / "logits.f32.npy", mmap_mode="r+")
     store[8:] = 0.0
     store.flush()
-    (out / "soft" / "progress.json").write_text(json.dumps({"rows": len(keys), "done": 8}))
+    progress = json.loads((out / "soft" / "progress.json").read_text())
+    (out / "soft" / "progress.json").write_text(json.dumps({**progress, "done": 8}))
     assert _run(staged, out) == 0
     assert os.stat(out / "teacher.pt").st_mtime_ns == fitted
     with np.load(out / "soft.npz") as z:
         np.testing.assert_allclose(z["logits"], logits, rtol=1e-4, atol=1e-4)
+
+    # other teacher weights: every example is labelled again, none kept from the old teacher
+    state = torch.load(out / "teacher.pt")
+    state["head"]["bias"][0] += 1.0
+    torch.save(state, out / "teacher.pt")
+    assert _run(staged, out) == 0
+    with np.load(out / "soft.npz") as z:
+        # bf16 autocast where the CPU has it: logits to about 3 significant digits
+        np.testing.assert_allclose(z["logits"][:, 0], logits[:, 0] + 1.0, atol=0.02)
 
 
 def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
