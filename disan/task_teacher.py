@@ -32,15 +32,22 @@ from disan.manifest import sha256_file
 from disan.recipes import RECIPES
 
 KEY_SEP = " "  # an example's key: its tokens (disan.text.tokenize) joined, as training reads them
+# the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
+SENTENCE_TRAIN = {"sst5": "sst/sst5_train.jsonl.gz", "sst2": "sst/sst2_train.jsonl.gz"}
 
 
 def example_key(tokens: tuple[str, ...]) -> str:
     return KEY_SEP.join(tokens)
 
 
-def _labelled(path: Path) -> tuple[list[str], list[int]]:
-    """(texts as the teacher reads them: tokens joined by spaces, integer labels) of a text/label file."""
+def _labelled(path: Path, num_classes: int) -> tuple[list[str], list[int]]:
+    """(texts as the teacher reads them: tokens joined by spaces, integer labels) of a text/label
+    file whose labels are the teacher's classes 0 .. num_classes - 1."""
     _, examples = read_examples(path)
+    for ex in examples:
+        if ex.label not in {str(c) for c in range(num_classes)}:
+            raise ValueError(f"{ex.where}: label {ex.label!r} is not one of the recipe's {num_classes} "
+                             f"classes 0..{num_classes - 1}")
     return [example_key(ex.texts[0]) for ex in examples], [int(ex.label) for ex in examples]
 
 
@@ -117,10 +124,10 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
 
     recipe = RECIPES[args.recipe]
     data = Path(args.data)
-    train_x, train_y = _labelled(data / args.train_file)
-    dev_x, dev_y = _labelled(data / recipe["dev"])
-    test_x, test_y = _labelled(data / recipe["test"])
     num_classes = len(recipe["label_names"])
+    train_x, train_y = _labelled(data / args.train_file, num_classes)
+    dev_x, dev_y = _labelled(data / recipe["dev"], num_classes)
+    test_x, test_y = _labelled(data / recipe["test"], num_classes)
     torch.manual_seed(args.seed)
     model = Classifier(args.teacher, num_classes, args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -211,7 +218,7 @@ def label(args: argparse.Namespace, out: Path) -> Path:
     np.savez(target, keys=np.asarray(keys), logits=np.asarray(logits), labels=columns)
     # the same with NaN (no opinion) for every example that is not a sentence the teacher was
     # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
-    sentences = set(_labelled(Path(args.data) / args.train_file)[0])
+    sentences = set(_labelled(Path(args.data) / args.train_file, num_classes)[0])
     only = np.where(np.asarray([k in sentences for k in keys])[:, None], np.asarray(logits), np.nan)
     np.savez(out / "soft_sentences.npz", keys=np.asarray(keys), logits=only.astype(np.float32),
              labels=columns)
@@ -221,8 +228,8 @@ def label(args: argparse.Namespace, out: Path) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=["sst5", "sst2"], default="sst5")
     parser.add_argument("--data", default="../shared/data", help="the staged data folder")
-    parser.add_argument("--train-file", default="sst/sst5_train.jsonl.gz",
-                        help="what the teacher is fine-tuned on (sentence level), under --data")
+    parser.add_argument("--train-file", help="what the teacher is fine-tuned on, under --data "
+                        f"(default: the recipe's sentence-level training file: {SENTENCE_TRAIN})")
     parser.add_argument("--teacher", choices=["mpnet", "minilm"], default="mpnet")
     parser.add_argument("--out", required=True)
     parser.add_argument("--epochs", type=int, default=3)
@@ -238,6 +245,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # optional (`train` extra)
 
+    for name in ("epochs", "batch_size", "chunk"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: give at least 1")
+    if args.lr <= 0:
+        raise ValueError(f"--lr {args.lr}: give a learning rate above 0")
+    args.train_file = args.train_file or SENTENCE_TRAIN[args.recipe]
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

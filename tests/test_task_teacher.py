@@ -105,3 +105,32 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
                "--soft-targets", str(out / "soft.npz"), "--kd-weight", "1", "--out", str(tmp_path / "kd")])
     assert rc == 0
     assert load_checkpoint(tmp_path / "kd" / "best.pt")["train_config"]["kd_weight"] == 1.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    # SST-5 sentences (labels 0..4) for the two-class recipe: a one-line error, not a torch IndexError
+    (["--recipe", "sst2", "--train-file", "sst/sst5_train.jsonl.gz"],
+     "label '2' is not one of the recipe's 2 classes 0..1"),
+    (["--epochs", "0"], "--epochs 0: give at least 1"),  # nothing fitted: no teacher.pt to label with
+    (["--chunk", "0"], "--chunk 0: give at least 1"),
+    (["--lr", "0"], "--lr 0.0: give a learning rate above 0"),
+])
+def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, flags, message) -> None:
+    for split in ("dev", "test"):
+        _write(staged / f"sst/sst2_{split}.jsonl.gz", [{"text": "a dog runs", "label": i % 2}
+                                                        for i in range(4)])
+    rc = main(["task-teacher", "--data", str(staged), "--out", str(tmp_path / "tt"), "--threads", "1",
+               *flags])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and message in err, err
+    assert not (tmp_path / "tt" / "teacher.pt").exists()
+
+
+def test_the_two_class_recipe_fits_on_its_own_sentences_by_default(staged: Path, tmp_path: Path) -> None:
+    two = [{"text": "a dog runs", "label": 1}, {"text": "the man plays", "label": 0}] * 3
+    for name in ("train", "phrases_train", "dev", "test"):
+        _write(staged / f"sst/sst2_{name}.jsonl.gz", two)
+    assert main(["task-teacher", "--recipe", "sst2", "--data", str(staged), "--out", str(tmp_path / "tt"),
+                 "--epochs", "1", "--threads", "1"]) == 0
+    info = json.loads((tmp_path / "tt" / "teacher.json").read_text())
+    assert info["train_file"] == "sst/sst2_train.jsonl.gz"
