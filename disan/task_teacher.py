@@ -30,6 +30,7 @@ import numpy as np
 from disan.data import read_examples
 from disan.manifest import sha256_file
 from disan.recipes import RECIPES
+from disan.teacher import bf16_autocast
 
 KEY_SEP = " "  # an example's key: its tokens (disan.text.tokenize) joined, as training reads them
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
@@ -90,16 +91,6 @@ class Classifier:
         self.head.load_state_dict(state["head"])
 
 
-def _autocast(device: str, precision: str):
-    import torch  # optional (`train` extra)
-
-    from disan.teacher import native_bf16  # the module's own imports are lazy too
-
-    enabled = precision == "bf16" or (precision == "auto" and native_bf16(device))
-    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
-                          enabled=enabled)
-
-
 def predict(model: Classifier, texts: list[str], batch_size: int, precision: str) -> np.ndarray:
     """Logits [N, C] (float32), batches of similar length for speed, in `texts` order."""
     import torch  # optional (`train` extra)
@@ -107,7 +98,7 @@ def predict(model: Classifier, texts: list[str], batch_size: int, precision: str
     model.train(False)
     order = np.argsort([len(t) for t in texts], kind="stable")
     out = np.zeros((len(texts), model.head.out_features), dtype=np.float32)
-    with torch.inference_mode(), _autocast(model.device, precision):
+    with torch.inference_mode(), bf16_autocast(model.device, precision):
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
             out[idx] = model.logits([texts[j] for j in idx]).float().cpu().numpy()
@@ -150,7 +141,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
         rng.shuffle(batches)
         loss_sum = 0.0
         for idx in batches:
-            with _autocast(args.device, args.precision):
+            with bf16_autocast(args.device, args.precision):
                 logits = model.logits([train_x[j] for j in idx])
             loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([train_y[j] for j in idx],
                                                                                   device=args.device))

@@ -109,6 +109,16 @@ def native_bf16(device: str) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def bf16_autocast(device: str, precision: str):
+    """torch's autocast to bf16 where `precision` is bf16, or auto and the device has native bf16
+    (`native_bf16`); a disabled autocast (fp32) otherwise."""
+    import torch  # optional (`train` extra)
+
+    enabled = precision == "bf16" or (precision == "auto" and native_bf16(device))
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
+                          enabled=enabled)
+
+
 def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_size: int = 64,
                                  device: str = "cpu"):
     """`encode(texts)` of an offline teacher: L2-normalised vectors, under bf16 autocast where
@@ -119,13 +129,11 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
     from disan.embeddings import _sentence_encoder
 
     model = _sentence_encoder(TEACHERS[teacher][0], device)
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
-    if precision == "auto":
+    if precision == "auto":  # resolved once, not per call
         precision = "bf16" if native_bf16(device) else "fp32"
 
     def encode(texts: list[str]) -> np.ndarray:
-        with torch.inference_mode(), torch.autocast(device_type, dtype=torch.bfloat16,
-                                                    enabled=precision == "bf16"):
+        with torch.inference_mode(), bf16_autocast(device, precision):
             return model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
                                 convert_to_numpy=True, show_progress_bar=False)
     return encode

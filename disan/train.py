@@ -118,7 +118,7 @@ def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, 
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_total, correct = 0.0, 0
-    soft = data.soft if kd_weight > 0 else None
+    soft = data.soft if kd_weight > 0 else None  # `disan train` sets it only with --soft-targets
     for piece in _pieces(idx, data, max_cells):
         inputs, y = collate(data, piece)
         y = y.to(device)
@@ -236,8 +236,7 @@ class Trainer:
             batches = length_batches(lengths, cfg.batch_size, np.random.default_rng([cfg.seed, st["epoch"]]))
             for idx in batches[st["pos"]:]:
                 loss, correct = train_step(self.model, self.optimizer, self.train, idx, self.device,
-                                           cfg.max_cells, cfg.kd_weight if cfg.soft_targets else 0.0,
-                                           cfg.kd_temperature)
+                                           cfg.max_cells, cfg.kd_weight, cfg.kd_temperature)
                 if self.averaged is not None:
                     self.averaged.update_parameters(self.model)
                 st["step"] += 1
