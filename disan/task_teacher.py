@@ -175,12 +175,9 @@ def label(args: argparse.Namespace, out: Path) -> Path:
     import torch  # optional (`train` extra)
 
     recipe = RECIPES[args.recipe]
-    keys: list[str] = []
-    for name in recipe["train"]:
-        _, examples = read_examples(Path(args.data) / name)
-        keys += [example_key(ex.texts[0]) for ex in examples]
-    keys = list(dict.fromkeys(keys))  # each distinct text once
     num_classes = len(recipe["label_names"])
+    keys = [k for name in recipe["train"] for k in _labelled(Path(args.data) / name, num_classes)[0]]
+    keys = list(dict.fromkeys(keys))  # each distinct text once
     folder = out / "soft"
     folder.mkdir(exist_ok=True)
     progress = folder / "progress.json"
