@@ -15,6 +15,9 @@ goes on where it stopped:
    to `soft/` (`logits.f32.npy` + `progress.json`, as `disan teacher`'s cache); `soft.npz` (the
    examples' token keys and logits) once every chunk is there, and `soft_sentences.npz`, the same
    with the logits of every example that is not one of the fine-tuning sentences left out (NaN).
+3. with `--augment N`: N new variants of each fine-tuning sentence (`disan.augment`: masked and
+   swapped words, n-grams), none of them a training example, and the teacher's logits of them,
+   in chunks to `augmented/`; then `augmented.npz`, extra examples for `disan train --augmented`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.augment import MASK, Augmenter
 from disan.data import read_examples
 from disan.manifest import sha256_file
 from disan.recipes import RECIPES
@@ -170,20 +174,16 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     return info
 
 
-def label(args: argparse.Namespace, out: Path) -> Path:
-    """The kept teacher's logits of every training example of the recipe -> `soft.npz`."""
+def _label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[str],
+                  num_classes: int, extra: dict | None = None) -> np.ndarray:
+    """The kept teacher's logits [N, C] of `keys`, written in chunks to `folder` (resumable: the
+    rows on disk count only for the same examples, teacher weights and `extra` settings)."""
     import torch  # optional (`train` extra)
 
-    recipe = RECIPES[args.recipe]
-    num_classes = len(recipe["label_names"])
-    keys = [k for name in recipe["train"] for k in _labelled(Path(args.data) / name, num_classes)[0]]
-    keys = list(dict.fromkeys(keys))  # each distinct text once
-    folder = out / "soft"
     folder.mkdir(exist_ok=True)
     progress = folder / "progress.json"
     store = folder / "logits.f32.npy"
-    # the labels on disk count only for the same examples and the same teacher weights
-    state = {"rows": len(keys), "teacher_sha256": sha256_file(out / "teacher.pt")}
+    state = {"rows": len(keys), "teacher_sha256": sha256_file(out / "teacher.pt"), **(extra or {})}
     recorded = json.loads(progress.read_text()) if progress.is_file() else {}
     if {k: recorded.get(k) for k in state} != state:
         np.lib.format.open_memmap(store, "w+", np.float32, (len(keys), num_classes)).flush()
@@ -193,23 +193,56 @@ def label(args: argparse.Namespace, out: Path) -> Path:
     if done < len(keys):
         model = Classifier(args.teacher, num_classes, args.device)
         model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
+        texts = [k.replace(MASK, model.tokenizer.mask_token) for k in keys] if extra else keys
     while done < len(keys):
         end = min(done + args.chunk, len(keys))
-        logits[done:end] = predict(model, keys[done:end], args.batch_size * 4, args.precision)
+        logits[done:end] = predict(model, texts[done:end], args.batch_size * 4, args.precision)
         logits.flush()
         done = end
         progress.write_text(json.dumps({**state, "done": done}))
-        print(json.dumps({"labelled": done, "of": len(keys)}), flush=True)
-    target = out / "soft.npz"
+        print(json.dumps({"labelled": done, "of": len(keys), "in": folder.name}), flush=True)
+    return np.asarray(logits)
+
+
+def _columns(num_classes: int) -> np.ndarray:
     # column c is the teacher's class c, which `_labelled` read as the integer label c
-    columns = np.asarray([str(c) for c in range(num_classes)])
-    np.savez(target, keys=np.asarray(keys), logits=np.asarray(logits), labels=columns)
+    return np.asarray([str(c) for c in range(num_classes)])
+
+
+def label(args: argparse.Namespace, out: Path) -> Path:
+    """The kept teacher's logits of every training example of the recipe -> `soft.npz`."""
+    recipe = RECIPES[args.recipe]
+    num_classes = len(recipe["label_names"])
+    keys = [k for name in recipe["train"] for k in _labelled(Path(args.data) / name, num_classes)[0]]
+    keys = list(dict.fromkeys(keys))  # each distinct text once
+    logits = _label_chunks(args, out, out / "soft", keys, num_classes)
+    target = out / "soft.npz"
+    np.savez(target, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
     # the same with NaN (no opinion) for every example that is not a sentence the teacher was
     # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
     sentences = set(_labelled(Path(args.data) / args.train_file, num_classes)[0])
-    only = np.where(np.asarray([k in sentences for k in keys])[:, None], np.asarray(logits), np.nan)
+    only = np.where(np.asarray([k in sentences for k in keys])[:, None], logits, np.nan)
     np.savez(out / "soft_sentences.npz", keys=np.asarray(keys), logits=only.astype(np.float32),
-             labels=columns)
+             labels=_columns(num_classes))
+    return target
+
+
+def label_augmented(args: argparse.Namespace, out: Path) -> Path:
+    """`--augment N` variants of each fine-tuning sentence (`disan.augment`), none of them a
+    training example, and the kept teacher's logits of them -> `augmented.npz`, the examples
+    `disan train --augmented` learns from the teacher alone."""
+    recipe = RECIPES[args.recipe]
+    num_classes = len(recipe["label_names"])
+    data = Path(args.data)
+    sentences = [tuple(k.split(KEY_SEP)) for k in _labelled(data / args.train_file, num_classes)[0]]
+    taken = {tuple(k.split(KEY_SEP)) for name in recipe["train"]
+             for k in _labelled(data / name, num_classes)[0]}
+    variants = Augmenter(sentences).augment(sentences, args.augment, args.seed, exclude=taken)
+    keys = [example_key(v) for v in variants]
+    logits = _label_chunks(args, out, out / "augmented", keys, num_classes,
+                           extra={"augment": args.augment, "seed": args.seed})
+    target = out / "augmented.npz"
+    np.savez(target, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
     return target
 
 
@@ -228,6 +261,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--augment", type=int, default=0, metavar="N",
+                        help="also label N new variants of each fine-tuning sentence (masked words, "
+                        "swapped words, n-grams: Tang et al., 2019) -> augmented.npz, for `disan "
+                        "train --augmented`")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("epochs", "batch_size", "chunk"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: give at least 1")
+    if args.augment < 0:
+        raise ValueError(f"--augment {args.augment}: give 0 or more variants per sentence")
     if args.lr <= 0:
         raise ValueError(f"--lr {args.lr}: give a learning rate above 0")
     args.train_file = args.train_file or SENTENCE_TRAIN[args.recipe]
@@ -252,4 +291,6 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in info.items() if k != "log"}), flush=True)
     target = label(args, out)
     print(f"soft targets: {target}")
+    if args.augment:
+        print(f"teacher-labelled variants: {label_augmented(args, out)}")
     return 0

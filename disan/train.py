@@ -100,41 +100,47 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def distillation_loss(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T^2 * KL(teacher || student) of the softened distributions, summed over the rows (Hinton et
-    al., 2015: the T^2 keeps its gradients' scale as T changes)."""
+def distillation_loss(logits: torch.Tensor, teacher: torch.Tensor, temperature: float,
+                      reduction: str = "sum") -> torch.Tensor:
+    """T^2 * KL(teacher || student) of the softened distributions, summed over the rows, or one
+    per row with reduction="none" (Hinton et al., 2015: the T^2 keeps its gradients' scale as T
+    changes)."""
     t = temperature
-    return F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
-                    reduction="sum") * t * t
+    kl = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
+                  reduction="none").sum(-1) * t * t
+    return kl.sum() if reduction == "sum" else kl
 
 
 def train_step(model, optimizer, data: EncodedDataset, idx: np.ndarray, device, max_cells: int,
                kd_weight: float = 0.0, kd_temperature: float = 1.0):
     """One optimizer step over batch `idx` (accumulated over pieces) -> (loss, correct).
 
-    With a teacher's logits in `data.soft` and `kd_weight` w > 0, the loss of a row is (1 - w) times
-    the cross-entropy on its gold label plus w times `distillation_loss`; a row whose logits are NaN
-    (the teacher gave none: `disan task-teacher`'s soft_sentences.npz) has the cross-entropy alone."""
+    With a teacher's logits in `data.soft` (`disan train --soft-targets`), the loss of a row is
+    (1 - w) times the cross-entropy on its gold label plus w = `kd_weight` times
+    `distillation_loss`. A row whose logits are NaN (the teacher gave none: `disan task-teacher`'s
+    soft_sentences.npz) has the cross-entropy alone; a row without a gold label (label id -1:
+    `--augmented`) has the distillation loss alone, and `correct` does not count it."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss_total, correct = 0.0, 0
-    soft = data.soft if kd_weight > 0 else None  # `disan train` sets it only with --soft-targets
     for piece in _pieces(idx, data, max_cells):
         inputs, y = collate(data, piece)
         y = y.to(device)
         logits = model(*(t.to(device) for t in inputs))
-        if soft is None:
+        if data.soft is None:
             loss = F.cross_entropy(logits, y, reduction="sum")
-        else:  # rows without a teacher opinion (NaN) learn from their gold label alone
-            teacher = torch.from_numpy(np.asarray(soft[piece], dtype=np.float32)).to(device)
-            taught = ~teacher.isnan().any(-1)
-            ce = F.cross_entropy(logits, y, reduction="none")
-            loss = (ce[~taught].sum() + (1 - kd_weight) * ce[taught].sum()
-                    + kd_weight * distillation_loss(logits[taught], teacher[taught], kd_temperature))
+        else:
+            teacher = torch.from_numpy(np.asarray(data.soft[piece], dtype=np.float32)).to(device)
+            taught, gold = ~teacher.isnan().any(-1), y >= 0
+            ce = F.cross_entropy(logits, y.clamp(min=0), reduction="none")
+            kd_rows = distillation_loss(logits[taught], teacher[taught], kd_temperature, reduction="none")
+            share = torch.where(gold[taught], kd_weight, 1.0)  # no gold label: the teacher alone
+            loss = (ce[gold & ~taught].sum() + (1 - kd_weight) * ce[gold & taught].sum()
+                    + (share * kd_rows).sum())
         loss = loss / len(idx)  # mean over the whole batch
         loss.backward()
         loss_total += loss.item()
-        correct += int((logits.argmax(-1) == y).sum())
+        correct += int((logits.argmax(-1) == y).sum())  # -1 never matches
     optimizer.step()
     return loss_total, correct
 
@@ -244,7 +250,7 @@ class Trainer:
                 self._run["loss"] += loss
                 self._run["batches"] += 1
                 self._run["correct"] += correct
-                self._run["seen"] += len(idx)
+                self._run["seen"] += int((self.train.labels[idx] >= 0).sum())  # rows with a gold label
                 ema = (loss, correct / len(idx)) if ema is None else (
                     0.98 * ema[0] + 0.02 * loss, 0.98 * ema[1] + 0.02 * correct / len(idx))
                 bar.update(1)

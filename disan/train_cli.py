@@ -21,7 +21,7 @@ import numpy as np
 from disan import data as D
 from disan import embeddings as E
 from disan.recipes import RECIPE_VOCAB_FILES, RECIPES, TASK_DEFAULTS
-from disan.task_teacher import example_key
+from disan.task_teacher import KEY_SEP, example_key
 from disan.text import Vocab
 from disan.train_config import TrainConfig, add_config_arguments, config_values
 
@@ -102,11 +102,7 @@ def soft_targets(path: str, task: str, train: D.Dataset) -> np.ndarray:
     `disan task-teacher` soft.npz (keys: the examples' tokens joined by spaces)."""
     if task != "sentiment":
         raise ValueError("--soft-targets: only sentiment tasks have a task teacher")
-    try:
-        with np.load(path) as z:
-            keys, logits, columns = z["keys"], z["logits"], [str(c) for c in z["labels"]]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: not a soft-target file of `disan task-teacher` ({exc})") from exc
+    keys, logits, columns = _teacher_file(path, "soft-target")
     raw = D.label_set(task, train.examples)
     if sorted(columns) != sorted(raw):
         raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
@@ -118,6 +114,42 @@ def soft_targets(path: str, task: str, train: D.Dataset) -> np.ndarray:
                          f"examples (first: {missing[0][:80]!r})")
     order = [columns.index(lab) for lab in raw]
     return np.asarray(logits, dtype=np.float32)[[row[k] for k in wanted]][:, order]
+
+
+def _teacher_file(path: str, kind: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(keys, logits [N, C], the teacher's label of each column) of a `disan task-teacher` file."""
+    try:
+        with np.load(path) as z:
+            keys, logits, columns = z["keys"], z["logits"], [str(c) for c in z["labels"]]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: not a {kind} file of `disan task-teacher` ({exc})") from exc
+    if logits.ndim != 2 or logits.shape != (len(keys), len(columns)):
+        raise ValueError(f"{path}: logits of shape {logits.shape} for {len(keys)} keys and "
+                         f"{len(columns)} labels")
+    return keys, logits, columns
+
+
+def add_augmented(path: str, task: str, train: D.Dataset,
+                  soft: np.ndarray | None) -> tuple[D.Dataset, np.ndarray]:
+    """`train` with the teacher-labelled examples of `path` after its own, their label id -1 (no
+    gold label: they learn from the teacher alone), and the soft targets of all of them (NaN for a
+    training example the teacher gave no logits, so it learns from its gold label alone)."""
+    if task != "sentiment":
+        raise ValueError("--augmented: only sentiment tasks have a task teacher")
+    keys, logits, columns = _teacher_file(path, "teacher-labelled example")
+    raw = D.label_set(task, train.examples)
+    if sorted(columns) != sorted(raw):
+        raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
+    examples = [D.Example((tuple(str(k).split(KEY_SEP)),), "", f"{path}:{i + 1}")
+                for i, k in enumerate(keys)]
+    if any(not ex.texts[0][0] for ex in examples):
+        raise ValueError(f"{path}: an empty example")
+    order = [columns.index(lab) for lab in raw]
+    extra = np.asarray(logits, dtype=np.float32)[:, order]
+    if soft is None:
+        soft = np.full((len(train), len(raw)), np.nan, dtype=np.float32)
+    grown = D.Dataset(task, train.examples + examples, train.label_ids + [-1] * len(examples))
+    return grown, np.concatenate([soft, extra])
 
 
 def _check_task(cfg: TrainConfig, task: str, path: str) -> None:
@@ -184,11 +216,15 @@ def run(args: argparse.Namespace) -> int:
             cfg.out = args.out
         _, train, dev, test = load_splits(cfg)
         soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
+        if cfg.augmented:
+            train, soft = add_augmented(cfg.augmented, cfg.task, train, soft)
     else:
         ckpt = None
         cfg = config_from_args(args)
         labels, train, dev, test = load_splits(cfg)
         soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
+        if cfg.augmented:
+            train, soft = add_augmented(cfg.augmented, cfg.task, train, soft)
         vocab, matrix, trainable, info = prepare_embeddings(cfg, train)
         model = new_model(cfg, len(vocab), matrix.shape[1], len(labels), matrix, trainable)
         if cfg.init_encoder:

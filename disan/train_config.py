@@ -105,6 +105,9 @@ class TrainConfig:
                             "labels + w * T^2 * KL(teacher || student) at temperature T", "optimisation")
     kd_temperature: float = flag(1.0, "with --soft-targets: the temperature T of both distributions",
                                  "optimisation")
+    augmented: str | None = flag(None, "more training examples that learn from a teacher's logits alone, "
+                                 "T^2 * KL at --kd-temperature (`disan task-teacher --augment N`'s "
+                                 "augmented.npz)", "optimisation", metavar="NPZ")
     batch_size: int = flag(64, "sentences (pairs) per optimizer step", "optimisation")
     epochs: int = flag(30, "epochs at most", "optimisation")
     eval_every: int = flag(500, "evaluate on dev every N steps (0 = per epoch)", "optimisation")

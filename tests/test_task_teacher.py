@@ -114,6 +114,7 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
     (["--epochs", "0"], "--epochs 0: give at least 1"),  # nothing fitted: no teacher.pt to label with
     (["--chunk", "0"], "--chunk 0: give at least 1"),
     (["--lr", "0"], "--lr 0.0: give a learning rate above 0"),
+    (["--augment", "-1"], "--augment -1: give 0 or more"),
 ])
 def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, flags, message) -> None:
     for split in ("dev", "test"):
@@ -134,3 +135,40 @@ def test_the_two_class_recipe_fits_on_its_own_sentences_by_default(staged: Path,
                  "--epochs", "1", "--threads", "1"]) == 0
     info = json.loads((tmp_path / "tt" / "teacher.json").read_text())
     assert info["train_file"] == "sst/sst2_train.jsonl.gz"
+
+
+def test_augment_labels_new_variants_resumably_and_train_reads_them(staged: Path, tmp_path: Path) -> None:
+    """`--augment N`: variants of the fine-tuning sentences that are not training examples, the
+    teacher's logits of them in augmented.npz (resumable as soft/), and `disan train --augmented`."""
+    from disan.checkpoint import load_checkpoint
+
+    out = tmp_path / "tt"
+    assert main(["task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1",
+                 "--batch-size", "4", "--chunk", "8", "--threads", "1", "--augment", "3"]) == 0
+    with np.load(out / "augmented.npz") as z:
+        keys, logits, labels = list(z["keys"]), z["logits"], list(z["labels"])
+    with np.load(out / "soft.npz") as z:
+        training = set(z["keys"])
+    assert 20 < len(keys) <= 60 and len(set(keys)) == len(keys) and not set(keys) & training
+    assert logits.shape == (len(keys), 5) and np.isfinite(logits).all() and labels == list("01234")
+    assert any("<mask>" in k for k in keys)
+
+    store = np.load(out / "augmented" / "logits.f32.npy", mmap_mode="r+")
+    store[8:] = 0.0
+    store.flush()
+    progress = json.loads((out / "augmented" / "progress.json").read_text())
+    (out / "augmented" / "progress.json").write_text(json.dumps({**progress, "done": 8}))
+    assert main(["task-teacher", "--data", str(staged), "--out", str(out), "--chunk", "8", "--threads", "1",
+                 "--augment", "3"]) == 0
+    with np.load(out / "augmented.npz") as z:
+        assert list(z["keys"]) == keys
+        np.testing.assert_allclose(z["logits"], logits, rtol=1e-4, atol=1e-4)
+
+    rc = main(["train", "--task", "sentiment", "--train", str(staged / "sst/sst5_phrases_train.jsonl.gz"),
+               "--dev", str(staged / "sst/sst5_dev.jsonl.gz"), "--init", "random", "--embed-dim", "8",
+               "--glove-extra", "0", "--d-h", "8", "--epochs", "1", "--no-progress", "--threads", "1",
+               "--soft-targets", str(out / "soft.npz"), "--augmented", str(out / "augmented.npz"),
+               "--out", str(tmp_path / "kd")])
+    assert rc == 0
+    phrases = gzip.decompress((staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()
+    assert load_checkpoint(tmp_path / "kd" / "best.pt")["sizes"]["train"] == len(phrases) + len(keys)

@@ -360,3 +360,61 @@ def test_cli_trains_with_soft_targets_and_refuses_a_file_that_misses_examples(fi
     assert "not a soft-target file" in capsys.readouterr().err
     assert run_cli(*common, "--soft-targets", soft, "--kd-weight", "1.5", "--out", tmp_path / "o") == 2
     assert "--kd-weight 1.5" in capsys.readouterr().err
+
+
+def test_examples_without_a_gold_label_learn_from_the_teacher_alone() -> None:
+    """`--augmented` rows (label id -1) follow the teacher whatever --kd-weight is (here 0: the
+    gold rows learn from their labels alone), and training accuracy counts the gold rows only. A
+    trainer that took -1 for a class fails: cross-entropy refuses the label."""
+    gen = np.random.default_rng(2)
+    ids = [(gen.integers(2, 30, size=gen.integers(3, 9)).astype(np.int64),) for _ in range(32)]
+    gold = gen.integers(0, 2, size=32)
+    taught = gen.integers(0, 3, size=16)  # the teacher's class of each example without a label
+    soft = np.full((32, 3), np.nan, dtype=np.float32)
+    soft[16:] = np.where(np.eye(3)[taught] > 0, 6.0, -6.0)
+    labels = gold.copy()
+    labels[16:] = -1
+    data = EncodedDataset("sentiment", ids, labels, soft=soft)
+    model = tiny_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(200):
+        loss, correct = train_step(model, opt, data, np.arange(32), torch.device("cpu"), 10**6,
+                                   kd_weight=0.0)
+        assert np.isfinite(loss) and correct <= 16
+    model.eval()
+    inputs, _ = collate(data, np.arange(32))
+    pred = model(*inputs).argmax(-1).numpy()
+    assert (pred[:16] == gold[:16]).all() and (pred[16:] == taught).all()
+
+
+def test_cli_adds_the_teacher_labelled_examples_and_refuses_a_bad_file(files, tmp_path: Path,
+                                                                       capsys) -> None:
+    rng = random.Random(5)
+    texts = [sentence(rng, i % 2 == 1) + " cat" for i in range(10)]
+    logits = np.asarray([[0.0, 4.0] if i % 2 else [4.0, 0.0] for i in range(10)], dtype=np.float32)
+    augmented = _soft_file(tmp_path / "augmented.npz", texts, logits)
+    common = ["--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+              "--glove", files["glove"], "--epochs", "1", *TINY]
+    assert run_cli(*common, "--augmented", augmented, "--out", tmp_path / "aug") == 0
+    ckpt = load_checkpoint(tmp_path / "aug" / "best.pt")
+    assert ckpt["train_config"]["augmented"] == str(augmented)
+    assert ckpt["sizes"]["train"] == 48 + 10
+    history = [json.loads(r) for r in (tmp_path / "aug" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["train_acc"] <= 1.0 for r in history if "train_acc" in r)
+    capsys.readouterr()
+
+    wrong = _soft_file(tmp_path / "wrong.npz", texts, logits, labels=("0", "2"))
+    assert run_cli(*common, "--augmented", wrong, "--out", tmp_path / "o") == 2
+    assert "are not the training labels" in capsys.readouterr().err
+    assert run_cli(*common, "--augmented", tmp_path / "none.npz", "--out", tmp_path / "o") == 2
+    assert "not a teacher-labelled example file" in capsys.readouterr().err
+    skew = tmp_path / "skew.npz"
+    np.savez(skew, keys=np.asarray(["a cat"]), logits=np.zeros((2, 2), np.float32),
+             labels=np.asarray(["0", "1"]))
+    assert run_cli(*common, "--augmented", skew, "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "logits of shape (2, 2) for 1 keys" in err
+    nli = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"],
+           "--glove", files["glove"], "--epochs", "1", *TINY]
+    assert run_cli(*nli, "--augmented", augmented, "--out", tmp_path / "o") == 2
+    assert "only sentiment tasks" in capsys.readouterr().err
