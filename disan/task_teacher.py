@@ -144,7 +144,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
         batches = [c[i:i + args.batch_size] for c in chunks for i in range(0, len(c), args.batch_size)]
         rng.shuffle(batches)
         loss_sum = 0.0
-        for idx in batches:
+        for step, idx in enumerate(batches, 1):
             with bf16_autocast(args.device, args.precision):
                 logits = model.logits([train_x[j] for j in idx])
             loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([train_y[j] for j in idx],
@@ -155,6 +155,10 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             opt.step()
             sched.step()
             loss_sum += loss.item()
+            if step % args.log_every == 0:  # a fit on every phrase runs for an hour on a CPU
+                print(json.dumps({"epoch": epoch + 1, "step": step, "of": len(batches),
+                                  "train_loss": loss_sum / step,
+                                  "elapsed_s": round(time.monotonic() - started, 1)}), flush=True)
         dev_acc = accuracy(predict(model, dev_x, 64, args.precision), dev_y)
         row = {"epoch": epoch + 1, "train_loss": loss_sum / len(batches), "dev_acc": dev_acc,
                "elapsed_s": round(time.monotonic() - started, 1)}
@@ -257,6 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--chunk", type=int, default=8192, help="examples labelled between progress records")
+    parser.add_argument("--log-every", type=int, default=500, help="fine-tuning steps between progress lines")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -270,7 +275,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # optional (`train` extra)
 
-    for name in ("epochs", "batch_size", "chunk"):
+    for name in ("epochs", "batch_size", "chunk", "log_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: give at least 1")
     if args.augment < 0:

@@ -50,12 +50,15 @@ def staged(tmp_path: Path, monkeypatch) -> Path:
 
 def _run(root: Path, out: Path) -> int:
     return main(["task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2",
-                 "--batch-size", "4", "--chunk", "8", "--threads", "1", "--lr", "1e-3"])
+                 "--batch-size", "4", "--chunk", "8", "--threads", "1", "--lr", "1e-3", "--log-every", "2"])
 
 
-def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path) -> None:
+def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "tt"
     assert _run(staged, out) == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"epoch"')
+             and '"step"' in line]
+    assert [(r["epoch"], r["step"], r["of"]) for r in steps] == [(e, s, 5) for e in (1, 2) for s in (2, 4)]
     info = json.loads((out / "teacher.json").read_text())
     assert [r["epoch"] for r in info["log"]] == [1, 2] and 0.0 <= info["test_acc_at_best_dev"] <= 1.0
     assert info["best_dev_acc"] == max(r["dev_acc"] for r in info["log"])
@@ -115,6 +118,7 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
     (["--chunk", "0"], "--chunk 0: give at least 1"),
     (["--lr", "0"], "--lr 0.0: give a learning rate above 0"),
     (["--augment", "-1"], "--augment -1: give 0 or more"),
+    (["--log-every", "0"], "--log-every 0: give at least 1"),
 ])
 def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, flags, message) -> None:
     for split in ("dev", "test"):
