@@ -100,24 +100,21 @@ def load_splits(cfg: TrainConfig):
 def soft_targets(path: str, task: str, train: D.Dataset) -> np.ndarray:
     """A teacher's logits [N, C] of `train`'s examples, in its order and label order, from a
     `disan task-teacher` soft.npz (keys: the examples' tokens joined by spaces)."""
-    if task != "sentiment":
-        raise ValueError("--soft-targets: only sentiment tasks have a task teacher")
-    keys, logits, columns = _teacher_file(path, "soft-target")
-    raw = D.label_set(task, train.examples)
-    if sorted(columns) != sorted(raw):
-        raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
+    keys, logits = _teacher_file(path, "--soft-targets", "soft-target", task, train)
     row = {str(k): i for i, k in enumerate(keys)}
     wanted = [example_key(ex.texts[0]) for ex in train.examples]
     missing = [k for k in wanted if k not in row]
     if missing:
         raise ValueError(f"{path}: no teacher logits for {len(missing)} of {len(wanted)} training "
                          f"examples (first: {missing[0][:80]!r})")
-    order = [columns.index(lab) for lab in raw]
-    return np.asarray(logits, dtype=np.float32)[[row[k] for k in wanted]][:, order]
+    return logits[[row[k] for k in wanted]]
 
 
-def _teacher_file(path: str, kind: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(keys, logits [N, C], the teacher's label of each column) of a `disan task-teacher` file."""
+def _teacher_file(path: str, flag: str, kind: str, task: str,
+                  train: D.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, logits [N, C] with the columns in `train`'s label order) of a `disan task-teacher` file."""
+    if task != "sentiment":
+        raise ValueError(f"{flag}: only sentiment tasks have a task teacher")
     try:
         with np.load(path) as z:
             keys, logits, columns = z["keys"], z["logits"], [str(c) for c in z["labels"]]
@@ -126,7 +123,10 @@ def _teacher_file(path: str, kind: str) -> tuple[np.ndarray, np.ndarray, list[st
     if logits.ndim != 2 or logits.shape != (len(keys), len(columns)):
         raise ValueError(f"{path}: logits of shape {logits.shape} for {len(keys)} keys and "
                          f"{len(columns)} labels")
-    return keys, logits, columns
+    raw = D.label_set(task, train.examples)
+    if sorted(columns) != sorted(raw):
+        raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
+    return keys, np.asarray(logits, dtype=np.float32)[:, [columns.index(lab) for lab in raw]]
 
 
 def add_augmented(path: str, task: str, train: D.Dataset,
@@ -134,20 +134,13 @@ def add_augmented(path: str, task: str, train: D.Dataset,
     """`train` with the teacher-labelled examples of `path` after its own, their label id -1 (no
     gold label: they learn from the teacher alone), and the soft targets of all of them (NaN for a
     training example the teacher gave no logits, so it learns from its gold label alone)."""
-    if task != "sentiment":
-        raise ValueError("--augmented: only sentiment tasks have a task teacher")
-    keys, logits, columns = _teacher_file(path, "teacher-labelled example")
-    raw = D.label_set(task, train.examples)
-    if sorted(columns) != sorted(raw):
-        raise ValueError(f"{path}: the teacher's labels {columns} are not the training labels {raw}")
+    keys, extra = _teacher_file(path, "--augmented", "teacher-labelled example", task, train)
     examples = [D.Example((tuple(str(k).split(KEY_SEP)),), "", f"{path}:{i + 1}")
                 for i, k in enumerate(keys)]
     if any(not ex.texts[0][0] for ex in examples):
         raise ValueError(f"{path}: an empty example")
-    order = [columns.index(lab) for lab in raw]
-    extra = np.asarray(logits, dtype=np.float32)[:, order]
     if soft is None:
-        soft = np.full((len(train), len(raw)), np.nan, dtype=np.float32)
+        soft = np.full((len(train), extra.shape[1]), np.nan, dtype=np.float32)
     grown = D.Dataset(task, train.examples + examples, train.label_ids + [-1] * len(examples))
     return grown, np.concatenate([soft, extra])
 
