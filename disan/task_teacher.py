@@ -197,7 +197,7 @@ def _label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[
     if done < len(keys):
         model = Classifier(args.teacher, num_classes, args.device)
         model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
-        texts = [k.replace(MASK, model.tokenizer.mask_token) for k in keys] if extra else keys
+        texts = [k.replace(MASK, model.tokenizer.mask_token) for k in keys]  # MPNet's is MASK itself
     while done < len(keys):
         end = min(done + args.chunk, len(keys))
         logits[done:end] = predict(model, texts[done:end], args.batch_size * 4, args.precision)
@@ -213,40 +213,43 @@ def _columns(num_classes: int) -> np.ndarray:
     return np.asarray([str(c) for c in range(num_classes)])
 
 
-def label(args: argparse.Namespace, out: Path) -> Path:
-    """The kept teacher's logits of every training example of the recipe -> `soft.npz`."""
-    recipe = RECIPES[args.recipe]
-    num_classes = len(recipe["label_names"])
-    keys = [k for name in recipe["train"] for k in _labelled(Path(args.data) / name, num_classes)[0]]
-    keys = list(dict.fromkeys(keys))  # each distinct text once
+def training_keys(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(every distinct training example of the recipe, the fine-tuning sentences), as keys, each
+    file read once for both labelling steps."""
+    num_classes = len(RECIPES[args.recipe]["label_names"])
+    data = Path(args.data)
+    keys = [k for name in RECIPES[args.recipe]["train"] for k in _labelled(data / name, num_classes)[0]]
+    return list(dict.fromkeys(keys)), _labelled(data / args.train_file, num_classes)[0]
+
+
+def label(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
+    """The kept teacher's logits of every training example of the recipe (`keys`) -> `soft.npz`."""
+    num_classes = len(RECIPES[args.recipe]["label_names"])
     logits = _label_chunks(args, out, out / "soft", keys, num_classes)
     target = out / "soft.npz"
     np.savez(target, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
     # the same with NaN (no opinion) for every example that is not a sentence the teacher was
     # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
-    sentences = set(_labelled(Path(args.data) / args.train_file, num_classes)[0])
-    only = np.where(np.asarray([k in sentences for k in keys])[:, None], logits, np.nan)
+    fine_tuned = set(sentences)
+    only = np.where(np.asarray([k in fine_tuned for k in keys])[:, None], logits, np.nan)
     np.savez(out / "soft_sentences.npz", keys=np.asarray(keys), logits=only.astype(np.float32),
              labels=_columns(num_classes))
     return target
 
 
-def label_augmented(args: argparse.Namespace, out: Path) -> Path:
+def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
     """`--augment N` variants of each fine-tuning sentence (`disan.augment`), none of them a
-    training example, and the kept teacher's logits of them -> `augmented.npz`, the examples
-    `disan train --augmented` learns from the teacher alone."""
-    recipe = RECIPES[args.recipe]
-    num_classes = len(recipe["label_names"])
-    data = Path(args.data)
-    sentences = [tuple(k.split(KEY_SEP)) for k in _labelled(data / args.train_file, num_classes)[0]]
-    taken = {tuple(k.split(KEY_SEP)) for name in recipe["train"]
-             for k in _labelled(data / name, num_classes)[0]}
-    variants = Augmenter(sentences).augment(sentences, args.augment, args.seed, exclude=taken)
-    keys = [example_key(v) for v in variants]
-    logits = _label_chunks(args, out, out / "augmented", keys, num_classes,
+    training example (`keys`), and the kept teacher's logits of them -> `augmented.npz`, the
+    examples `disan train --augmented` learns from the teacher alone."""
+    num_classes = len(RECIPES[args.recipe]["label_names"])
+    tokens = [tuple(k.split(KEY_SEP)) for k in sentences]
+    taken = {tuple(k.split(KEY_SEP)) for k in keys}
+    variants = Augmenter(tokens).augment(tokens, args.augment, args.seed, exclude=taken)
+    new_keys = [example_key(v) for v in variants]
+    logits = _label_chunks(args, out, out / "augmented", new_keys, num_classes,
                            extra={"augment": args.augment, "seed": args.seed})
     target = out / "augmented.npz"
-    np.savez(target, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
+    np.savez(target, keys=np.asarray(new_keys), logits=logits, labels=_columns(num_classes))
     return target
 
 
@@ -294,8 +297,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         info = fit(args, out)
     print(json.dumps({k: v for k, v in info.items() if k != "log"}), flush=True)
-    target = label(args, out)
-    print(f"soft targets: {target}")
+    keys, sentences = training_keys(args)
+    print(f"soft targets: {label(args, out, keys, sentences)}")
     if args.augment:
-        print(f"teacher-labelled variants: {label_augmented(args, out)}")
+        print(f"teacher-labelled variants: {label_augmented(args, out, keys, sentences)}")
     return 0

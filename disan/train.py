@@ -250,9 +250,11 @@ class Trainer:
                 self._run["loss"] += loss
                 self._run["batches"] += 1
                 self._run["correct"] += correct
-                self._run["seen"] += int((self.train.labels[idx] >= 0).sum())  # rows with a gold label
-                ema = (loss, correct / len(idx)) if ema is None else (
-                    0.98 * ema[0] + 0.02 * loss, 0.98 * ema[1] + 0.02 * correct / len(idx))
+                gold = int((self.train.labels[idx] >= 0).sum())  # rows with a gold label
+                self._run["seen"] += gold
+                acc = correct / max(gold, 1)
+                ema = (loss, acc) if ema is None else (0.98 * ema[0] + 0.02 * loss,
+                                                       0.98 * ema[1] + 0.02 * acc)
                 bar.update(1)
                 bar.set_postfix(loss=f"{ema[0]:.3f}", acc=f"{ema[1]:.3f}",
                                 best=f"{max(st['best_dev'], 0):.3f}")

@@ -145,6 +145,15 @@ def add_augmented(path: str, task: str, train: D.Dataset,
     return grown, np.concatenate([soft, extra])
 
 
+def teacher_targets(cfg: TrainConfig, train: D.Dataset) -> tuple[D.Dataset, np.ndarray | None]:
+    """(`train` with --augmented's examples after its own, the soft targets of every row or None),
+    read before any slow work so that a bad teacher file fails at once."""
+    soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
+    if cfg.augmented:
+        train, soft = add_augmented(cfg.augmented, cfg.task, train, soft)
+    return train, soft
+
+
 def _check_task(cfg: TrainConfig, task: str, path: str) -> None:
     if task != cfg.task:
         raise ValueError(f"{path}: holds {task} data but the task is {cfg.task}")
@@ -208,16 +217,12 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             cfg.out = args.out
         _, train, dev, test = load_splits(cfg)
-        soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
-        if cfg.augmented:
-            train, soft = add_augmented(cfg.augmented, cfg.task, train, soft)
+        train, soft = teacher_targets(cfg, train)
     else:
         ckpt = None
         cfg = config_from_args(args)
         labels, train, dev, test = load_splits(cfg)
-        soft = soft_targets(cfg.soft_targets, cfg.task, train) if cfg.soft_targets else None
-        if cfg.augmented:
-            train, soft = add_augmented(cfg.augmented, cfg.task, train, soft)
+        train, soft = teacher_targets(cfg, train)
         vocab, matrix, trainable, info = prepare_embeddings(cfg, train)
         model = new_model(cfg, len(vocab), matrix.shape[1], len(labels), matrix, trainable)
         if cfg.init_encoder:
