@@ -10,7 +10,8 @@ goes on where it stopped:
 1. `fit`: the teacher's transformer + mean pooling + a linear head, fine-tuned end to end on the
    recipe's sentence-level training file; the epoch with the best dev accuracy is kept
    (`teacher.pt`, with its dev and test accuracy in `teacher.json`). A finished fit is not rerun;
-   an interrupted one starts again (it is the short step).
+   an interrupted one goes on from its last saved state (`fit_state.pt`, every --save-every
+   steps and at each epoch's end: a fit on every SST phrase runs for an hour on a CPU).
 2. `label`: the kept teacher's logits of every training example of the recipe, written in chunks
    to `soft/` (`logits.f32.npy` + `progress.json`, as `disan teacher`'s cache); `soft.npz` (the
    examples' token keys and logits) once every chunk is there, and `soft_sentences.npz`, the same
@@ -113,8 +114,43 @@ def accuracy(logits: np.ndarray, labels: list[int]) -> float:
     return float((logits.argmax(-1) == np.asarray(labels)).mean())
 
 
+FIT_STATE = "fit_state.pt"  # the interrupted fit's progress; removed once teacher.json is written
+# the settings a saved fit state must share with this run to be continued
+FIT_SETTINGS = ("recipe", "teacher", "train_file", "epochs", "lr", "batch_size", "seed", "precision")
+
+
+def _epoch_batches(rng: np.random.Generator, lengths: list[int], batch_size: int) -> list[list[int]]:
+    """One epoch's batches: a permutation cut into batches of similar length (sorted within
+    windows of 50 batches, for speed), in shuffled order."""
+    perm = rng.permutation(len(lengths))
+    window = batch_size * 50
+    chunks = [sorted(perm[i:i + window], key=lambda j: lengths[j]) for i in range(0, len(perm), window)]
+    batches = [c[i:i + batch_size] for c in chunks for i in range(0, len(c), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
+    """The saved progress of an interrupted fit with these settings; None without one; a one-line
+    error when it was written with other settings (continuing it would mix two fits)."""
+    path = out / FIT_STATE
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location=args.device, weights_only=False)
+    ours = {k: getattr(args, k) for k in FIT_SETTINGS}
+    if state["settings"] != ours:
+        diff = ", ".join(f"{k}: {state['settings'].get(k)!r} there, {v!r} now" for k, v in ours.items()
+                         if state["settings"].get(k) != v)
+        raise ValueError(f"{path}: an interrupted fit with other settings ({diff}); give its settings "
+                         "to continue it, or remove the file to start again")
+    return state
+
+
 def fit(args: argparse.Namespace, out: Path) -> dict:
-    """Fine-tune the teacher; keep the best-dev epoch in `teacher.pt`; its numbers in `teacher.json`."""
+    """Fine-tune the teacher; keep the best-dev epoch in `teacher.pt`; its numbers in `teacher.json`.
+    Every --save-every steps and at each epoch's end the whole fit (weights, optimiser, schedule,
+    random states, where it is) goes to `fit_state.pt`, so a rerun goes on from there and ends
+    with the same weights as an uninterrupted fit."""
     import torch  # optional (`train` extra)
 
     recipe = RECIPES[args.recipe]
@@ -132,19 +168,37 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
     rng = np.random.default_rng(args.seed)
-    best, log = -1.0, []
-    started = time.monotonic()
-    for epoch in range(args.epochs):
+    lengths = [len(x) for x in train_x]
+    best, log, first_epoch, done, loss_sum, spent = -1.0, [], 0, 0, 0.0, 0.0
+    state = _load_fit_state(args, out, torch)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        rng.bit_generator.state = state["epoch_rng"]
+        best, log, first_epoch, done = state["best"], state["log"], state["epoch"], state["step"]
+        loss_sum, spent = state["loss_sum"], state["elapsed_s"]
+        print(json.dumps({"resumed": str(out / FIT_STATE), "epoch": first_epoch + 1, "step": done}),
+              flush=True)
+    started = time.monotonic() - spent
+
+    def save_state(epoch: int, step: int, epoch_rng: dict) -> None:
+        state = {"settings": {k: getattr(args, k) for k in FIT_SETTINGS}, "model": model.state_dict(),
+                 "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "epoch_rng": epoch_rng, "epoch": epoch, "step": step,
+                 "best": best, "log": log, "loss_sum": loss_sum,
+                 "elapsed_s": round(time.monotonic() - started, 1)}
+        torch.save(state, out / (FIT_STATE + ".tmp"))
+        (out / (FIT_STATE + ".tmp")).replace(out / FIT_STATE)
+
+    for epoch in range(first_epoch, args.epochs):
         model.train(True)
-        perm = rng.permutation(len(train_x))
-        # batches of similar length (sorted within windows of 50 batches), then shuffled
-        window = args.batch_size * 50
-        chunks = [sorted(perm[i:i + window], key=lambda j: len(train_x[j]))
-                  for i in range(0, len(perm), window)]
-        batches = [c[i:i + args.batch_size] for c in chunks for i in range(0, len(c), args.batch_size)]
-        rng.shuffle(batches)
-        loss_sum = 0.0
+        epoch_rng = rng.bit_generator.state  # the batches are drawn again from here on resume
+        batches = _epoch_batches(rng, lengths, args.batch_size)
         for step, idx in enumerate(batches, 1):
+            if step <= done:  # this epoch's steps before the saved state
+                continue
             with bf16_autocast(args.device, args.precision):
                 logits = model.logits([train_x[j] for j in idx])
             loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([train_y[j] for j in idx],
@@ -159,6 +213,8 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
                 print(json.dumps({"epoch": epoch + 1, "step": step, "of": len(batches),
                                   "train_loss": loss_sum / step,
                                   "elapsed_s": round(time.monotonic() - started, 1)}), flush=True)
+            if step % args.save_every == 0 and step < len(batches):
+                save_state(epoch, step, epoch_rng)
         dev_acc = accuracy(predict(model, dev_x, 64, args.precision), dev_y)
         row = {"epoch": epoch + 1, "train_loss": loss_sum / len(batches), "dev_acc": dev_acc,
                "elapsed_s": round(time.monotonic() - started, 1)}
@@ -168,6 +224,8 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             best = dev_acc
             torch.save(model.state_dict(), out / "teacher.pt.tmp")
             (out / "teacher.pt.tmp").replace(out / "teacher.pt")
+        done, loss_sum = 0, 0.0
+        save_state(epoch + 1, 0, rng.bit_generator.state)
     model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
     test_acc = accuracy(predict(model, test_x, 64, args.precision), test_y)
     info = {"teacher": args.teacher, "recipe": args.recipe, "train_file": args.train_file,
@@ -175,6 +233,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             "batch_size": args.batch_size, "seed": args.seed, "best_dev_acc": best,
             "test_acc_at_best_dev": test_acc, "log": log}
     (out / "teacher.json").write_text(json.dumps(info, indent=1) + "\n")
+    (out / FIT_STATE).unlink(missing_ok=True)  # the size of the model three times over
     return info
 
 
@@ -265,6 +324,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--chunk", type=int, default=8192, help="examples labelled between progress records")
     parser.add_argument("--log-every", type=int, default=500, help="fine-tuning steps between progress lines")
+    parser.add_argument("--save-every", type=int, default=500,
+                        help="fine-tuning steps between saves of the whole fit (fit_state.pt), so a "
+                        "rerun goes on from the last one")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -278,7 +340,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # optional (`train` extra)
 
-    for name in ("epochs", "batch_size", "chunk", "log_every"):
+    for name in ("epochs", "batch_size", "chunk", "log_every", "save_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: give at least 1")
     if args.augment < 0:

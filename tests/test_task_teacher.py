@@ -110,6 +110,79 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path / "kd" / "best.pt")["train_config"]["kd_weight"] == 1.0
 
 
+def _fit_only(root: Path, out: Path, *extra: str) -> int:
+    """The fit alone (`label` is cut short by the caller), saving every 2 steps."""
+    return main(["task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2", "--batch-size", "4",
+                 "--threads", "1", "--lr", "1e-3", "--save-every", "2", *extra])
+
+
+def test_an_interrupted_fit_goes_on_from_its_last_save_to_the_same_weights(staged: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys) -> None:
+    from disan import task_teacher
+
+    class Stop(Exception):
+        pass
+
+    def no_labels(*_args, **_kwargs):
+        raise Stop  # the fit is what is compared; labelling is tested above
+
+    monkeypatch.setattr(task_teacher, "training_keys", no_labels)
+    with pytest.raises(Stop):
+        _fit_only(staged, tmp_path / "whole")
+    assert not (tmp_path / "whole" / task_teacher.FIT_STATE).exists()  # removed once fitted
+
+    # the same fit, killed during epoch 2's third step (5 steps an epoch; saves after steps 2 and 4)
+    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def dies_at_step_8(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", dies_at_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        _fit_only(staged, tmp_path / "cut")
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    assert (tmp_path / "cut" / task_teacher.FIT_STATE).is_file()
+    assert not (tmp_path / "cut" / "teacher.json").exists()
+    capsys.readouterr()
+    with pytest.raises(Stop):
+        _fit_only(staged, tmp_path / "cut")
+    resumed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"resumed"' in line]
+    assert [(r["epoch"], r["step"]) for r in resumed] == [(2, 2)]  # epoch 2's first two steps were saved
+
+    whole, cut = (json.loads((tmp_path / d / "teacher.json").read_text()) for d in ("whole", "cut"))
+    for info in (whole, cut):
+        for row in info["log"]:
+            row.pop("elapsed_s")
+    assert cut == whole  # dev accuracy and training loss of each epoch, test accuracy
+    a, b = (torch.load(tmp_path / d / "teacher.pt") for d in ("whole", "cut"))
+    for part in ("body", "head"):
+        for name, tensor in a[part].items():
+            torch.testing.assert_close(b[part][name], tensor, rtol=0, atol=0, msg=name)
+    assert not (tmp_path / "cut" / task_teacher.FIT_STATE).exists()
+
+
+def test_a_saved_fit_with_other_settings_is_not_continued(staged: Path, tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def dies_at_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        _fit_only(staged, tmp_path / "tt")
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    assert _fit_only(staged, tmp_path / "tt", "--seed", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "an interrupted fit with other settings (seed: 0 there, 1 now)" in err, err
+
+
 @pytest.mark.parametrize("flags, message", [
     # SST-5 sentences (labels 0..4) for the two-class recipe: a one-line error, not a torch IndexError
     (["--recipe", "sst2", "--train-file", "sst/sst5_train.jsonl.gz"],
@@ -119,6 +192,7 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
     (["--lr", "0"], "--lr 0.0: give a learning rate above 0"),
     (["--augment", "-1"], "--augment -1: give 0 or more"),
     (["--log-every", "0"], "--log-every 0: give at least 1"),
+    (["--save-every", "0"], "--save-every 0: give at least 1"),
 ])
 def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, flags, message) -> None:
     for split in ("dev", "test"):
