@@ -185,7 +185,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     model's word-vector table in fp16 or int8 if `storage` {model: storage} says so)."""
     import onnx  # as above
 
-    from model_export.onnx_files import check_onnx
+    from model_export.onnx_files import check_onnx, strip_node_metadata
     from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_name
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
@@ -193,6 +193,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     try:
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
+            strip_node_metadata(model)
             for task, kind in storage.items():
                 store_tables(model, {table_name(task)}, kind)
             weights.externalize(model)

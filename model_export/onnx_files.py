@@ -51,6 +51,25 @@ def convert_fp16(src: Path, dst: Path) -> Path:
     return dst
 
 
+def strip_node_metadata(model) -> None:
+    """Drop the metadata the exporter puts on every node (recursively, functions too): the
+    Python stack that made it, with this checkout's file paths, and fx names holding memory
+    addresses. Shipped graphs name no machine, and the same checkpoints export to the same bytes.
+    The graphs' computation is untouched; a debugger wanting the stacks can export again."""
+    def walk(nodes) -> None:
+        for node in nodes:
+            del node.metadata_props[:]
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    walk(attr.g.node)
+                for graph in attr.graphs:
+                    walk(graph.node)
+
+    walk(model.graph.node)
+    for function in model.functions:
+        walk(function.node)
+
+
 def check_onnx(path: Path) -> None:
     """Run the full onnx checker (with shape inference); raises onnx.checker.ValidationError."""
     onnx.checker.check_model(str(path), full_check=True)

@@ -231,3 +231,20 @@ def test_export_refuses_bad_arguments(tiny_checkpoints, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+
+
+def test_graphs_carry_no_machine_paths_or_memory_addresses(tiny_bundle):
+    """The exporter annotates every node with the Python stack that made it (this checkout's
+    file paths) and fx names that hold memory addresses; shipped graphs carry neither, so they
+    name no machine and the same checkpoints export to the same bytes."""
+    from pathlib import Path
+
+    import disan
+
+    source_tree = str(Path(disan.__file__).resolve().parent.parent).encode()
+    for path in sorted(tiny_bundle.glob("*.onnx")):
+        data = path.read_bytes()
+        assert source_tree not in data and b"site-packages" not in data, path.name
+        assert b" at 0x" not in data, path.name
+        model = onnx.load(str(path), load_external_data=False)
+        assert not [n.name for n in model.graph.node if len(n.metadata_props)], path.name

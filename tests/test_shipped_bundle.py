@@ -37,6 +37,9 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     assert fp16["meets_bars"] and fp16["agreement_vs_fp32"]["data"].startswith("dev sets")
     # sources by file name and hash, never a path of the machine that built it
     assert all("/" not in s["file"] for s in manifest["sources"].values())
+    # nor the exporter's per-node stacks, which name the build machine's files
+    for graph in sorted(BUNDLE.glob("*.onnx")):
+        assert b"pkg.torch.onnx.stack_trace" not in graph.read_bytes(), graph.name
 
 
 @pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
