@@ -116,6 +116,22 @@ def _fit_only(root: Path, out: Path, *extra: str) -> int:
                  "--threads", "1", "--lr", "1e-3", "--save-every", "2", *extra])
 
 
+def _fit_killed_at_step(root: Path, out: Path, step: int, monkeypatch) -> None:
+    """The fit of `_fit_only`, killed (KeyboardInterrupt) as it takes its `step`-th step."""
+    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+    def dies(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real_clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", dies)
+    with pytest.raises(KeyboardInterrupt):
+        _fit_only(root, out)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+
+
 def test_an_interrupted_fit_goes_on_from_its_last_save_to_the_same_weights(staged: Path, tmp_path: Path,
                                                                           monkeypatch, capsys) -> None:
     from disan import task_teacher
@@ -132,18 +148,7 @@ def test_an_interrupted_fit_goes_on_from_its_last_save_to_the_same_weights(stage
     assert not (tmp_path / "whole" / task_teacher.FIT_STATE).exists()  # removed once fitted
 
     # the same fit, killed during epoch 2's third step (5 steps an epoch; saves after steps 2 and 4)
-    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
-
-    def dies_at_step_8(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 8:
-            raise KeyboardInterrupt
-        return real_clip(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", dies_at_step_8)
-    with pytest.raises(KeyboardInterrupt):
-        _fit_only(staged, tmp_path / "cut")
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    _fit_killed_at_step(staged, tmp_path / "cut", 8, monkeypatch)
     assert (tmp_path / "cut" / task_teacher.FIT_STATE).is_file()
     assert not (tmp_path / "cut" / "teacher.json").exists()
     capsys.readouterr()
@@ -166,18 +171,7 @@ def test_an_interrupted_fit_goes_on_from_its_last_save_to_the_same_weights(stage
 
 def test_a_saved_fit_with_other_settings_is_not_continued(staged: Path, tmp_path: Path, monkeypatch,
                                                           capsys) -> None:
-    real_clip, calls = torch.nn.utils.clip_grad_norm_, []
-
-    def dies_at_step_3(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_clip(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", dies_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        _fit_only(staged, tmp_path / "tt")
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real_clip)
+    _fit_killed_at_step(staged, tmp_path / "tt", 3, monkeypatch)
     assert _fit_only(staged, tmp_path / "tt", "--seed", "1") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "an interrupted fit with other settings (seed: 0 there, 1 now)" in err, err
