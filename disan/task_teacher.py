@@ -136,7 +136,7 @@ def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     path = out / FIT_STATE
     if not path.is_file():
         return None
-    state = torch.load(path, map_location=args.device, weights_only=False)
+    state = torch.load(path, map_location=args.device, weights_only=True)  # plain data, no code
     ours = {k: getattr(args, k) for k in FIT_SETTINGS}
     if state["settings"] != ours:
         diff = ", ".join(f"{k}: {state['settings'].get(k)!r} there, {v!r} now" for k, v in ours.items()
