@@ -119,6 +119,10 @@ FIT_STATE = "fit_state.pt"  # the interrupted fit's progress; removed once teach
 FIT_SETTINGS = ("recipe", "teacher", "train_file", "epochs", "lr", "batch_size", "seed", "precision")
 
 
+def _fit_settings(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in FIT_SETTINGS}
+
+
 def _epoch_batches(rng: np.random.Generator, lengths: list[int], batch_size: int) -> list[list[int]]:
     """One epoch's batches: a permutation cut into batches of similar length (sorted within
     windows of 50 batches, for speed), in shuffled order."""
@@ -137,7 +141,7 @@ def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     if not path.is_file():
         return None
     state = torch.load(path, map_location=args.device, weights_only=True)  # plain data, no code
-    ours = {k: getattr(args, k) for k in FIT_SETTINGS}
+    ours = _fit_settings(args)
     if state["settings"] != ours:
         diff = ", ".join(f"{k}: {state['settings'].get(k)!r} there, {v!r} now" for k, v in ours.items()
                          if state["settings"].get(k) != v)
@@ -152,6 +156,8 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     random states, where it is) goes to `fit_state.pt`, so a rerun goes on from there and ends
     with the same weights as an uninterrupted fit."""
     import torch  # optional (`train` extra)
+
+    from disan.checkpoint import write_checkpoint  # torch, as above
 
     recipe = RECIPES[args.recipe]
     data = Path(args.data)
@@ -184,13 +190,12 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     started = time.monotonic() - spent
 
     def save_state(epoch: int, step: int, epoch_rng: dict) -> None:
-        state = {"settings": {k: getattr(args, k) for k in FIT_SETTINGS}, "model": model.state_dict(),
+        state = {"settings": _fit_settings(args), "model": model.state_dict(),
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "torch_rng": torch.get_rng_state(), "epoch_rng": epoch_rng, "epoch": epoch, "step": step,
                  "best": best, "log": log, "loss_sum": loss_sum,
                  "elapsed_s": round(time.monotonic() - started, 1)}
-        torch.save(state, out / (FIT_STATE + ".tmp"))
-        (out / (FIT_STATE + ".tmp")).replace(out / FIT_STATE)
+        write_checkpoint(out / FIT_STATE, state)
 
     for epoch in range(first_epoch, args.epochs):
         model.train(True)
@@ -222,8 +227,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
         print(json.dumps(row), flush=True)
         if dev_acc > best:
             best = dev_acc
-            torch.save(model.state_dict(), out / "teacher.pt.tmp")
-            (out / "teacher.pt.tmp").replace(out / "teacher.pt")
+            write_checkpoint(out / "teacher.pt", model.state_dict())
         done, loss_sum = 0, 0.0
         save_state(epoch + 1, 0, rng.bit_generator.state)
     model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))

@@ -17,6 +17,8 @@ from onnx.utils import Extractor
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
+from model_export.weights import nested_graphs, subgraphs
+
 
 def extract(src: Path, dst: Path, inputs: Sequence[str], outputs: Sequence[str],
             rename: dict[str, str] | None = None) -> Path:
@@ -52,22 +54,14 @@ def convert_fp16(src: Path, dst: Path) -> Path:
 
 
 def strip_node_metadata(model) -> None:
-    """Drop the metadata the exporter puts on every node (recursively, functions too): the
+    """Drop the metadata the exporter puts on every node (subgraphs and functions too): the
     Python stack that made it, with this checkout's file paths, and fx names holding memory
     addresses. Shipped graphs name no machine, and the same checkpoints export to the same bytes.
     The graphs' computation is untouched; a debugger wanting the stacks can export again."""
-    def walk(nodes) -> None:
-        for node in nodes:
-            del node.metadata_props[:]
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    walk(attr.g.node)
-                for graph in attr.graphs:
-                    walk(graph.node)
-
-    walk(model.graph.node)
-    for function in model.functions:
-        walk(function.node)
+    functions = [f.node for f in model.functions]
+    graphs = [*subgraphs(model.graph), *(g for nodes in functions for g in nested_graphs(nodes))]
+    for node in [n for g in graphs for n in g.node] + [n for nodes in functions for n in nodes]:
+        del node.metadata_props[:]
 
 
 def check_onnx(path: Path) -> None:

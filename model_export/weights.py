@@ -53,19 +53,24 @@ def table_name(task: str) -> str:
     return f"{task}/{TABLE_KEYS.get(task, EMBEDDING)}"
 
 
-def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """`graph` and every graph nested in its nodes' attributes (Scan/Loop/If bodies)."""
     yield graph
-    for node in graph.node:
+    yield from nested_graphs(graph.node)
+
+
+def nested_graphs(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.GraphProto]:
+    """Every graph held in `nodes`' attributes, and the graphs nested in those."""
+    for node in nodes:
         for attr in node.attribute:
             for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _subgraphs(sub)
+                yield from subgraphs(sub)
 
 
 def rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     """Rename values (initializers, node inputs/outputs, value_info) here and in every subgraph,
     which read outer-scope values by name."""
-    for g in _subgraphs(graph):
+    for g in subgraphs(graph):
         for init in g.initializer:
             init.name = names.get(init.name, init.name)
         for info in [*g.input, *g.output, *g.value_info]:
@@ -337,7 +342,7 @@ def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | Non
     found: dict[str, dict[str, np.ndarray]] = {}
     for path in paths:
         model = onnx.load(str(path))  # loads external data from the graph's directory
-        for graph in _subgraphs(model.graph):
+        for graph in subgraphs(model.graph):
             inits = {init.name: init for init in graph.initializer}
             for init in graph.initializer:
                 half = init.data_type == TensorProto.FLOAT16 and init.name.endswith(HALF_STORED)
