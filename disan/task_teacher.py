@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import time
 from pathlib import Path
 
@@ -140,11 +141,15 @@ def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     path = out / FIT_STATE
     if not path.is_file():
         return None
-    state = torch.load(path, map_location=args.device, weights_only=True)  # plain data, no code
+    try:
+        state = torch.load(path, map_location=args.device, weights_only=True)  # plain data, no code
+        saved = state["settings"]
+    except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError) as e:  # truncated, other
+        raise ValueError(f"{path}: not a saved fit ({type(e).__name__}); remove it to start again") from e
     ours = _fit_settings(args)
-    if state["settings"] != ours:
-        diff = ", ".join(f"{k}: {state['settings'].get(k)!r} there, {v!r} now" for k, v in ours.items()
-                         if state["settings"].get(k) != v)
+    if saved != ours:
+        diff = ", ".join(f"{k}: {saved.get(k)!r} there, {v!r} now" for k, v in ours.items()
+                         if saved.get(k) != v)
         raise ValueError(f"{path}: an interrupted fit with other settings ({diff}); give its settings "
                          "to continue it, or remove the file to start again")
     return state

@@ -177,6 +177,16 @@ def test_a_saved_fit_with_other_settings_is_not_continued(staged: Path, tmp_path
     assert "an interrupted fit with other settings (seed: 0 there, 1 now)" in err, err
 
 
+@pytest.mark.parametrize("content", [b"not a checkpoint", b"PK\x03\x04truncated"])
+def test_a_fit_state_that_cannot_be_read_is_a_one_line_error(staged: Path, tmp_path: Path, capsys,
+                                                             content: bytes) -> None:
+    (tmp_path / "tt").mkdir()
+    (tmp_path / "tt" / "fit_state.pt").write_bytes(content)
+    assert _fit_only(staged, tmp_path / "tt") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "fit_state.pt: not a saved fit" in err and "remove it to start again" in err, err
+
+
 @pytest.mark.parametrize("flags, message", [
     # SST-5 sentences (labels 0..4) for the two-class recipe: a one-line error, not a torch IndexError
     (["--recipe", "sst2", "--train-file", "sst/sst5_train.jsonl.gz"],
