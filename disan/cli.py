@@ -1,5 +1,5 @@
 """`disan` console script: train | experiment | corpus | teacher | task-teacher | pretrain |
-extend-vocab | widen | slim | eval | export | verify | serve | embed.
+extend-vocab | borrow-words | widen | slim | eval | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -26,6 +26,8 @@ COMMANDS = {
     "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
     "extend-vocab": ("disan.vocab_extend", "give a trained sentence encoder rows for words it never saw",
                      "train"),
+    "borrow-words": ("disan.borrow_words", "let an NLI or sentiment model read the embedding encoder's "
+                     "words past its own table (a fitted map of its word vectors)", "train"),
     "widen": ("disan.widen", "grow a trained sentence encoder's d_h, serving the same vectors", "train"),
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),

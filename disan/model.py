@@ -56,6 +56,11 @@ class DiSANConfig:
     # > 0: a linear map of the 2*d_h source2token vector to this size ends the encoder, so a student
     # distilled into a teacher's space (768 for MPNet) serves the vectors it was trained to match.
     proj_dim: int = 0
+    # > 0: ids past this model's own table read another model's word vectors (the bundle's
+    # embedding encoder's table, [borrowed_rows, borrowed_dim], held as a buffer), through a
+    # linear map into this model's word space (`disan borrow-words`), instead of as UNK.
+    borrowed_rows: int = 0
+    borrowed_dim: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -372,6 +377,10 @@ class DiSANEncoder(nn.Module):
         # Rows set False here (words only in GloVe) get zero gradient: they stay pre-trained.
         self.register_buffer("trainable_rows", torch.ones(cfg.vocab_size, dtype=torch.bool))
         self.embed.weight.register_hook(lambda g: g * self.trainable_rows[:, None].to(g.dtype))
+        self.borrow_map = None
+        if cfg.borrowed_rows > 0:
+            self.register_buffer("borrowed", torch.zeros(cfg.borrowed_rows, cfg.borrowed_dim))
+            self.borrow_map = nn.Linear(cfg.borrowed_dim, cfg.embed_dim)
         if cfg.encoder_kind == "multi_head":
             self.context = MultiHeadContext(cfg)
         elif cfg.encoder_kind == "bilstm":
@@ -396,6 +405,19 @@ class DiSANEncoder(nn.Module):
     def out_dim(self) -> int:
         return self.cfg.proj_dim or 2 * self.cfg.d_h
 
+    def word_vectors(self, ids: Tensor) -> Tensor:
+        """ids [B,n] -> the word vectors the encoder reads [B,n,d_e]."""
+        # An id past this model's table is a word it never saw: one bundle vocabulary can extend a
+        # model's own with another model's words (appended), and those read as UNK here, or as
+        # the mapped row of the table it borrows where it borrows one.
+        own = ids < self.embed.num_embeddings                             # [B,n]
+        x = self.embed(torch.where(own, ids, UNK))                        # [B,n,d_e]
+        if self.borrow_map is None:
+            return x
+        lent = ~own & (ids < self.borrowed.shape[0])                      # [B,n]
+        far = self.borrow_map(F.embedding(torch.where(lent, ids, UNK), self.borrowed))  # [B,n,d_e]
+        return torch.where(lent[..., None], far, x)
+
     def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):
         """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, out_dim] (2*d_h unless proj_dim).
 
@@ -404,10 +426,7 @@ class DiSANEncoder(nn.Module):
         (fusion gates); s2t [B,n] (source2token weights averaged over features); u [B,n,2*d_h]
         and s2t_probs [B,n,2*d_h] (per-feature source2token weights; [B,n,1] if additive).
         """
-        # An id past this model's table is a word it never saw: one bundle vocabulary can extend a
-        # model's own with another model's words (appended), and those must read as UNK here.
-        ids = torch.where(ids < self.embed.num_embeddings, ids, UNK)
-        x = self.embed(ids)                                               # [B,n,d_e]
+        x = self.word_vectors(ids)                                        # [B,n,d_e]
         extras: dict[str, Tensor] = {}
         if self.cfg.encoder_kind != "disan":
             u = self.context(x, mask)                                     # [B,n,2d]

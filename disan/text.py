@@ -327,3 +327,14 @@ class Vocab:
     @classmethod
     def load(cls, path: str | Path) -> Vocab:
         return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def merged_vocab(base: Vocab, extra: Vocab) -> Vocab:
+    """`base`'s words, then `extra`'s words `base` lacks, in `extra`'s order; `extra`'s hashed
+    unknown rows (its last words) stay the last ones, so they must be words `base` lacks."""
+    k = extra.unknown_rows
+    merged = Vocab([*base.itos[2:], *(w for w in extra.itos[2:] if w not in base)], unknown_rows=k)
+    if k and merged.itos[-k:] != extra.itos[-k:]:
+        raise ValueError(f"the encoder's last {k} words stand for unknown words, but the NLI/sentiment "
+                         f"vocabulary has some of them: they would not stay last in the bundle's")
+    return merged

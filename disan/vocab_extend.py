@@ -33,7 +33,7 @@ from disan.text import UNK, Vocab
 HELD_OUT = 0.1  # share of the known words the fit is scored on (then refitted on all)
 
 
-def _fit(static: np.ndarray, trained: np.ndarray, seed: int = 0) -> tuple[np.ndarray, float]:
+def fit_map(static: np.ndarray, trained: np.ndarray, seed: int = 0) -> tuple[np.ndarray, float]:
     """Least-squares map [dim+1, out] (last row: the bias) and its held-out mean cosine."""
     design = np.hstack([static, np.ones((len(static), 1))])
     order = np.random.default_rng(seed).permutation(len(static))
@@ -61,7 +61,7 @@ def extend_vocab(payload: dict, candidates: list[str], source: str) -> tuple[dic
         raise ValueError("no word to add: the checkpoint has every candidate word")
     static = E.static_vectors(Vocab([words[i] for i in known] + new), table.shape[1], source).vectors
     static = np.asarray(static, dtype=np.float64)
-    mapping, cosine = _fit(static[: len(known)], table[known].astype(np.float64))
+    mapping, cosine = fit_map(static[: len(known)], table[known].astype(np.float64))
     rows = np.hstack([static[len(known):], np.ones((len(new), 1))]) @ mapping
     present = set(words)
     appended = [w for w in new if w not in present]

@@ -79,5 +79,13 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
             "note": "the checkpoint's table re-indexed to the bundle vocabulary (its config's "
                     "vocab_size is the bundle's); bundle words it lacks read its UNK row; a word "
                     "the vocabulary lacks reads as one of its last unknown_rows words (vocab.json), "
-                    "past the NLI and sentiment tables, so those models read it as UNK"}
+                    "past the NLI and sentiment tables, so those models read it as UNK unless "
+                    "they borrow this table (their config's borrowed_rows)"}
+    for task in ("nli", "sentiment"):
+        if loaded[task][0].cfg.borrowed_rows:
+            manifest["models"][task]["borrowed"] = {
+                "from": "embed", "rows": loaded[task][0].cfg.borrowed_rows,
+                "note": "ids past the model's own table read the embed model's row (the same stored "
+                        "tensor, in the embed model's storage) through the model's borrow_map "
+                        "(disan borrow-words), not UNK"}
     return manifest

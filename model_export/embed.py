@@ -33,17 +33,6 @@ def load_embed(path: Path) -> tuple[dict[str, Any], DiSANEncoder, Vocab]:
     return payload, model, vocab
 
 
-def merged_vocab(base: Vocab, extra: Vocab) -> Vocab:
-    """`base`'s words, then `extra`'s words `base` lacks, in `extra`'s order; `extra`'s hashed
-    unknown rows (its last words) stay the last ones, so they must be words `base` lacks."""
-    k = extra.unknown_rows
-    merged = Vocab([*base.itos[2:], *(w for w in extra.itos[2:] if w not in base)], unknown_rows=k)
-    if k and merged.itos[-k:] != extra.itos[-k:]:
-        raise ValueError(f"the encoder's last {k} words stand for unknown words, but the NLI/sentiment "
-                         f"vocabulary has some of them: they would not stay last in the bundle's")
-    return merged
-
-
 def reindexed(encoder: DiSANEncoder, own: Vocab, bundle: Vocab) -> DiSANEncoder:
     """A copy of `encoder` whose table rows follow `bundle`'s ids (a word missing from `own` gets
     the UNK row; PAD and UNK keep theirs). Same outputs on any text, ids from `bundle`."""
@@ -56,3 +45,35 @@ def reindexed(encoder: DiSANEncoder, own: Vocab, bundle: Vocab) -> DiSANEncoder:
     out.load_state_dict(state)
     out.chunk_cells = encoder.chunk_cells
     return out.eval()
+
+
+def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | None) -> None:
+    """Raise ValueError unless every task encoder in `borrowers` (task: encoder) borrowed exactly
+    the table of `embed`, the bundle's encoder re-indexed (`disan borrow-words`): its map was
+    fitted to those rows, and the bundle stores the table once, for both."""
+    for task, encoder in borrowers.items():
+        if embed is None:
+            raise ValueError(f"the {task} model reads words through a sentence encoder's table "
+                             "(disan borrow-words): export it with that encoder as --embed")
+        if encoder.borrowed.shape != embed.embed.weight.shape or not torch.equal(
+                encoder.borrowed, embed.embed.weight):
+            raise ValueError(f"the {task} model borrowed another table than --embed's ("
+                             f"{tuple(encoder.borrowed.shape)} against {tuple(embed.embed.weight.shape)} "
+                             "in the bundle's order, or other values): run `disan borrow-words` "
+                             "again with this --embed")
+
+
+def as_stored(models: dict[str, Any], storage: dict[str, str]) -> None:
+    """Make `models` ({task: model}, "embed" the re-indexed encoder) the models a bundle holds, in
+    place: each table rounded to its `storage` ({task: storage}), and a task model that borrows
+    words given the encoder's table as stored (after check_borrowed): the references of the
+    parity checks, at export and at `disan verify`."""
+    from model_export.weights import round_tables  # onnx: with torch, in the train extra
+
+    borrowers = {task: model.encoder for task, model in models.items()
+                 if task != "embed" and model.cfg.borrowed_rows}
+    check_borrowed(borrowers, models.get("embed"))
+    for task, model in models.items():
+        round_tables([model], storage[task])
+    for encoder in borrowers.values():  # the same values as the encoder's: one copy in the weights file
+        encoder.borrowed.copy_(models["embed"].embed.weight.detach())

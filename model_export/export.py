@@ -186,7 +186,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx, strip_node_metadata
-    from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_name
+    from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_storages
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     weights = SharedWeights(out / WEIGHTS_FILE)
@@ -194,8 +194,8 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
             strip_node_metadata(model)
-            for task, kind in storage.items():
-                store_tables(model, {table_name(task)}, kind)
+            for name, kind in table_storages(storage).items():
+                store_tables(model, {name}, kind)
             weights.externalize(model)
             onnx.save(model, str(out / file))
     finally:
@@ -224,9 +224,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
+    from model_export.embed import as_stored  # torch, as above
     from model_export.graphs import ATTENTION_CHUNK_CELLS
     from model_export.verify import FP32_TOL, check_parity, references_from_models
-    from model_export.weights import round_tables  # onnx, as above
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):
@@ -246,7 +246,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
     if embed_path is not None:
-        from model_export.embed import load_embed, merged_vocab, reindexed  # torch, as above
+        from disan.text import merged_vocab
+        from model_export.embed import load_embed, reindexed  # torch, as above
 
         payloads["embed"], own_model, own_vocab = load_embed(embed_path)
         vocab = merged_vocab(loaded["nli"][1], own_vocab)
@@ -255,8 +256,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
         log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
             f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
     # the models the graphs and the parity check use hold exactly the stored tables
-    for task, (model, _, _) in loaded.items():
-        round_tables([model], storage[task])
+    as_stored({task: model for task, (model, _, _) in loaded.items()}, storage)
     sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

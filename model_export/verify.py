@@ -228,8 +228,7 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
     found by the sha256 the manifest records; a distilled encoder re-indexed to the bundle's
     `vocab` and every table rounded to its storage, as the export did."""
     from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
-    from model_export.embed import reindexed  # as above
-    from model_export.weights import round_tables  # onnx: with torch, in the train extra
+    from model_export.embed import as_stored, reindexed  # as above
 
     models = {}
     candidates = [f for p in map(Path, places) for f in (sorted(p.glob("*.pt")) if p.is_dir() else [p])]
@@ -247,8 +246,7 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
                 raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
             model = reindexed(model, own_vocab, vocab)
         models[task] = model
-    for task, model in models.items():  # as the export did: the bundle holds these values
-        round_tables([model], storage_of(manifest, task))
+    as_stored(models, {task: storage_of(manifest, task) for task in models})  # as the export did
     return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 

@@ -48,9 +48,22 @@ STORAGE_NOTES = {
 }
 
 
+BORROWED = "encoder.borrowed"  # a task model's copy of the embedding encoder's table (borrow-words)
+
+
 def table_name(task: str) -> str:
     """The initializer name of `task`'s word-vector table."""
     return f"{task}/{TABLE_KEYS.get(task, EMBEDDING)}"
+
+
+def table_storages(storage: dict[str, str]) -> dict[str, str]:
+    """{initializer name: storage} of the word-vector tables, from {model: storage}: each model's
+    own table, and a task model's borrowed copy of the encoder's table in the encoder's storage,
+    so that both are the same bytes and the shared weights file holds them once."""
+    names = {table_name(task): kind for task, kind in storage.items()}
+    if "embed" in storage:
+        names |= {f"{task}/{BORROWED}": storage["embed"] for task in storage if task != "embed"}
+    return names
 
 
 def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

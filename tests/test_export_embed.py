@@ -325,6 +325,6 @@ def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(ti
     assert loaded(written["embed"])[1].unknown_rows == 2
     nli_vocab = loaded(tiny_checkpoints.nli)[1]
     with pytest.raises(ValueError, match="last 2 words stand for unknown words"):
-        from model_export.embed import merged_vocab
+        from disan.text import merged_vocab
 
         merged_vocab(nli_vocab, Vocab([*own.itos[2:], "dog", "man"], unknown_rows=2))
