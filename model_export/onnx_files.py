@@ -58,10 +58,15 @@ def strip_node_metadata(model) -> None:
     Python stack that made it, with this checkout's file paths, and fx names holding memory
     addresses. Shipped graphs name no machine, and the same checkpoints export to the same bytes.
     The graphs' computation is untouched; a debugger wanting the stacks can export again."""
+    for node in all_nodes(model):
+        del node.metadata_props[:]
+
+
+def all_nodes(model) -> list:
+    """Every node of `model`: its graph's, its subgraphs' (Scan bodies) and its functions'."""
     functions = [f.node for f in model.functions]
     graphs = [*subgraphs(model.graph), *(g for nodes in functions for g in nested_graphs(nodes))]
-    for node in [n for g in graphs for n in g.node] + [n for nodes in functions for n in nodes]:
-        del node.metadata_props[:]
+    return [n for g in graphs for n in g.node] + [n for nodes in functions for n in nodes]
 
 
 def check_onnx(path: Path) -> None:

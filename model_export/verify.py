@@ -299,6 +299,27 @@ def _how_to_get_checkpoint_parity(manifest: dict[str, Any]) -> str:
             f"{named or 'the source checkpoints'} compares against them")
 
 
+def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Which graph files still carry the exporter's per-node metadata (the Python stack that made
+    each node, with the build machine's file paths): bundles exported before `disan export`
+    dropped it (model_export.onnx_files.strip_node_metadata). Needs onnx (the train extra)."""
+    try:
+        import onnx
+
+        from model_export.onnx_files import all_nodes
+    except ModuleNotFoundError as exc:  # the service's environment
+        return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
+    files = sorted({f for s, v in available_variants(manifest)
+                    for f in variant_files(manifest, s, v).values()})
+    found = [f for f in files if any(len(node.metadata_props) for node in
+                                     all_nodes(onnx.load(str(bundle_dir / f), load_external_data=False)))]
+    report: dict[str, Any] = {"checked": True, "files": found}
+    if found:
+        report["fix"] = ("export the bundle again (`disan export` drops the metadata; "
+                         "`python -m model_export.recover` rebuilds its checkpoints if they are gone)")
+    return report
+
+
 def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
                   checkpoints: list[Path] | Path | None = None,
                   dev_data: Path | None = None, dev_limit: int = 2000) -> dict[str, Any]:
@@ -347,6 +368,9 @@ def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
         sets.setdefault(set_name, {})[variant] = {"agreement_vs_fp32": agreement, "meets_bars": ok}
         if manifest["sets"][set_name].get("default_variant") == variant:
             passed &= ok
+    # shipped graphs name no machine: a bundle whose nodes carry the build's file paths fails
+    result["exporter_metadata"] = exporter_metadata(bundle_dir, manifest)
+    passed &= not result["exporter_metadata"].get("files")
     result["sets"], result["passed"] = sets, bool(passed)
     return result
 

@@ -53,6 +53,24 @@ def test_tampered_files_rejected(bundle_copy, capsys):
         path.write_bytes(original)
 
 
+def test_graphs_that_name_the_build_machine_fail(bundle_copy, capsys):
+    """A graph whose nodes still carry the exporter's metadata (the Python stack with the build
+    machine's paths, as bundles exported before the export dropped it) fails `disan verify`."""
+    import onnx
+
+    manifest = load_manifest(bundle_copy)
+    path = bundle_copy / "sentiment.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    entry = model.graph.node[0].metadata_props.add()
+    entry.key, entry.value = "pkg.torch.onnx.stack_trace", 'File "/home/builder/disan/model.py", line 1'
+    onnx.save(model, str(path))
+    write_manifest(bundle_copy, manifest)  # rehash: the bundle is otherwise valid
+    result = verify_bundle(bundle_copy, dev_limit=20)
+    assert not result["passed"] and result["exporter_metadata"]["files"] == ["sentiment.onnx"]
+    assert cli_main(["verify", str(bundle_copy)]) == 1
+    assert "export the bundle again" in capsys.readouterr().out
+
+
 def test_old_format_version_refused(bundle_copy):
     manifest_path = bundle_copy / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
