@@ -30,6 +30,7 @@ from disan.manifest import (
     routes,
     write_manifest,
 )
+from disan.text import merged_vocab
 from model_export.bundle_manifest import bundle_manifest
 from model_export.served import served_accuracy
 
@@ -246,7 +247,6 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
     if embed_path is not None:
-        from disan.text import merged_vocab
         from model_export.embed import load_embed, reindexed  # torch, as above
 
         payloads["embed"], own_model, own_vocab = load_embed(embed_path)

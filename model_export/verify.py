@@ -303,10 +303,10 @@ def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     """Which graph files still carry the exporter's per-node metadata (the Python stack that made
     each node, with the build machine's file paths): bundles exported before `disan export`
     dropped it (model_export.onnx_files.strip_node_metadata). Needs onnx (the train extra)."""
-    try:
+    try:  # onnx: the train extra; a service's environment has onnxruntime only
         import onnx
 
-        from model_export.onnx_files import all_nodes
+        from model_export.onnx_files import all_nodes  # onnx, as above
     except ModuleNotFoundError as exc:  # the service's environment
         return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
     files = sorted({f for s, v in available_variants(manifest)

@@ -61,6 +61,24 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
     return path
 
 
+def loaded(path: Path):
+    """(model, vocab) of a checkpoint file, eval mode."""
+    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch
+
+    model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
+    return model, vocab
+
+
+def run_texts(model, vocab: Vocab, texts: list[str]):
+    """A single-text model's output for `texts` in PyTorch (an encoder's vectors, a sentiment
+    model's logits), the checkpoint's own vocabulary: the reference a bundle must reproduce."""
+    import torch
+
+    enc = vocab.encode(texts)
+    with torch.no_grad():
+        return model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
+
+
 @pytest.fixture(scope="session")
 def tiny_vocab() -> Vocab:
     """The shared vocabulary of the tiny checkpoints (PAD=0, UNK=1, then WORDS)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, make_tiny_checkpoint
+from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts
 
 from disan.text import Vocab
 
@@ -45,15 +45,7 @@ def borrowed(tmp_path_factory, tiny_checkpoints, lender) -> Path:
     return out
 
 
-def loaded(path: Path):
-    model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
-    return model, vocab
-
-
-def logits(model, vocab: Vocab, texts: list[str]) -> np.ndarray:
-    enc = vocab.encode(texts)
-    with torch.no_grad():
-        return model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
+logits = run_texts  # a sentiment model's logits in PyTorch
 
 
 def word_vectors(model, vocab: Vocab, words: list[str]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, make_tiny_checkpoint, wait_ready
+from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
 
 from disan.manifest import ROUTES, BundleError, load_manifest, routes, variant_files, write_manifest
 from disan.text import Vocab
@@ -19,7 +19,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.checkpoint import load_checkpoint  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
 from model_export.verify import bundle_models, verify_bundle  # noqa: E402
@@ -64,16 +64,7 @@ def int8_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:
     return out
 
 
-def loaded(path: Path):
-    model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
-    return model, vocab
-
-
-def encode(model, vocab: Vocab, texts: list[str]) -> np.ndarray:
-    """The checkpoint's own vectors: its vocabulary, its model, in PyTorch."""
-    enc = vocab.encode(texts)
-    with torch.no_grad():
-        return model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
+encode = run_texts  # the checkpoint's own vectors: its vocabulary, its model, in PyTorch
 
 
 def nli_probs(model, vocab: Vocab, pairs) -> np.ndarray:
