@@ -210,6 +210,7 @@ def test_info_reports_the_live_session_provider(client):
     assert info["dim"] == runtime.dim and info["limits"]["max_tokens"] == runtime.max_tokens
     assert set(info["labels"]) == {"nli", "sentiment"}
     assert info["model"] == "tiny-disan"  # the manifest's name, as given to `disan export --name`
+    assert info["bundle"]["borrowed_words"] == {}  # no model borrows the encoder's words here
 
 
 def test_default_call_layout_on_cpu(client):

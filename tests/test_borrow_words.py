@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts
+from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
 
 from disan.text import Vocab
 
@@ -165,3 +165,15 @@ def test_recover_and_verify_a_bundle_that_borrows(bundle, tiny_checkpoints, borr
     labels = load_checkpoint(borrowed)["labels"]
     want = torch.softmax(torch.from_numpy(logits(model, vocab, TEXTS)), -1).numpy()
     np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in served], want, atol=1e-5, rtol=0)
+
+
+def test_info_says_which_models_borrow_words(bundle):
+    pytest.importorskip("fastapi")  # the serve extra
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(bundle=bundle, max_wait_ms=1.0))) as client:
+        wait_ready(client.get)
+        assert client.get("/info").json()["bundle"]["borrowed_words"] == {"sentiment": len(ONLY_EMBED)}

@@ -157,6 +157,15 @@ async def similarity(body: SimilarityRequest, request: Request, engine: EngineDe
     return json_response(await unless_disconnected(request.receive, similarity_result(body, engine)))
 
 
+def borrowed_words(manifest: dict) -> dict[str, int]:
+    """{model: how many words past its own table it reads through the embedding encoder's table}
+    for the models that borrow them (`disan borrow-words`); the others read those words as UNK."""
+    configs = {task: (v.get("config") or {}) for task, v in (manifest.get("models") or {}).items()
+               if isinstance(v, dict)}
+    return {task: int(c["borrowed_rows"]) - int(c["vocab_size"]) for task, c in configs.items()
+            if c.get("borrowed_rows")}
+
+
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
 async def info(engine: EngineDep) -> dict:
     """What is being served and how: the provider is the one the live session reports."""
@@ -180,7 +189,7 @@ async def info(engine: EngineDep) -> dict:
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
                     if isinstance(v, dict)},
         "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
-                   "graph_set": rt.graph_set},
+                   "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m)},
         "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
                               **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }
