@@ -17,7 +17,7 @@ from onnx.utils import Extractor
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
-from model_export.weights import nested_graphs, subgraphs
+from model_export.weights import all_nodes
 
 
 def extract(src: Path, dst: Path, inputs: Sequence[str], outputs: Sequence[str],
@@ -60,13 +60,6 @@ def strip_node_metadata(model) -> None:
     The graphs' computation is untouched; a debugger wanting the stacks can export again."""
     for node in all_nodes(model):
         del node.metadata_props[:]
-
-
-def all_nodes(model) -> list:
-    """Every node of `model`: its graph's, its subgraphs' (Scan bodies) and its functions'."""
-    functions = [f.node for f in model.functions]
-    graphs = [*subgraphs(model.graph), *(g for nodes in functions for g in nested_graphs(nodes))]
-    return [n for g in graphs for n in g.node] + [n for nodes in functions for n in nodes]
 
 
 def check_onnx(path: Path) -> None:

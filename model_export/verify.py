@@ -306,7 +306,7 @@ def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     try:  # onnx: the train extra; a service's environment has onnxruntime only
         import onnx
 
-        from model_export.onnx_files import all_nodes  # onnx, as above
+        from model_export.weights import all_nodes  # onnx, as above
     except ModuleNotFoundError as exc:  # the service's environment
         return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
     files = sorted({f for s, v in available_variants(manifest)

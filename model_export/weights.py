@@ -80,6 +80,13 @@ def nested_graphs(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.GraphProto]:
                 yield from subgraphs(sub)
 
 
+def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of `model`: its graph's, its subgraphs' (Scan bodies) and its functions'."""
+    functions = [f.node for f in model.functions]
+    graphs = [*subgraphs(model.graph), *(g for nodes in functions for g in nested_graphs(nodes))]
+    return [n for g in graphs for n in g.node] + [n for nodes in functions for n in nodes]
+
+
 def rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
     """Rename values (initializers, node inputs/outputs, value_info) here and in every subgraph,
     which read outer-scope values by name."""
