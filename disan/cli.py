@@ -1,5 +1,5 @@
 """`disan` console script: train | experiment | corpus | teacher | task-teacher | pretrain |
-extend-vocab | borrow-words | widen | slim | eval | export | verify | serve | embed.
+extend-vocab | borrow-words | ensemble | widen | slim | eval | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -28,6 +28,8 @@ COMMANDS = {
                      "train"),
     "borrow-words": ("disan.borrow_words", "let an NLI or sentiment model read the embedding encoder's "
                      "words past its own table (a fitted map of its word vectors)", "train"),
+    "ensemble": ("disan.ensemble", "join sentiment models trained over one frozen word table into "
+                 "one that serves the mean of their probabilities", "train"),
     "widen": ("disan.widen", "grow a trained sentence encoder's d_h, serving the same vectors", "train"),
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
     "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),

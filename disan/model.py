@@ -17,7 +17,7 @@ source2token) use a finite fill (-1e4, representable in fp16), softmax, then the
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
@@ -61,6 +61,9 @@ class DiSANConfig:
     # linear map into this model's word space (`disan borrow-words`), instead of as UNK.
     borrowed_rows: int = 0
     borrowed_dim: int = 0
+    # > 1 (sentiment): an ensemble of this many models trained apart over one frozen word table
+    # (`disan train --freeze-words`, joined by `disan ensemble`); see SentimentModel.
+    members: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -373,10 +376,13 @@ class DiSANEncoder(nn.Module):
     def __init__(self, cfg: DiSANConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=0)
-        # Rows set False here (words only in GloVe) get zero gradient: they stay pre-trained.
-        self.register_buffer("trainable_rows", torch.ones(cfg.vocab_size, dtype=torch.bool))
-        self.embed.weight.register_hook(lambda g: g * self.trainable_rows[:, None].to(g.dtype))
+        # vocab_size 0: no table of its own; it reads the word vectors it is given (`read`), as
+        # an ensemble's later members read the first member's.
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=0) if cfg.vocab_size else None
+        if self.embed is not None:
+            # Rows set False here (words only in GloVe) get zero gradient: they stay pre-trained.
+            self.register_buffer("trainable_rows", torch.ones(cfg.vocab_size, dtype=torch.bool))
+            self.embed.weight.register_hook(lambda g: g * self.trainable_rows[:, None].to(g.dtype))
         self.borrow_map = None
         if cfg.borrowed_rows > 0:
             self.register_buffer("borrowed", torch.zeros(cfg.borrowed_rows, cfg.borrowed_dim))
@@ -421,12 +427,17 @@ class DiSANEncoder(nn.Module):
     def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):
         """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, out_dim] (2*d_h unless proj_dim).
 
+        With `return_tokens=True` also returns the token-level dict of `read`."""
+        return self.read(self.word_vectors(ids), mask, return_tokens)
+
+    def read(self, x: Tensor, mask: Tensor, return_tokens: bool = False):
+        """Word vectors x [B,n,d_e], mask [B,n] bool -> sentence vector [B, out_dim].
+
         With `return_tokens=True` also returns a dict with u_fw, u_bw [B,n,d_h]; attn_fw,
         attn_bw [B,n,n] (attention averaged over features); gate_fw, gate_bw [B,n,d_h]
         (fusion gates); s2t [B,n] (source2token weights averaged over features); u [B,n,2*d_h]
         and s2t_probs [B,n,2*d_h] (per-feature source2token weights; [B,n,1] if additive).
         """
-        x = self.word_vectors(ids)                                        # [B,n,d_e]
         extras: dict[str, Tensor] = {}
         if self.cfg.encoder_kind != "disan":
             u = self.context(x, mask)                                     # [B,n,2d]
@@ -480,7 +491,13 @@ class NLIModel(nn.Module):
 
 
 class SentimentModel(nn.Module):
-    """Encoder -> 300 ELU -> classes (5 for SST-5)."""
+    """Encoder -> 300 ELU -> classes (5 for SST-5).
+
+    With cfg.members = K > 1 it is an ensemble: K - 1 more encoder + head pairs (`others`, without
+    word tables) read the word vectors of this model's encoder, and the class probabilities are
+    the mean of the K models'. The members were trained apart over one frozen table, so it is
+    stored once and the ensemble reads a text's words once.
+    """
 
     def __init__(self, cfg: DiSANConfig):
         super().__init__()
@@ -488,13 +505,46 @@ class SentimentModel(nn.Module):
         self.encoder = DiSANEncoder(cfg)
         self.hidden = Dense(self.encoder.out_dim, cfg.head_dim, "elu", cfg.keep_prob)
         self.out = Dense(cfg.head_dim, cfg.num_classes, None, cfg.keep_prob)
+        member = replace(cfg, vocab_size=0, borrowed_rows=0, borrowed_dim=0, members=1)
+        self.others = nn.ModuleList(SentimentModel(member) for _ in range(cfg.members - 1))
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """-> logits [B, num_classes]."""
-        return self.out(self.hidden(self.encoder(ids, mask)))
+        """-> logits [B, num_classes] (an ensemble's: log of the mean probability)."""
+        if not self.others:
+            return self.classify(self.encoder(ids, mask))
+        x = self.encoder.word_vectors(ids)                                # [B,n,d_e]
+        return mean_probability([m.classify(m.encoder.read(x, mask)) for m in self.members()])
+
+    def classify(self, sent: Tensor) -> Tensor:
+        """The head alone: sentence vector [B,2d] -> logits [B, num_classes]."""
+        return self.out(self.hidden(sent))
+
+    def members(self) -> list[SentimentModel]:
+        return [self, *self.others]
+
+    def explain(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """-> logits [B, num_classes] and the encoder's token-level dict (DiSANEncoder.read).
+
+        For an ensemble the display summaries (attention maps, gates, source2token weights) are
+        the members' means, and only those are returned."""
+        if not self.others:
+            sent, ex = self.encoder(ids, mask, return_tokens=True)
+            return self.classify(sent), ex
+        x = self.encoder.word_vectors(ids)                                # [B,n,d_e]
+        runs = [(m, *m.encoder.read(x, mask, return_tokens=True)) for m in self.members()]
+        logits = mean_probability([m.classify(sent) for m, sent, _ in runs])
+        shown = ("attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
+        return logits, {k: torch.stack([ex[k] for _, _, ex in runs]).mean(dim=0) for k in shown}
 
     def decay_parameters(self) -> list[nn.Parameter]:
-        return self.encoder.decay_parameters() + [self.hidden.linear.weight, self.out.linear.weight]
+        own = self.encoder.decay_parameters() + [self.hidden.linear.weight, self.out.linear.weight]
+        return own + [p for m in self.others for p in m.decay_parameters()]
+
+
+def mean_probability(logits: list[Tensor]) -> Tensor:
+    """K logit tensors [B,C] -> logits [B,C] whose softmax is the mean of their K softmaxes."""
+    log_probs = torch.stack([F.log_softmax(z, dim=-1) for z in logits])  # [K,B,C]
+    return torch.logsumexp(log_probs, dim=0) - math.log(len(logits))
 
 
 def build_model(cfg: DiSANConfig) -> nn.Module:

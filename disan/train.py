@@ -377,6 +377,26 @@ def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
     return {**(ckpt.get("metrics") or {}), "rows_from_checkpoint": matched, "rows": len(vocab)}
 
 
+def load_word_vectors(model: torch.nn.Module, path: str, vocab) -> int:
+    """Copy checkpoint `path`'s word-vector rows into `model`'s table, matched by word; -> rows matched.
+
+    Only the table: the attention blocks and the head keep their fresh initialisation, so runs with
+    different seeds over one table are independent models that can share it (see `--freeze-words`).
+    """
+    ckpt = load_checkpoint(path)
+    prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
+    table = ckpt["model_state"][prefix + "embed.weight"]
+    own = model.encoder.embed.weight
+    if table.shape[1] != own.shape[1]:
+        raise ValueError(f"{path}: --init-words table is {table.shape[1]}-d, this run's {own.shape[1]}-d")
+    rows, matched = _rows_by_word(table, ckpt["vocab"], own.detach(), vocab.itos)
+    if matched <= UNK + 1:
+        raise ValueError(f"{path}: --init-words checkpoint shares no word with this run's vocab")
+    with torch.no_grad():
+        own.copy_(rows)
+    return matched
+
+
 def _rows_by_word(table: torch.Tensor, words: list[str], own: torch.Tensor, own_words: list[str]
                   ) -> tuple[torch.Tensor, int]:
     """`own` with each row whose word is in `words` replaced by `table`'s row for it; and how many."""

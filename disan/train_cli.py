@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     # torch is imported here, not at the top: `disan train --help` and bad flags answer at once.
     import torch
 
-    from disan.train import Trainer, load_encoder_weights, new_model, resume_model
+    from disan.train import Trainer, load_encoder_weights, load_word_vectors, new_model, resume_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -228,6 +228,12 @@ def run(args: argparse.Namespace) -> int:
         if cfg.init_encoder:
             metrics = load_encoder_weights(model, cfg.init_encoder, vocab)
             print(f"encoder initialised from {cfg.init_encoder} ({metrics})", file=sys.stderr)
+        if cfg.init_words:
+            matched = load_word_vectors(model, cfg.init_words, vocab)
+            print(f"word vectors from {cfg.init_words} ({matched} of {len(vocab)} rows)", file=sys.stderr)
+        if cfg.freeze_words:
+            model.encoder.trainable_rows.zero_()
+            info["trainable_rows"] = 0
         print(f"vocab {info['vocab']} words ({info['trainable_rows']} trainable, {info['pretrained_rows']} "
               f"pre-trained from {info['source']}), embed_dim {info['embed_dim']}", file=sys.stderr)
     sizes = {"train": len(train), "dev": len(dev), "test": len(test) if test else 0}

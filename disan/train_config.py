@@ -71,6 +71,12 @@ class TrainConfig:
     init_encoder: str | None = flag(None, "start from this checkpoint's encoder (e.g. disan "
                                     "pretrain's best.pt); word vectors matched by word", "embeddings",
                                     metavar="CKPT")
+    init_words: str | None = flag(None, "start the word vectors alone from this checkpoint's table "
+                                  "(matched by word); every other weight starts fresh", "embeddings",
+                                  metavar="CKPT")
+    freeze_words: bool = flag(False, "train no word vector: keep the table the run starts from (so "
+                              "models trained apart can share one table, e.g. an ensemble's members)",
+                              "embeddings")
     embed_dim: int = flag(300, "dimension for --init random|minilm|mpnet (glove takes the file's)",
                           "embeddings")
     d_h: int = flag(300, "hidden size of the DiSA blocks", "model")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -156,8 +157,7 @@ class SentimentExplainGraph(SentenceGraph):
         self.model = model
 
     def forward(self, ids: Tensor, mask: Tensor):
-        sent, ex = self.model.encoder(ids, mask, return_tokens=True)
-        logits = self.model.out(self.model.hidden(sent))
+        logits, ex = self.model.explain(ids, mask)
         return (torch.softmax(logits.float(), dim=-1), ex["attn_fw"].float(), ex["attn_bw"].float(),
                 ex["gate_fw"].mean(dim=-1).float(), ex["gate_bw"].mean(dim=-1).float(),
                 ex["s2t"].float())
@@ -285,9 +285,20 @@ def export_fp32_graphs(nli_model: NLIModel, sentiment_model: SentimentModel, out
     chunked["sentiment.chunked.onnx"] = (sentiment_model.encoder, SentimentGraph(sentiment_model))
     for name, (encoder, wrapper) in chunked.items():
         if chunk_cells > 0 and encoder.packed:
-            encoder.chunk_cells = chunk_cells  # the PyTorch reference stays unchunked
-            try:
+            with chunked_attention(wrapper, chunk_cells):  # the PyTorch reference stays unchunked
                 save(name, wrapper)
-            finally:
-                encoder.chunk_cells = 0
     return paths
+
+
+@contextmanager
+def chunked_attention(module: nn.Module, chunk_cells: int) -> Iterator[None]:
+    """Every encoder inside `module` (an ensemble has several) computes its packed attention in
+    chunks of `chunk_cells` while the block runs, and unchunked again after."""
+    encoders = [m for m in module.modules() if isinstance(m, DiSANEncoder)]
+    for encoder in encoders:
+        encoder.chunk_cells = chunk_cells
+    try:
+        yield
+    finally:
+        for encoder in encoders:
+            encoder.chunk_cells = 0

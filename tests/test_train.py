@@ -145,6 +145,30 @@ def test_cli_trains_and_writes_a_loadable_checkpoint(files, tmp_path: Path) -> N
     assert "optimizer_state" in load_checkpoint(out / "last.pt")
 
 
+def test_members_trained_over_a_frozen_table_join_an_ensemble(files, tmp_path: Path, capsys) -> None:
+    """--init-words copies the table alone (the attention blocks start fresh), --freeze-words keeps
+    it bit for bit, and `disan ensemble` accepts the result as a member of the first model."""
+    common = ["--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+              "--glove", files["glove"], "--epochs", "1", "--label-names", "negative,positive", *TINY]
+    assert run_cli(*common, "--out", tmp_path / "first") == 0
+    first = tmp_path / "first" / "best.pt"
+    assert run_cli(*common, "--vocab", tmp_path / "first" / "vocab.json", "--init-words", first,
+                   "--freeze-words", "--seed", "7", "--out", tmp_path / "member") == 0
+    a = load_checkpoint(first)["model_state"]
+    b = load_checkpoint(tmp_path / "member" / "best.pt")["model_state"]
+    assert torch.equal(a["encoder.embed.weight"], b["encoder.embed.weight"])
+    assert not b["encoder.trainable_rows"].any()
+    assert not torch.equal(a["encoder.fw.map.linear.weight"], b["encoder.fw.map.linear.weight"])
+    assert main(["ensemble", str(first), str(tmp_path / "member" / "best.pt"),
+                 "--out", str(tmp_path / "ens.pt")]) == 0
+    # without --freeze-words the member's table moves and it cannot share the first one's
+    assert run_cli(*common, "--vocab", tmp_path / "first" / "vocab.json", "--init-words", first,
+                   "--seed", "7", "--out", tmp_path / "free") == 0
+    free = tmp_path / "free" / "best.pt"
+    assert main(["ensemble", str(first), str(free), "--out", str(tmp_path / "x.pt")]) == 2
+    assert "not the first model's" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+
+
 def test_resume_continues_exactly(files, tmp_path: Path) -> None:
     common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
               "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", *TINY[:-2]]
