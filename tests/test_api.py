@@ -211,6 +211,7 @@ def test_info_reports_the_live_session_provider(client):
     assert set(info["labels"]) == {"nli", "sentiment"}
     assert info["model"] == "tiny-disan"  # the manifest's name, as given to `disan export --name`
     assert info["bundle"]["borrowed_words"] == {}  # no model borrows the encoder's words here
+    assert info["bundle"]["ensemble_members"] == {}  # a single sentiment model
 
 
 def test_default_call_layout_on_cpu(client):

@@ -137,3 +137,19 @@ def test_recover_and_verify_an_ensemble_bundle(bundle, tiny_checkpoints, ensembl
     labels = load_checkpoint(ensemble)["labels"]
     want = torch.softmax(torch.from_numpy(run_texts(model.eval(), vocab, TEXTS)), -1).numpy()
     np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in served], want, atol=1e-5, rtol=0)
+
+
+def test_info_and_explain_serve_the_ensemble(bundle):
+    pytest.importorskip("fastapi")  # the serve extra
+    from conftest import wait_ready
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(bundle=bundle, max_wait_ms=1.0))) as client:
+        wait_ready(client.get)
+        assert client.get("/info").json()["bundle"]["ensemble_members"] == {"sentiment": 3}
+        plain = client.post("/sentiment", json={"texts": TEXTS[:1]}).json()
+        shown = client.post("/sentiment", json={"texts": TEXTS[:1], "explain": True}).json()
+    assert plain["results"][0]["scores"] == pytest.approx(shown["results"][0]["scores"], abs=1e-5)

@@ -166,6 +166,13 @@ def borrowed_words(manifest: dict) -> dict[str, int]:
             if c.get("borrowed_rows")}
 
 
+def ensemble_members(manifest: dict) -> dict[str, int]:
+    """{model: how many models it averages} for the ensembles (`disan ensemble`); single models
+    are left out."""
+    return {task: int(v["config"]["members"]) for task, v in (manifest.get("models") or {}).items()
+            if isinstance(v, dict) and int((v.get("config") or {}).get("members") or 1) > 1}
+
+
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
 async def info(engine: EngineDep) -> dict:
     """What is being served and how: the provider is the one the live session reports."""
@@ -189,7 +196,8 @@ async def info(engine: EngineDep) -> dict:
         "metrics": {task: dict(v.get("metrics") or {}) for task, v in (m.get("models") or {}).items()
                     if isinstance(v, dict)},
         "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
-                   "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m)},
+                   "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m),
+                   "ensemble_members": ensemble_members(m)},
         "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
                               **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }

@@ -289,7 +289,9 @@ class Info(BaseModel):
     metrics: dict[str, dict] = Field(description="evaluation metrics recorded in the bundle manifest")
     bundle: dict[str, object] = Field(description="manifest facts: created, max_len, versions, and "
                                       "borrowed_words: per NLI/sentiment model that reads the words past "
-                                      "its own table through the embedding encoder's, how many")
+                                      "its own table through the embedding encoder's, how many; "
+                                      "ensemble_members: per model that averages several (disan "
+                                      "ensemble), how many")
     inference_process: dict[str, object] = Field(
         description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
         "process all workers feed; its `pid`), and `source`: why")
