@@ -21,8 +21,9 @@ import torch
 from disan.checkpoint import PROVENANCE_KEYS, load_checkpoint, provenance, write_checkpoint
 
 TABLE = "encoder.embed.weight"
-# What a member need not carry: the table (read from the first model) and what goes with it.
-FIRST_ONLY = (TABLE, "encoder.trainable_rows", "encoder.borrowed", "encoder.borrow_map.")
+# What a member need not carry: the table (read from the first model) and its trainable-row mask.
+# (A member never borrows words: check_member refuses one that does.)
+FIRST_ONLY = (TABLE, "encoder.trainable_rows")
 # Config fields every member must share with the first model (the rest: its table and borrowing).
 SHAPE = ("embed_dim", "d_h", "c", "activation", "keep_prob", "attention_kind", "mask_kind", "coda_gate",
          "s2t_kind", "encoder_kind", "task", "num_classes", "head_dim", "proj_dim")

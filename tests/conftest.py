@@ -61,6 +61,19 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
     return path
 
 
+def member_of(first: Path, out: Path, seed: int, **cfg_overrides) -> Path:
+    """A tiny sentiment model with its own attention blocks and head (`seed`) over `first`'s word
+    table, as `disan train --init-words FIRST --freeze-words` leaves it: an ensemble member."""
+    from disan.checkpoint import load_checkpoint, write_checkpoint
+
+    payload = load_checkpoint(first)
+    make_tiny_checkpoint(out, "sentiment", loaded(first)[1], payload["labels"], seed=seed, **cfg_overrides)
+    member = load_checkpoint(out)
+    member["model_state"]["encoder.embed.weight"] = payload["model_state"]["encoder.embed.weight"].clone()
+    write_checkpoint(out, member)
+    return out
+
+
 def loaded(path: Path):
     """(model, vocab) of a checkpoint file, eval mode."""
     from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import loaded, make_tiny_checkpoint, run_texts
+from conftest import loaded, make_tiny_checkpoint, member_of, run_texts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
-from disan.checkpoint import load_checkpoint, model_from_checkpoint, write_checkpoint  # noqa: E402
+from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
 from disan.ensemble import join  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
@@ -25,17 +25,6 @@ torch.set_num_threads(1)
 
 TEXTS = ["the film was good", "a man is playing the violin", "the movie was bad", "good"]
 TABLE = "encoder.embed.weight"
-
-
-def member_of(first: Path, out: Path, seed: int, **cfg) -> Path:
-    """A sentiment model with its own attention blocks and head (seed) over `first`'s word table,
-    as `disan train --init-words FIRST --freeze-words` leaves it."""
-    payload = load_checkpoint(first)
-    make_tiny_checkpoint(out, "sentiment", loaded(first)[1], payload["labels"], seed=seed, **cfg)
-    member = load_checkpoint(out)
-    member["model_state"][TABLE] = payload["model_state"][TABLE].clone()
-    write_checkpoint(out, member)
-    return out
 
 
 @pytest.fixture(scope="module")
