@@ -36,10 +36,8 @@ def member_probabilities(first: Path, members: list[Path], vocab: Vocab, texts: 
     with torch.no_grad():
         for i in range(0, len(texts), BATCH):
             enc = vocab.encode(texts[i:i + BATCH])
-            ids, mask = torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)
-            words = model.encoder.word_vectors(ids)                       # read once, as served
-            out.append(torch.stack([torch.softmax(m.classify(m.encoder.read(words, mask)), -1)
-                                    for m in model.members()]))
+            logits = model.member_logits(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask))
+            out.append(torch.softmax(torch.stack(logits), dim=-1))
     return torch.cat(out, dim=1).numpy()
 
 

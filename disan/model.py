@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -512,8 +512,7 @@ class SentimentModel(nn.Module):
         """-> logits [B, num_classes] (an ensemble's: log of the mean probability)."""
         if not self.others:
             return self.classify(self.encoder(ids, mask))
-        x = self.encoder.word_vectors(ids)                                # [B,n,d_e]
-        return mean_probability([m.classify(m.encoder.read(x, mask)) for m in self.members()])
+        return mean_probability(self.member_logits(ids, mask))
 
     def classify(self, sent: Tensor) -> Tensor:
         """The head alone: sentence vector [B,2d] -> logits [B, num_classes]."""
@@ -521,6 +520,16 @@ class SentimentModel(nn.Module):
 
     def members(self) -> list[SentimentModel]:
         return [self, *self.others]
+
+    def member_logits(self, ids: Tensor, mask: Tensor) -> list[Tensor]:
+        """Each member's logits [B, num_classes] (this model's first; one for a single model)."""
+        return [m.classify(sent) for m, sent in self._read(ids, mask, return_tokens=False)]
+
+    def _read(self, ids: Tensor, mask: Tensor, return_tokens: bool) -> list[tuple[SentimentModel, Any]]:
+        """(member, its encoder's output) for every member: the words are looked up once, by this
+        model's encoder (its borrowed words included), and every member reads those vectors."""
+        x = self.encoder.word_vectors(ids)                                # [B,n,d_e]
+        return [(m, m.encoder.read(x, mask, return_tokens)) for m in self.members()]
 
     def explain(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """-> logits [B, num_classes] and the encoder's token-level dict (DiSANEncoder.read).
@@ -530,11 +539,10 @@ class SentimentModel(nn.Module):
         if not self.others:
             sent, ex = self.encoder(ids, mask, return_tokens=True)
             return self.classify(sent), ex
-        x = self.encoder.word_vectors(ids)                                # [B,n,d_e]
-        runs = [(m, *m.encoder.read(x, mask, return_tokens=True)) for m in self.members()]
-        logits = mean_probability([m.classify(sent) for m, sent, _ in runs])
+        runs = self._read(ids, mask, return_tokens=True)
+        logits = mean_probability([m.classify(sent) for m, (sent, _) in runs])
         shown = ("attn_fw", "attn_bw", "gate_fw", "gate_bw", "s2t")
-        return logits, {k: torch.stack([ex[k] for _, _, ex in runs]).mean(dim=0) for k in shown}
+        return logits, {k: torch.stack([ex[k] for _, (_, ex) in runs]).mean(dim=0) for k in shown}
 
     def decay_parameters(self) -> list[nn.Parameter]:
         own = self.encoder.decay_parameters() + [self.hidden.linear.weight, self.out.linear.weight]

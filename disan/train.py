@@ -25,7 +25,7 @@ from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, write_checkpoint
 from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
-from disan.text import UNK, Vocab
+from disan.text import Vocab
 from disan.train_config import TrainConfig
 
 matplotlib.use("Agg")  # curves are written to PNG files, never shown
@@ -341,70 +341,3 @@ def resume_model(path: str):
         raise ValueError(f"{path}: no optimizer state (resume from last.pt, not best.pt)")
     model, vocab, labels = model_from_checkpoint(ckpt)
     return ckpt, model, vocab, labels
-
-
-def load_encoder_weights(model: torch.nn.Module, path: str, vocab) -> dict:
-    """Copy the encoder of checkpoint `path` (an `encoder`, NLI or sentiment checkpoint) into `model`.
-
-    Word-vector rows are matched by word: with the checkpoint's own vocab.json (`--vocab`) the
-    table is copied whole; with another vocabulary (e.g. the bundle's shared one, so a task model
-    can start from a distilled student with a larger vocabulary) each word the checkpoint knows
-    takes its row and the others keep this run's initial vectors. This run's trainable-row mask is
-    kept, so words outside its training data stay frozen at the values they start from.
-    """
-    ckpt = load_checkpoint(path)
-    state = ckpt["model_state"]
-    prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
-    enc_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    enc_state["trainable_rows"] = model.encoder.trainable_rows.clone()
-    if not model.encoder.cfg.proj_dim:
-        # a distilled student's map into its teacher's space (`pretrain --serve-proj`): a task
-        # model's head reads DiSAN's own 2*d_h vector, so the map has nowhere to go
-        enc_state = {k: v for k, v in enc_state.items() if not k.startswith("proj.")}
-    old = DiSANConfig.from_dict(ckpt["config"])
-    new = model.encoder.cfg
-    for key in ("embed_dim", "d_h", "attention_kind", "mask_kind", "activation"):
-        if getattr(old, key) != getattr(new, key):
-            raise ValueError(f"{path}: --init-encoder has {key}={getattr(old, key)!r}, "
-                             f"this run {getattr(new, key)!r}")
-    matched = len(vocab)
-    if ckpt["vocab"] != vocab.itos:
-        enc_state["embed.weight"], matched = _rows_by_word(enc_state["embed.weight"], ckpt["vocab"],
-                                                           model.encoder.embed.weight.detach(), vocab.itos)
-        if matched <= UNK + 1:  # PAD and UNK alone
-            raise ValueError(f"{path}: --init-encoder checkpoint shares no word with this run's vocab")
-    model.encoder.load_state_dict(enc_state)
-    return {**(ckpt.get("metrics") or {}), "rows_from_checkpoint": matched, "rows": len(vocab)}
-
-
-def load_word_vectors(model: torch.nn.Module, path: str, vocab) -> int:
-    """Copy checkpoint `path`'s word-vector rows into `model`'s table, matched by word; -> rows matched.
-
-    Only the table: the attention blocks and the head keep their fresh initialisation, so runs with
-    different seeds over one table are independent models that can share it (see `--freeze-words`).
-    """
-    ckpt = load_checkpoint(path)
-    prefix = "" if ckpt["config"].get("task") == "encoder" else "encoder."
-    table = ckpt["model_state"][prefix + "embed.weight"]
-    own = model.encoder.embed.weight
-    if table.shape[1] != own.shape[1]:
-        raise ValueError(f"{path}: --init-words table is {table.shape[1]}-d, this run's {own.shape[1]}-d")
-    rows, matched = _rows_by_word(table, ckpt["vocab"], own.detach(), vocab.itos)
-    if matched <= UNK + 1:
-        raise ValueError(f"{path}: --init-words checkpoint shares no word with this run's vocab")
-    with torch.no_grad():
-        own.copy_(rows)
-    return matched
-
-
-def _rows_by_word(table: torch.Tensor, words: list[str], own: torch.Tensor, own_words: list[str]
-                  ) -> tuple[torch.Tensor, int]:
-    """`own` with each row whose word is in `words` replaced by `table`'s row for it; and how many."""
-    index = {word: i for i, word in enumerate(words)}
-    pairs = [(i, index[word]) for i, word in enumerate(own_words) if word in index]
-    out = own.clone()
-    if pairs:
-        dst = torch.tensor([d for d, _ in pairs])
-        src = torch.tensor([s for _, s in pairs])
-        out[dst] = table[src].to(out.dtype)
-    return out, len(pairs)

@@ -183,7 +183,8 @@ def prepare_embeddings(cfg: TrainConfig, train: D.Dataset):
     else:
         vectors = None
     matrix, found = E.init_matrix(vocab, vectors, dim, cfg.seed)
-    trainable = E.trainable_rows(vocab, texts)
+    # --freeze-words: no row moves, so models trained apart can share the table they start from
+    trainable = np.zeros(len(vocab), dtype=bool) if cfg.freeze_words else E.trainable_rows(vocab, texts)
     info = {"vocab": len(vocab), "trainable_rows": int(trainable.sum()), "pretrained_rows": found,
             "embed_dim": dim, "source": vectors.source if vectors is not None else "random"}
     return vocab, matrix, trainable, info
@@ -200,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
     # torch is imported here, not at the top: `disan train --help` and bad flags answer at once.
     import torch
 
-    from disan.train import Trainer, load_encoder_weights, load_word_vectors, new_model, resume_model
+    from disan.train import Trainer, new_model, resume_model
+    from disan.warm_start import load_encoder_weights, load_word_vectors  # torch, as above
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -231,9 +233,6 @@ def run(args: argparse.Namespace) -> int:
         if cfg.init_words:
             matched = load_word_vectors(model, cfg.init_words, vocab)
             print(f"word vectors from {cfg.init_words} ({matched} of {len(vocab)} rows)", file=sys.stderr)
-        if cfg.freeze_words:
-            model.encoder.trainable_rows.zero_()
-            info["trainable_rows"] = 0
         print(f"vocab {info['vocab']} words ({info['trainable_rows']} trainable, {info['pretrained_rows']} "
               f"pre-trained from {info['source']}), embed_dim {info['embed_dim']}", file=sys.stderr)
     sizes = {"train": len(train), "dev": len(dev), "test": len(test) if test else 0}

@@ -157,11 +157,16 @@ async def similarity(body: SimilarityRequest, request: Request, engine: EngineDe
     return json_response(await unless_disconnected(request.receive, similarity_result(body, engine)))
 
 
+def model_configs(manifest: dict) -> dict[str, dict]:
+    """{model: its config} of the models the manifest lists."""
+    return {task: (v.get("config") or {}) for task, v in (manifest.get("models") or {}).items()
+            if isinstance(v, dict)}
+
+
 def borrowed_words(manifest: dict) -> dict[str, int]:
     """{model: how many words past its own table it reads through the embedding encoder's table}
     for the models that borrow them (`disan borrow-words`); the others read those words as UNK."""
-    configs = {task: (v.get("config") or {}) for task, v in (manifest.get("models") or {}).items()
-               if isinstance(v, dict)}
+    configs = model_configs(manifest)
     return {task: int(c["borrowed_rows"]) - int(c["vocab_size"]) for task, c in configs.items()
             if c.get("borrowed_rows")}
 
@@ -169,8 +174,8 @@ def borrowed_words(manifest: dict) -> dict[str, int]:
 def ensemble_members(manifest: dict) -> dict[str, int]:
     """{model: how many models it averages} for the ensembles (`disan ensemble`); single models
     are left out."""
-    return {task: int(v["config"]["members"]) for task, v in (manifest.get("models") or {}).items()
-            if isinstance(v, dict) and int((v.get("config") or {}).get("members") or 1) > 1}
+    counts = {task: int(c.get("members") or 1) for task, c in model_configs(manifest).items()}
+    return {task: n for task, n in counts.items() if n > 1}
 
 
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
