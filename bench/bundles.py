@@ -1,9 +1,10 @@
 """A/B of bundles: offline ORT throughput of two or more bundles, alternating, in one process.
 
     python -m bench.bundles --bundles OLD NEW --threads 1 2 [--buckets 11-25 51-100] \
-        [--graphs embed sentiment] [--json OUT]
+        [--graphs embed sentiment nli_embed] [--json OUT]
 
-For each model (`embed`: the encoder behind /embed; `sentiment`: the /sentiment model), ORT
+For each model (`embed`: the encoder behind /embed; `sentiment`: the /sentiment model;
+`nli_embed`: the NLI model's sentence encoder, run once per side of a /nli pair), ORT
 thread count and length bucket, every bundle's model runs the same real
 sentences (bench.offline's buckets, batches cut like the service's batcher) in alternating
 passes; the best pass of each counts. Ratios are to the first bundle. Used to decide whether
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--buckets", nargs="+", default=["11-25", "51-100"])
-    parser.add_argument("--graphs", nargs="+", choices=["embed", "sentiment"], default=["embed"],
-                        help="which models to time: /embed's encoder, the /sentiment model")
+    parser.add_argument("--graphs", nargs="+", choices=["embed", "sentiment", "nli_embed"], default=["embed"],
+                        help="which models to time: /embed's encoder, the /sentiment model, /nli's encoder")
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (2 passes each)")
     parser.add_argument("--json", type=Path, default=Path("bench/bundles.json"))

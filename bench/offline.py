@@ -140,7 +140,8 @@ def latency_ms(encode: Callable[[list[str]], object], sentences: list[str], coun
 
 def ort_encoder(rt, graph: str = "embed") -> Callable[[list[str]], np.ndarray]:
     """run(texts) through a service Runtime's `graph` method (`embed`: embeddings; `sentiment`:
-    class probabilities), tokenized and cut as the service does."""
+    class probabilities; `nli_embed`: the NLI model's sentence vectors), tokenized and cut as the
+    service does."""
     run = getattr(rt, graph)
     return lambda texts: run([rt.text_ids(t) for t in texts])
 

@@ -420,9 +420,12 @@ class DiSANEncoder(nn.Module):
         x = self.embed(torch.where(own, ids, UNK))                        # [B,n,d_e]
         if self.borrow_map is None:
             return x
+        # Only the few tokens that borrow are mapped (in the graph: NonZero, Gather, ScatterND),
+        # not every token, so a text with none pays almost nothing for the map.
         lent = ~own & (ids < self.borrowed.shape[0])                      # [B,n]
-        far = self.borrow_map(F.embedding(torch.where(lent, ids, UNK), self.borrowed))  # [B,n,d_e]
-        return torch.where(lent[..., None], far, x)
+        at = lent.flatten().nonzero().squeeze(1)                          # [K] flat positions
+        far = self.borrow_map(F.embedding(ids.flatten()[at], self.borrowed))  # [K,d_e]
+        return x.flatten(0, 1).index_put((at,), far).view(x.shape)        # [B,n,d_e]
 
     def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):
         """ids [B,n] int64, mask [B,n] bool -> sentence vector [B, out_dim] (2*d_h unless proj_dim).

@@ -177,3 +177,41 @@ def test_info_says_which_models_borrow_words(bundle):
     with TestClient(create_app(Settings(bundle=bundle, max_wait_ms=1.0))) as client:
         wait_ready(client.get)
         assert client.get("/info").json()["bundle"]["borrowed_words"] == {"sentiment": len(ONLY_EMBED)}
+
+
+def test_the_graphs_map_only_the_tokens_that_borrow(bundle, tmp_path):
+    """Every graph that reads the borrowed table gathers one row per token past the model's own
+    table, not one per token: a text of its own words maps nothing."""
+    import shutil
+
+    import onnx
+    import onnxruntime as ort
+
+    from disan.manifest import load_manifest
+
+    manifest = load_manifest(bundle)
+    own = manifest["models"]["sentiment"]["config"]["vocab_size"]
+    vocab = Vocab.load(bundle / "vocab.json")
+    rows = [vocab.ids(t.split()) for t in TEXTS]
+    ids = np.array([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], dtype=np.int64)  # 0: padding
+    lent = int(((ids >= own) & (ids < len(vocab))).sum())
+    assert 0 < lent < int((ids > 0).sum())
+    files = {f for s in manifest["sets"].values() for v in s["variants"].values()
+             for g, f in v["files"].items() if g.startswith("sentiment")}
+    work = Path(shutil.copytree(bundle, tmp_path / "b"))
+    for name in sorted(files):
+        model = onnx.load(work / name, load_external_data=False)
+        gathers = [n for n in model.graph.node
+                   if n.op_type == "Gather" and "encoder.borrowed" in n.input[0]
+                   and not n.input[0].endswith("/scale")]  # the rows, not their int8 scales
+        assert len(gathers) == 1, name
+        typed = onnx.shape_inference.infer_shapes(model).graph.value_info
+        rows_type = next(v.type.tensor_type.elem_type for v in typed if v.name == gathers[0].output[0])
+        model.graph.output.append(onnx.helper.make_tensor_value_info(gathers[0].output[0], rows_type, None))
+        onnx.save(model, work / "probe.onnx")
+        session = ort.InferenceSession(str(work / "probe.onnx"), providers=["CPUExecutionProvider"])
+        for rows, want in [(ids, lent), (ids[:1], 0)]:
+            feeds = {"ids": rows, "mask": rows > 0}
+            got = session.run([gathers[0].output[0]], {k: v for k, v in feeds.items()
+                                                       if k in {i.name for i in session.get_inputs()}})[0]
+            assert got.shape[:-1] == (want,), name  # [K, d], not [B, n, d]
