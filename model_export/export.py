@@ -227,7 +227,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.embed import as_stored  # torch, as above
     from model_export.graphs import ATTENTION_CHUNK_CELLS
-    from model_export.verify import FP32_TOL, check_parity, references_from_models
+    from model_export.references import references_from_models
+    from model_export.verify import FP32_TOL, check_parity
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):

@@ -44,16 +44,9 @@ from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
 from model_export.agreement import NLI
 from model_export.graphs import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
+from model_export.references import bundle_models, load_state, references_from_models, storage_of
 from model_export.sessions import session
-from model_export.verify import (
-    FP32_TOL,
-    bundle_models,
-    check_parity,
-    load_state,
-    parity_cases,
-    references_from_models,
-    storage_of,
-)
+from model_export.verify import FP32_TOL, check_parity, parity_cases
 from model_export.weights import TRANSPOSED, name_by_parameters
 
 PREFIX = "model."  # the wrappers of format-1 graphs hold the model as `self.model`

@@ -33,12 +33,12 @@ from disan.manifest import (
     available_variants,
     load_manifest,
     routes,
-    sha256_file,
     variant_files,
     write_manifest,
 )
 from disan.text import Vocab
 from model_export.agreement import NLI, agreement_data, meets_bars, variant_agreement
+from model_export.references import references_from_bundle, references_from_checkpoints
 from model_export.sessions import run_graph, session, trim
 
 LENGTHS = (1, 2, 7, 33, 100)
@@ -203,92 +203,6 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
                                 - run_graph(b, graph_b, c.ids, c.mask)[0]).max()) for c in cases)
         report[f"{set_a}/{graph_a} vs {set_b}/{graph_b}"] = {"max_abs_diff": diff, "passed": diff <= FP32_TOL}
     return report
-
-
-# ---- where the PyTorch reference comes from ----
-
-def storage_of(manifest: dict[str, Any], task: str) -> str:
-    """How `task`'s word-vector table is stored: the manifest's one storage, or its per-model one."""
-    storage = (manifest.get("weights") or {}).get("embedding_storage") or "fp32"
-    return storage if isinstance(storage, str) else storage.get(task, "fp32")
-
-
-def references_from_models(nli, sent, embed=None) -> dict[str, Any]:
-    """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph
-    (`embed`: the distilled encoder, over the bundle's vocabulary, if the bundle has one)."""
-    # torch: only the parity modes need it
-    from model_export.graphs import NLIGraph, build_wrappers
-
-    return {**build_wrappers(nli, sent, embed), "nli": NLIGraph(nli).eval()}
-
-
-def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
-                                vocab: Vocab | None = None) -> dict[str, Any]:
-    """Wrappers from the source checkpoints among `places` (.pt files, or directories of them),
-    found by the sha256 the manifest records; a distilled encoder re-indexed to the bundle's
-    `vocab` and every table rounded to its storage, as the export did."""
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
-    from model_export.embed import as_stored, reindexed  # as above
-
-    models = {}
-    candidates = [f for p in map(Path, places) for f in (sorted(p.glob("*.pt")) if p.is_dir() else [p])]
-    hashes = {p: sha256_file(p) for p in candidates if p.is_file()}
-    for task in manifest.get("models") or ("nli", "sentiment"):
-        src = (manifest.get("sources") or {}).get(task) or {}
-        match = next((p for p, h in hashes.items() if h == src.get("sha256")), None)
-        if match is None:
-            raise ValueError(f"--checkpoints: no .pt file with sha256 {src.get('sha256')} among "
-                             f"{[str(p) for p in places]} (the {task} source, exported from a file "
-                             f"named {src.get('file')!r})")
-        model, own_vocab, _ = model_from_checkpoint(load_checkpoint(match))
-        if task == "embed":
-            if vocab is None:
-                raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
-            model = reindexed(model, own_vocab, vocab)
-        models[task] = model
-    as_stored(models, {task: storage_of(manifest, task) for task in models})  # as the export did
-    return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
-
-
-def bundle_models(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """{task: model} for every model the manifest lists, rebuilt from the parameter-named
-    weights of the fp32 graphs (tables stored in fp16 or int8 read back as the values served)."""
-    from disan.model import DiSANConfig, build_model  # torch, as above
-    from model_export.weights import state_dicts_from_graphs
-
-    files = {f for s, v in available_variants(manifest) if v == "fp32"
-             for f in variant_files(manifest, s, v).values()}
-    found = state_dicts_from_graphs((bundle_dir / f for f in sorted(files)),
-                                    (manifest.get("weights") or {}).get("aliases"))
-    return {task: load_state(build_model(DiSANConfig.from_dict(info["config"])), found.get(task, {}), task)
-            for task, info in manifest["models"].items()}
-
-
-def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
-    """(nli_model, sentiment_model) rebuilt from the bundle's weights (see bundle_models)."""
-    models = bundle_models(bundle_dir, manifest)
-    return models["nli"], models["sentiment"]
-
-
-def load_state(model, arrays: dict[str, np.ndarray], task: str):
-    """Load named arrays into `model` (eval mode); every parameter must be there."""
-    import torch  # torch, as above
-
-    state = model.state_dict()
-    missing = [k for k in state if k not in arrays and not k.endswith("trainable_rows")]
-    if missing:
-        raise BundleError(f"{task}: the graphs hold no weights for {missing[:5]}"
-                          f"{' ...' if len(missing) > 5 else ''}")
-    # trainable_rows only steers training (which embedding rows get gradients): not in graphs
-    state.update({k: torch.from_numpy(np.array(arrays[k])).to(state[k].dtype) for k in state if k in arrays})
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def references_from_bundle(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Wrappers around the PyTorch models rebuilt from the bundle's own fp32 weights."""
-    models = bundle_models(bundle_dir, manifest)
-    return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 
 def _how_to_get_checkpoint_parity(manifest: dict[str, Any]) -> str:

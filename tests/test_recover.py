@@ -25,8 +25,9 @@ from disan.model import DiSANConfig, build_model  # noqa: E402
 from disan.text import Vocab  # noqa: E402
 from model_export.graphs import SentimentExplainGraph  # noqa: E402
 from model_export.recover import graph_parity, recover, weights_from_graph  # noqa: E402
+from model_export.references import load_state  # noqa: E402
 from model_export.sessions import session  # noqa: E402
-from model_export.verify import load_state, parity_cases  # noqa: E402
+from model_export.verify import parity_cases  # noqa: E402
 from model_export.weights import rename_values  # noqa: E402
 
 torch.set_num_threads(1)

@@ -22,7 +22,8 @@ from disan.manifest import (  # noqa: E402
     write_manifest,
 )
 from model_export.agreement import NLI  # noqa: E402
-from model_export.verify import check_parity, references_from_models, verify_bundle  # noqa: E402
+from model_export.references import references_from_models  # noqa: E402
+from model_export.verify import check_parity, verify_bundle  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -113,7 +114,7 @@ def test_verify_modes(bundle_copy, tiny_checkpoints, monkeypatch, tmp_path):
 
 def test_verify_rebuilds_models_from_bundle_weights(tiny_bundle, tiny_models):
     """The bundle's parameter-named weights give back exactly the exported models."""
-    from model_export.verify import models_from_bundle
+    from model_export.references import models_from_bundle
 
     rebuilt = models_from_bundle(tiny_bundle, load_manifest(tiny_bundle))
     for got, want in zip(rebuilt, tiny_models, strict=True):

@@ -85,7 +85,7 @@ def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints
     """The graphs compute the checkpoints' models with the tables rounded to fp16: ORT equals that
     model (and not the unrounded one, which verify must round too), and the bundle's weights
     rebuild it exactly."""
-    from model_export.verify import models_from_bundle
+    from model_export.references import models_from_bundle
     from model_export.weights import round_embedding_fp16
 
     m = load_manifest(half_bundle)
