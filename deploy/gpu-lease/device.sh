@@ -9,7 +9,7 @@
 #                                             /tmp/kit, cache MPNet's vectors of the corpus
 #   bash .gpurun/run.sh train PRETRAIN_ARGS   disan pretrain from the carried student on the GPU,
 #                                             then its best.pt in fp16, in <= 15 MB pieces: the
-#                                             first four and metrics.jsonl to $OUT
+#                                             first six and metrics.jsonl to $OUT
 #   bash .gpurun/run.sh fetch N...            pieces N... of that checkpoint to $OUT
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md).
@@ -40,7 +40,8 @@ case $step in
     (cd /tmp/kit && sha256sum best16.pt) | tee "$OUT/best16.sha256"
     cp /tmp/kit/run/metrics.jsonl "$OUT/"
     ls /tmp/kit/back
-    for p in $(ls /tmp/kit/back | head -4); do cp "/tmp/kit/back/$p" "$OUT/"; done ;;
+    # a call gives back at most 8 files: the sha256, the metrics and six pieces (90 MB)
+    for p in $(ls /tmp/kit/back | head -6); do cp "/tmp/kit/back/$p" "$OUT/"; done ;;
   fetch)
     for n in "$@"; do cp "/tmp/kit/back/best16.pt.part-$n" "$OUT/"; done ;;
   *) echo "unknown step $step"; exit 2 ;;
