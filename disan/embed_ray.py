@@ -88,14 +88,17 @@ class EmbedActor:
     """One Ray actor: the bundle loaded once, pieces in, `id` + `embedding` tables out."""
 
     def __init__(self, bundle: Any, source: str, column: str, id_column: str | None, options: dict[str, Any]):
-        self.dir = tempfile.mkdtemp(prefix="disan-bundle-")
         # The driver put the bundle in the object store (Ray resolves a top-level reference itself).
         files = bundle if isinstance(bundle, dict) else ray.get(bundle)
-        for name, data in files.items():
-            Path(self.dir, name).write_bytes(data)
-        self.encoder = Encoder(self.dir, providers=options["providers"], variant=options["variant"],
-                               threads=options["threads"], long_texts=options["long_texts"],
-                               overlap=options["overlap"])
+        # Loading reads every graph, the vocabulary and the weights, and nothing reads the folder
+        # afterwards, so it goes at once: no copy is left on the node, even by a killed actor.
+        # (ignore_cleanup_errors: Windows cannot delete a file onnxruntime still maps.)
+        with tempfile.TemporaryDirectory(prefix="disan-bundle-", ignore_cleanup_errors=True) as folder:
+            for name, data in files.items():
+                Path(folder, name).write_bytes(data)
+            self.encoder = Encoder(folder, providers=options["providers"], variant=options["variant"],
+                                   threads=options["threads"], long_texts=options["long_texts"],
+                                   overlap=options["overlap"])
         self.fs = parquet_files(source)[0]
         self.column, self.id_column, self.options = column, id_column, options
         self._group: tuple[tuple[str, int], Any] | None = None  # the last row group read (pieces share it)
