@@ -19,7 +19,7 @@ limits (`disan.batching.PROVIDER_DEFAULTS`), so `encode` returns what `/embed` r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -182,8 +182,7 @@ class Encoder:
                show_progress: bool = False) -> np.ndarray:
         """Sentence vectors float32 [N, D] (a single string: [D]), L2-normalised if asked."""
         one = isinstance(texts, str)
-        items = [texts] if one else list(texts)
-        prepared = self.prepare(items)
+        prepared = self.prepare(text_list([texts] if one else texts))
         with _progress(show_progress, len(prepared.rows)) as bar:
             vectors = self.embed_prepared(prepared, batch_size, bar)
         if normalize:
@@ -207,8 +206,9 @@ class Encoder:
         head = self.runtime.graph_for("nli_head")
         if head not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no nli_head graph")
-        u = self.embed_prepared(self.prepare([p for p, _ in pairs]), batch_size, route="nli")
-        v = self.embed_prepared(self.prepare([h for _, h in pairs]), batch_size, route="nli")
+        premises, hypotheses = pair_lists(pairs)
+        u = self.embed_prepared(self.prepare(premises), batch_size, route="nli")
+        v = self.embed_prepared(self.prepare(hypotheses), batch_size, route="nli")
         step = self.limits.max_batch_size
         probs = [self.runtime.graphs[head].run(u[i:i + step], v[i:i + step])[0]
                  for i in range(0, len(u), step)]
@@ -220,13 +220,41 @@ class Encoder:
         probabilities are its windows' pooled by token counts, as its vectors are."""
         if "sentiment" not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no sentiment graph")
-        prepared = self.prepare(list(texts))
+        prepared = self.prepare(text_list(texts))
         rows = prepared.rows
         probs = np.empty((len(rows), len(self.runtime.labels["sentiment"])), dtype=np.float32)
         for idx in self.batches(rows, batch_size):
             probs[idx] = self.runtime.sentiment([rows[i] for i in idx])
         labels = self.runtime.labels["sentiment"]
         return [sentiment_prediction(p, labels) for p in self.pool(prepared, probs)]
+
+
+def text_list(texts: Sequence[str], what: str = "texts") -> list[str]:
+    """`texts` as a list, or a TypeError naming the first item that is not a string (a None from
+    a missing value would otherwise fail deep in the tokenizer)."""
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise TypeError(f"{what}: a sequence of str, not {type(texts).__name__}")
+    items = list(texts)
+    for i, text in enumerate(items):
+        if not isinstance(text, str):
+            raise TypeError(f"{what}[{i}] is {type(text).__name__}, not str")
+    return items
+
+
+def pair_lists(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(premises, hypotheses) of (premise, hypothesis) pairs, or a TypeError naming the first
+    pair that is not two strings."""
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise TypeError(f"pairs: a sequence of (premise, hypothesis) pairs, not {type(pairs).__name__}")
+    premises, hypotheses = [], []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}")
+        for part, text, out in (("premise", pair[0], premises), ("hypothesis", pair[1], hypotheses)):
+            if not isinstance(text, str):
+                raise TypeError(f"pairs[{i}]: the {part} is {type(text).__name__}, not str")
+            out.append(text)
+    return premises, hypotheses
 
 
 def normalized(vectors: np.ndarray) -> np.ndarray:

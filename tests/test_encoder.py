@@ -139,3 +139,18 @@ def test_spelling_reads_a_misspelt_word_unless_turned_off(encoder, tiny_bundle):
     off = Encoder(tiny_bundle, spelling=False).encode([misspelt, right])
     assert not np.allclose(off[0], off[1], atol=1e-3)
     np.testing.assert_allclose(off[1], on[1], atol=1e-6)  # correctly spelt text: the same either way
+
+
+@pytest.mark.parametrize("call", ["encode", "similarity", "sentiment", "nli"])
+def test_a_text_that_is_not_a_string_is_named_in_a_type_error(encoder, call):
+    """A non-string item (None from a missing value, bytes, a number) failed deep in the tokenizer
+    with `AttributeError: 'NoneType' object has no attribute 'isascii'`; every text method now
+    names the item and its type, and a non-sequence argument is refused the same way."""
+    texts = ["a man is playing guitar", None, "dogs run"]
+    args = {"nli": ([("a man", "a woman"), ("a dog", 7)],)}.get(call, (texts,))
+    with pytest.raises(TypeError, match=r"\[1\].* (NoneType|int), not str"):
+        getattr(encoder, call)(*args)
+    if call == "encode":
+        for bad in (42, None, [b"bytes"]):
+            with pytest.raises(TypeError, match="str"):
+                encoder.encode(bad)
