@@ -229,15 +229,15 @@ class Encoder:
         return [sentiment_prediction(p, labels) for p in self.pool(prepared, probs)]
 
 
-def text_list(texts: Sequence[str], what: str = "texts") -> list[str]:
+def text_list(texts: Sequence[str]) -> list[str]:
     """`texts` as a list, or a TypeError naming the first item that is not a string (a None from
     a missing value would otherwise fail deep in the tokenizer)."""
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
-        raise TypeError(f"{what}: a sequence of str, not {type(texts).__name__}")
+        raise TypeError(f"texts: a sequence of str, not {type(texts).__name__}")
     items = list(texts)
     for i, text in enumerate(items):
         if not isinstance(text, str):
-            raise TypeError(f"{what}[{i}] is {type(text).__name__}, not str")
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, not str")
     return items
 
 
@@ -248,9 +248,13 @@ def pair_lists(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
         raise TypeError(f"pairs: a sequence of (premise, hypothesis) pairs, not {type(pairs).__name__}")
     premises, hypotheses = [], []
     for i, pair in enumerate(pairs):
-        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}")
-        for part, text, out in (("premise", pair[0], premises), ("hypothesis", pair[1], hypotheses)):
+        try:
+            if isinstance(pair, (str, bytes)):  # "ab" would unpack into two texts
+                raise TypeError
+            premise, hypothesis = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}") from None
+        for part, text, out in (("premise", premise, premises), ("hypothesis", hypothesis, hypotheses)):
             if not isinstance(text, str):
                 raise TypeError(f"pairs[{i}]: the {part} is {type(text).__name__}, not str")
             out.append(text)

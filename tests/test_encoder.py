@@ -154,3 +154,9 @@ def test_a_text_that_is_not_a_string_is_named_in_a_type_error(encoder, call):
         for bad in (42, None, [b"bytes"]):
             with pytest.raises(TypeError, match="str"):
                 encoder.encode(bad)
+    if call == "nli":  # any two-item rows pass, a numpy array of them too; a bare string does not
+        for bad in (["ab"], [("a", "b", "c")], "ab"):
+            with pytest.raises(TypeError, match="pair"):
+                encoder.nli(bad)
+        pairs = [("a man", "a woman"), ("a dog", "a cat")]
+        assert encoder.nli(np.array(pairs)) == encoder.nli(pairs)
