@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -154,6 +155,8 @@ class Encoder:
         """Index batches of `rows`: sorted by length, cut to the provider's sentences and padded
         cells per call (`batch_size` lowers the sentences per call)."""
         limits = self.limits
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: at least 1 (None: the provider's default)")
         if batch_size:
             limits = BatchLimits(min(batch_size, limits.max_batch_size), limits.max_batch_cells)
         return cell_batches([len(r) for r in rows], limits)
@@ -189,10 +192,15 @@ class Encoder:
             vectors = normalized(vectors)
         return vectors[0] if one else vectors
 
-    def iter_encode(self, texts: Sequence[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
-        """`encode` over `texts` `chunk` at a time (bounded memory for the tokens of long lists)."""
-        for start in range(0, len(texts), chunk):
-            yield self.encode(texts[start:start + chunk], **kwargs)
+    def iter_encode(self, texts: Iterable[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
+        """`encode` over `texts` (a list or a stream, e.g. a generator over a file) `chunk` at a
+        time: memory is bounded by a chunk's tokens, not the whole input's."""
+        if chunk < 1:
+            raise ValueError(f"chunk={chunk}: at least 1")
+        stream, first = iter(checked_container(texts)), 0
+        while part := text_list(list(islice(stream, chunk)), first):
+            yield self.encode(part, **kwargs)
+            first += len(part)
 
     def similarity(self, a: str | Sequence[str], b: str | Sequence[str] | None = None) -> np.ndarray:
         """Cosine similarities float64 [len(a), len(b)] (of `a` with itself without `b`)."""
@@ -229,15 +237,22 @@ class Encoder:
         return [sentiment_prediction(p, labels) for p in self.pool(prepared, probs)]
 
 
-def text_list(texts: Sequence[str]) -> list[str]:
-    """`texts` as a list, or a TypeError naming the first item that is not a string (a None from
-    a missing value would otherwise fail deep in the tokenizer)."""
+def checked_container(texts: Iterable[str]) -> Iterable[str]:
+    """`texts`, or a TypeError where it is not a collection of texts (a lone string or bytes
+    would be read as one text per character)."""
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts: a sequence of str, not {type(texts).__name__}")
-    items = list(texts)
+    return texts
+
+
+def text_list(texts: Iterable[str], first: int = 0) -> list[str]:
+    """`texts` as a list, or a TypeError naming the first item that is not a string (a None from
+    a missing value would otherwise fail deep in the tokenizer); `first`: the number of the
+    first item, for a chunk of a longer input."""
+    items = list(checked_container(texts))
     for i, text in enumerate(items):
         if not isinstance(text, str):
-            raise TypeError(f"texts[{i}] is {type(text).__name__}, not str")
+            raise TypeError(f"texts[{first + i}] is {type(text).__name__}, not str")
     return items
 
 

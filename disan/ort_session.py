@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -41,6 +41,25 @@ class RuntimeOptions:
     max_tokens: int | None = None             # None: the bundle's max_len
     model_name: str | None = None             # None: the manifest's name
     spelling: bool = True                     # a misspelt unknown word read as a known one (Vocab.spelled)
+
+    def __post_init__(self) -> None:
+        """Refuse what a field's type does not allow, naming the field. The service's settings
+        check their own copies; an offline caller (`disan.Encoder`, `load_offline`) would
+        otherwise run "tpu" as "auto", or hand onnxruntime a negative thread count."""
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r}: one of {', '.join(choices)}")
+        for name, least in _AT_LEAST.items():
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ValueError(f"{name}={value!r}: at least {least}")
+
+
+# the Literal fields' choices, read off the class so they are written once
+_CHOICES = {name: get_args(hint) for name, hint in get_type_hints(RuntimeOptions).items()
+            if get_origin(hint) is Literal}
+_AT_LEAST = {"intra_op_threads": 0, "inter_op_threads": 0, "batch_concurrency": 0, "workers": 1,
+             "max_tokens": 1}
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -160,3 +160,16 @@ def test_a_text_that_is_not_a_string_is_named_in_a_type_error(encoder, call):
                 encoder.nli(bad)
         pairs = [("a man", "a woman"), ("a dog", "a cat")]
         assert encoder.nli(np.array(pairs)) == encoder.nli(pairs)
+
+
+def test_batch_size_and_chunk_are_checked_and_iter_encode_streams(encoder):
+    """batch_size=-1 ran as if unset and iter_encode(chunk=0) failed in range(); iter_encode took
+    only sequences (len()), though streaming a generator is what it is for."""
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="batch_size"):
+            encoder.encode(TEXTS, batch_size=bad)
+        with pytest.raises(ValueError, match="chunk"):
+            next(encoder.iter_encode(TEXTS, chunk=bad))
+    chunks = list(encoder.iter_encode((t for t in TEXTS), chunk=3))
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    np.testing.assert_allclose(np.concatenate(chunks), encoder.encode(TEXTS), rtol=1e-5, atol=1e-6)

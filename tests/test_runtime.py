@@ -117,3 +117,14 @@ def test_nli_runs_as_encoder_then_head(tiny_bundle):
     rows = rt.nli_head([(np.stack([u[0], u[1]]), np.stack([v[0], v[1]])), (u[1], v[1])])
     assert rows[0].shape == (2, 3) and rows[1].shape == (3,)
     np.testing.assert_allclose(rows[0], probs, atol=1e-6)
+
+
+@pytest.mark.parametrize("field,value", [("providers", "tpu"), ("variant", "int4"), ("graph_set", "npu"),
+                                         ("graph_optimization_level", "max"), ("intra_op_threads", -1),
+                                         ("batch_concurrency", -2), ("workers", 0), ("max_tokens", 0)])
+def test_options_outside_their_type_are_refused(field, value):
+    """`disan.Encoder(bundle, providers="tpu")` ran on the CPU as if "auto" had been asked, and a
+    negative thread count reached onnxruntime: the options now refuse what their type does not
+    allow, naming the field (the service's settings refused these already)."""
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        RuntimeOptions(**{field: value})
