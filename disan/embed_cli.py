@@ -90,8 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.shard_size < 1:
-        raise EmbedError("--shard-size must be at least 1")
+    # checked here, before any work starts (with --ray, before the actors)
+    for flag, value, least in (("--shard-size", args.shard_size, 1), ("--batch-size", args.batch_size, 1),
+                               ("--ray-actors", args.ray_actors, 0), ("--ray-cpus", args.ray_cpus, 0),
+                               ("--threads", args.threads, 0)):
+        if value is not None and value < least:
+            raise EmbedError(f"{flag} must be at least {least}, got {value}")
     if args.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 

@@ -238,7 +238,13 @@ print(json.dumps({"procs": procs, "writable": writable}))
 
 
 def test_sigterm_drains_within_the_grace_period(cpu_service) -> None:
-    """Requests in flight when the container is stopped complete (200); it exits on its own."""
+    """Requests in flight when the container is stopped complete (200); it exits on its own.
+
+    Admission control may hold the second request (its body unread) while the first one's work
+    is estimated at more than DISAN_MAX_QUEUE_WAIT_S, and refuse it with 429 and Retry-After
+    when that lasts past DISAN_ADMISSION_WAIT_S: on a slow CPU it does. That request never
+    started, so it is not one to drain; a 429 is its right answer, and anything else (an error,
+    a reset connection) fails the test as before."""
     project, container, url = cpu_service
     grace = seconds(compose_service("disan-cpu")["stop_grace_period"])
     results: list[tuple[float, int | str]] = []  # (end time, status or error)
@@ -263,11 +269,13 @@ def test_sigterm_drains_within_the_grace_period(cpu_service) -> None:
     for t in threads:
         t.join(grace)
     state, log = inspect(container)["State"], logs(container)
-    assert [status for _, status in results] == [200] * 2, results
-    assert max(end for end, _ in results) > stop_sent, "no request was still in flight at SIGTERM"
+    assert len(results) == 2 and all(status in (200, 429) for _, status in results), results
+    drained = [end for end, status in results if status == 200]
+    assert drained and max(drained) > stop_sent, f"no request was still in flight at SIGTERM: {results}"
     assert state["ExitCode"] == 0 and stop_s < grace, (state, stop_s, log[-2000:])
     assert "batchers drained" in log, log[-2000:]
-    print(f"\nstop with 2 x 256-sentence requests in flight: {stop_s:.1f} s (grace {grace:.0f} s)")
+    print(f"\nstop with {len(drained)} of 2 x 256-sentence requests admitted and drained: {stop_s:.1f} s "
+          f"(grace {grace:.0f} s)")
 
 
 # --------------------------------------------------------------------- scale-out, compose

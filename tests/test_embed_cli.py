@@ -104,6 +104,19 @@ def test_a_missing_column_is_one_line(tiny_bundle, tmp_path, capsys, suffix):
     assert "no column 'nope'" in one_error(capsys)
 
 
+@pytest.mark.parametrize("flag,value", [("--shard-size", 0), ("--batch-size", 0), ("--batch-size", -4),
+                                        ("--ray-actors", -1)])
+@pytest.mark.parametrize("ray", [False, True], ids=["single", "ray"])
+def test_a_number_out_of_range_is_one_line_naming_the_flag(tiny_bundle, tmp_path, capsys, flag, value, ray):
+    """Checked before any work starts: `--ray` with --batch-size 0 used to fail inside each actor,
+    with Ray's traceback, and without it the error named the Python argument (batch_size=0)."""
+    src = write_input(tmp_path / "in.jsonl", TEXTS)
+    extra = ["--ray", "local"] if ray else []
+    assert embed(tiny_bundle, src, "-o", tmp_path / "out", "--column", "body", flag, value, *extra) == 2
+    assert f"{flag} must be at least" in one_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unreadable_rows_are_skipped_and_counted_or_stop_the_job(tiny_bundle, encoder, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     lines = [json.dumps({"body": t}) for t in TEXTS[:5]]
