@@ -262,13 +262,16 @@ def pair_lists(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
         raise TypeError(f"pairs: a sequence of (premise, hypothesis) pairs, not {type(pairs).__name__}")
     premises, hypotheses = [], []
+    def not_a_pair(i: int, pair: object) -> TypeError:
+        return TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}")
+
     for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)):  # "ab" would unpack into two texts
+            raise not_a_pair(i, pair)
         try:
-            if isinstance(pair, (str, bytes)):  # "ab" would unpack into two texts
-                raise TypeError
             premise, hypothesis = pair
         except (TypeError, ValueError):
-            raise TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}") from None
+            raise not_a_pair(i, pair) from None
         for part, text, out in (("premise", premise, premises), ("hypothesis", hypothesis, hypotheses)):
             if not isinstance(text, str):
                 raise TypeError(f"pairs[{i}]: the {part} is {type(text).__name__}, not str")
