@@ -133,6 +133,13 @@ class EmbedActor:
         return pa.table({"id": pa.array([ids[i] for i in keep]), "embedding": embedding})
 
 
+def actor_options(args: argparse.Namespace, threads: int) -> dict[str, Any]:
+    """What each actor needs of the command line (`EmbedActor`'s `options`)."""
+    return {"providers": args.providers, "variant": args.variant, "threads": threads,
+            "long_texts": args.long_texts, "overlap": args.window_overlap, "batch_size": args.batch_size,
+            "normalize": args.normalize, "on_bad_row": args.on_bad_row}
+
+
 def actor_layout(args: argparse.Namespace) -> tuple[int, dict[str, float], int]:
     """(actors, resources per actor, onnxruntime threads per actor): a GPU each where the cluster
     has GPUs; else one actor per 2 CPUs, each reserving one (so reads and writes find a free CPU)
@@ -187,9 +194,7 @@ def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
     ours = connect(args)
     try:
         actors, resources, threads = actor_layout(args)
-        options = {"providers": args.providers, "variant": args.variant, "threads": threads,
-                   "long_texts": args.long_texts, "overlap": args.window_overlap,
-                   "batch_size": args.batch_size, "normalize": args.normalize, "on_bad_row": args.on_bad_row}
+        options = actor_options(args, threads)
         bundle = ray.put(bundle_files(args.bundle))
         ds = ray_data.from_items(work, override_num_blocks=len(work))
         ds = ds.map_batches(actor, batch_size=1, compute=ray_data.ActorPoolStrategy(size=actors),

@@ -237,12 +237,12 @@ class Encoder:
         return [sentiment_prediction(p, labels) for p in self.pool(prepared, probs)]
 
 
-def checked_container(texts: Iterable[str]) -> Iterable[str]:
-    """`texts`, or a TypeError where it is not a collection of texts (a lone string or bytes
-    would be read as one text per character)."""
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
-        raise TypeError(f"texts: a sequence of str, not {type(texts).__name__}")
-    return texts
+def checked_container(items: Iterable, name: str = "texts", of: str = "str") -> Iterable:
+    """`items`, or a TypeError where it is not a collection (a lone string or bytes would be read
+    as one item per character)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"{name}: a sequence of {of}, not {type(items).__name__}")
+    return items
 
 
 def text_list(texts: Iterable[str], first: int = 0) -> list[str]:
@@ -259,8 +259,7 @@ def text_list(texts: Iterable[str], first: int = 0) -> list[str]:
 def pair_lists(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
     """(premises, hypotheses) of (premise, hypothesis) pairs, or a TypeError naming the first
     pair that is not two strings."""
-    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
-        raise TypeError(f"pairs: a sequence of (premise, hypothesis) pairs, not {type(pairs).__name__}")
+    checked_container(pairs, "pairs", "(premise, hypothesis) pairs")
     premises, hypotheses = [], []
     def not_a_pair(i: int, pair: object) -> TypeError:
         return TypeError(f"pairs[{i}] is not a (premise, hypothesis) pair: {pair!r:.80}")

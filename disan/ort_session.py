@@ -47,8 +47,8 @@ class RuntimeOptions:
         check their own copies; an offline caller (`disan.Encoder`, `load_offline`) would
         otherwise run "tpu" as "auto", or hand onnxruntime a negative thread count."""
         for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r}: one of {', '.join(choices)}")
+            if (value := getattr(self, name)) not in choices:
+                raise ValueError(f"{name}={value!r}: one of {', '.join(choices)}")
         for name, least in _AT_LEAST.items():
             value = getattr(self, name)
             if value is not None and value < least:

@@ -20,7 +20,7 @@ pytest.importorskip("ray.data", reason="the `ray` extra is not installed (pip in
 import disan  # noqa: E402
 from disan.cli import main  # noqa: E402
 from disan.embed_cli import add_arguments  # noqa: E402
-from disan.embed_ray import EmbedActor, bundle_files, run_ray  # noqa: E402
+from disan.embed_ray import EmbedActor, actor_options, bundle_files, run_ray  # noqa: E402
 from disan.shards import read_output  # noqa: E402
 
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
@@ -76,8 +76,8 @@ def test_an_actor_leaves_no_copy_of_the_bundle_behind(tiny_bundle, corpus, tmp_p
     the bundle is loaded, so neither a finished job nor a killed actor leaves a copy (a real
     bundle's 62 MB per actor per job) in the node's temporary directory."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    options = {"providers": "cpu", "variant": "auto", "threads": 1, "long_texts": "window", "overlap": 0,
-               "batch_size": 32, "normalize": False, "on_bad_row": "skip"}
+    args = args_for(str(corpus), "-o", str(tmp_path / "out"), "--providers", "cpu")
+    options = actor_options(args, threads=1)
     actor = EmbedActor(bundle_files(tiny_bundle), str(corpus), "text", None, options)
     assert list(tmp_path.iterdir()) == []
     table = actor.embed_piece(str(corpus), 0, 0, 10, 0)  # and it embeds without the folder
