@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from disan.embed_input import (
     FORMATS,
@@ -32,6 +32,7 @@ from disan.embed_input import (
 )
 from disan.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, normalized
 from disan.optional import require
+from disan.ort_session import Providers, Variant
 from disan.shards import (
     KEEP_SKIPPED,
     OUTPUT_FORMATS,
@@ -61,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-format", choices=OUTPUT_FORMATS,
                         help="default: OUTPUT's suffix if it names one, else parquet")
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
-    parser.add_argument("--providers", choices=["auto", "cuda", "cpu"], default="auto",
+    parser.add_argument("--providers", choices=get_args(Providers), default="auto",
                         help="as `disan serve --providers`: auto = CUDA where it really loads, else CPU")
-    parser.add_argument("--variant", choices=["auto", "fp32", "fp16", "int8"], default="auto")
+    parser.add_argument("--variant", choices=get_args(Variant), default="auto")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its choice)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="most sentences per onnxruntime call (default: the service's for the provider)")

@@ -24,17 +24,24 @@ log = logging.getLogger("disan.runtime")  # the runtime's logger name, as before
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 
+# The choices of each option, written once: RuntimeOptions, the service's settings and the CLIs
+# (`typing.get_args(Providers)`) all read them from here.
+Providers = Literal["auto", "cuda", "cpu"]               # auto: CUDA where it really loads, else CPU
+Variant = Literal["auto", "fp32", "fp16", "int8"]        # auto: the graph set's default
+GraphSet = Literal["auto", "cpu", "gpu"]                 # auto: the set of the live provider
+OptimizationLevel = Literal["disable", "basic", "extended", "all"]
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How to run a bundle. The defaults suit offline use: CPU or CUDA, one call at a time."""
 
-    providers: Literal["auto", "cuda", "cpu"] = "auto"
-    variant: Literal["auto", "fp32", "fp16", "int8"] = "auto"   # auto: the graph set's default
-    graph_set: Literal["auto", "cpu", "gpu"] = "auto"         # auto: the set of the live provider
+    providers: Providers = "auto"
+    variant: Variant = "auto"
+    graph_set: GraphSet = "auto"
     intra_op_threads: int = 0                 # 0: 1 with batch_concurrency auto on CPU, else ORT's choice
     inter_op_threads: int = 0                 # 0: ORT's choice
-    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    graph_optimization_level: OptimizationLevel = "all"
     ort_spinning: bool = False
     batch_concurrency: int = 1                # ORT calls in flight per graph; 0 = auto (see call_layout)
     workers: int = 1                          # processes sharing this host's cores (auto layout)

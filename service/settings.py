@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from disan.ort_session import OptimizationLevel, Providers, Variant
 from disan.runtime import RuntimeOptions
 from disan.windowing import LongTextPolicy
 from service.common.batching_defaults import PROVIDER_DEFAULTS
@@ -59,7 +60,7 @@ class Settings(BaseSettings):
         "per request is in bench/RESULTS.md; /metrics counts requests by route and status)")
 
     # --- onnxruntime ---
-    providers: Literal["auto", "cuda", "cpu"] = Field(
+    providers: Providers = Field(
         "auto", description="auto: CUDA if it really loads, else CPU; cuda: fail if CUDA is unusable")
     intra_op_threads: int = Field(0, ge=0, le=256, description="ORT threads per call; 0: 1 with "
                                   "batch_concurrency auto on CPU, else onnxruntime's choice")
@@ -67,8 +68,8 @@ class Settings(BaseSettings):
     ort_spinning: bool = Field(
         False, description="let onnxruntime's idle threads spin (lowest latency when the CPU is "
         "otherwise idle; off by default: spinning steals the cores the HTTP layer needs)")
-    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
-    variant: Literal["auto", "fp32", "fp16", "int8"] = Field(
+    graph_optimization_level: OptimizationLevel = "all"
+    variant: Variant = Field(
         "auto", description="graph variant to load; auto: the default of the graph set of the "
         "provider that loaded (gpu set: fp16, cpu set: fp32)")
 
