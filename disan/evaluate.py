@@ -18,6 +18,7 @@ import numpy as np
 
 from disan.batching import map_sorted
 from disan.data import read_examples
+from disan.manifest import VARIANTS
 from disan.optional import require
 from disan.recipes import EVAL_FILES, NLI_EVAL_TASKS
 from disan.runtime import Runtime, load_offline
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("runs/transfer"),
                         help="--transfer: where the markdown table, JSON and bar chart go")
     parser.add_argument("--baselines", default="glove,minilm", help="--transfer: comma list or ''")
-    parser.add_argument("--variant", default="fp32", choices=["fp32", "fp16", "int8"])
+    parser.add_argument("--variant", default="fp32", choices=VARIANTS)
     parser.add_argument("--batch-size", type=int, default=64)
 
 

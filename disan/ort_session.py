@@ -51,7 +51,7 @@ class RuntimeOptions:
 
     def __post_init__(self) -> None:
         """Refuse what a field's type does not allow, naming the field. The service's settings
-        check their own copies; an offline caller (`disan.Encoder`, `load_offline`) would
+        check the same types with pydantic; an offline caller (`disan.Encoder`, `load_offline`) would
         otherwise run "tpu" as "auto", or hand onnxruntime a negative thread count."""
         for name, choices in _CHOICES.items():
             if (value := getattr(self, name)) not in choices:

@@ -128,3 +128,13 @@ def test_options_outside_their_type_are_refused(field, value):
     allow, naming the field (the service's settings refused these already)."""
     with pytest.raises(ValueError, match=rf"^{field}="):
         RuntimeOptions(**{field: value})
+
+
+def test_the_variant_choices_are_the_bundle_variants_and_auto():
+    """`Variant` spells the manifest's VARIANTS a second time (a Literal cannot be built from a
+    tuple for type checkers); this keeps the two lists from drifting apart."""
+    from typing import get_args
+
+    from disan.manifest import VARIANTS
+
+    assert get_args(ort_session.Variant) == ("auto", *VARIANTS)
