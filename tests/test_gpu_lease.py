@@ -29,3 +29,27 @@ def test_device_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     out = subprocess.run([bash, str(SCRIPTS[1]), "nonsense"], capture_output=True, text=True,
                          cwd=tmp_path, check=False)
     assert out.returncode == 2 and "unknown step nonsense" in out.stdout
+
+
+def test_a_checkpoint_comes_back_in_what_one_reply_holds(tmp_path: Path) -> None:
+    """A reply brings back at most 8 files and 64 MiB from $OUT; the 2026-11-27 lease's 70 MB
+    student came back in 4 of the 6 pieces `train` put there (the rest were left out), so the
+    script now puts in only what fits and names the pieces to fetch."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    ckpt, out = tmp_path / "best16.pt", tmp_path / "out"
+    out.mkdir()
+    with ckpt.open("wb") as f:  # 70 MB, the shipped student's slim size
+        f.truncate(70_000_000)
+    env = {"PATH": "/usr/bin:/bin", "KIT": str(tmp_path / "kit"), "OUT": str(out)}
+    got = subprocess.run([bash, str(SCRIPTS[1]), "pieces", str(ckpt)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, check=False)
+    assert got.returncode == 0, got.stderr
+    back = sorted(out.iterdir())
+    assert len(back) <= 7  # and metrics.jsonl, which `train` adds
+    assert sum(p.stat().st_size for p in back) <= 64 * 2**20 - 2**20
+    assert all(p.stat().st_size <= 16 * 2**20 for p in back)
+    assert "fetch 4" in got.stdout
+    kept = sorted((tmp_path / "kit" / "back").iterdir())
+    assert b"".join(p.read_bytes() for p in kept) == ckpt.read_bytes()

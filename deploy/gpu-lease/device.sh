@@ -8,41 +8,63 @@
 #   bash .gpurun/run.sh teacher               (with the last piece) check and unpack the kit to
 #                                             /tmp/kit, cache MPNet's vectors of the corpus
 #   bash .gpurun/run.sh train PRETRAIN_ARGS   disan pretrain from the carried student on the GPU,
-#                                             then its best.pt in fp16, in <= 15 MB pieces: the
-#                                             first six and metrics.jsonl to $OUT
-#   bash .gpurun/run.sh fetch N...            pieces N... of that checkpoint to $OUT
+#                                             then its best.pt in fp16, in 15 MB pieces: as many
+#                                             as one reply holds, its sha256 and metrics to $OUT
+#   bash .gpurun/run.sh scratch PRETRAIN_ARGS the same for a student from scratch (the args name
+#                                             its size and --init; the kit's cache holds the
+#                                             static word vectors of its vocabulary)
+#   bash .gpurun/run.sh fetch N...            pieces N... of the last checkpoint to $OUT
+#   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
 #
-# DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md).
+# DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
+# kit's folder from /tmp/kit.
 set -euo pipefail
 step=$1; shift
 dev=${DEVICE:-cuda}
 mkdir -p /tmp/w
 for d in .gpurun/q*; do [ -d "$d" ] && cp -n "$d"/* /tmp/w/ 2>/dev/null || true; done
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export DISAN_CACHE_DIR=/tmp/kit/cache
+kit=${KIT:-/tmp/kit}
+export DISAN_CACHE_DIR=$kit/cache
+# A reply brings back at most 8 files and 64 MiB: the sha256, the metrics and four pieces of 15 MB.
+piece=15000000 per_reply=4
+
+pieces() {  # $1 in pieces under $kit/back; the first $per_reply of them and its sha256 to $OUT
+  rm -rf "$kit/back" && mkdir -p "$kit/back"
+  split -b $piece -d -a 1 "$1" "$kit/back/$(basename "$1").part-"
+  (cd "$(dirname "$1")" && sha256sum "$(basename "$1")") | tee "$OUT/$(basename "$1").sha256"
+  ls "$kit/back"
+  for p in $(ls "$kit/back" | head -$per_reply); do cp "$kit/back/$p" "$OUT/"; done
+  left=$(ls "$kit/back" | tail -n +$((per_reply + 1)) | sed 's/.*part-//' | tr '\n' ' ')
+  [ -z "$left" ] || echo "not in this reply: pieces $left(bash .gpurun/run.sh fetch $left)"
+}
+
+pretrain() {  # disan pretrain into a new run folder, then its best.pt back in fp16
+  run=$(mktemp -d "$kit/run-XXXX")
+  python3 -m disan.cli pretrain --corpus "$kit/corpus" --device "$dev" --data "$kit/data" \
+    --out "$run" "$@"
+  python3 -m disan.cli slim "$run/best.pt" "$kit/best16.pt"
+  cp "$run/metrics.jsonl" "$OUT/"
+  pieces "$kit/best16.pt"
+}
 case $step in
   stash)
     ls /tmp/w; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true ;;
   teacher)
-    if [ ! -d /tmp/kit ]; then
+    if [ ! -d "$kit/corpus" ]; then
       got=$(cat /tmp/w/kit.tar.xz.part-* | sha256sum | cut -d' ' -f1)
       [ "$got" = "$(cat .gpurun/kit.sha256)" ] || { echo "kit sha256 $got does not match"; exit 3; }
-      cat /tmp/w/kit.tar.xz.part-* | xz -d -T0 | tar -x -C /tmp
+      mkdir -p "$kit" && cat /tmp/w/kit.tar.xz.part-* | xz -d -T0 | tar -x -C "$kit" --strip-components 1
     fi
-    python3 -m disan.cli teacher --corpus /tmp/kit/corpus --teacher mpnet --device "$dev" \
+    python3 -m disan.cli teacher --corpus "$kit/corpus" --teacher mpnet --device "$dev" \
       --batch-size 512 "$@" ;;
   train)
-    python3 -m disan.cli pretrain --corpus /tmp/kit/corpus --device "$dev" \
-      --init-from /tmp/kit/student.pt --data /tmp/kit/data --out /tmp/kit/run "$@"
-    python3 -m disan.cli slim /tmp/kit/run/best.pt /tmp/kit/best16.pt
-    rm -rf /tmp/kit/back && mkdir -p /tmp/kit/back
-    split -b 15000000 -d -a 1 /tmp/kit/best16.pt /tmp/kit/back/best16.pt.part-
-    (cd /tmp/kit && sha256sum best16.pt) | tee "$OUT/best16.sha256"
-    cp /tmp/kit/run/metrics.jsonl "$OUT/"
-    ls /tmp/kit/back
-    # a call gives back at most 8 files: the sha256, the metrics and six pieces (90 MB)
-    for p in $(ls /tmp/kit/back | head -6); do cp "/tmp/kit/back/$p" "$OUT/"; done ;;
+    pretrain --init-from "$kit/student.pt" "$@" ;;
+  scratch)
+    pretrain "$@" ;;
   fetch)
-    for n in "$@"; do cp "/tmp/kit/back/best16.pt.part-$n" "$OUT/"; done ;;
+    for n in "$@"; do cp "$kit/back/best16.pt.part-$n" "$OUT/"; done ;;
+  pieces)
+    pieces "$1" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
