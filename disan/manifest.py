@@ -100,6 +100,9 @@ TOKEN_AXES = {"attn_fw": 2, "attn_bw": 2, "gate_fw": 1, "gate_bw": 1, "s2t": 1, 
 # Graph set -> the execution provider it is shaped for.
 GRAPH_SETS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
 VARIANTS = ("fp32", "fp16", "int8")
+# How a bundle stores its word-vector tables (`weights.embedding_storage`): the same three names,
+# a different fact (a table's bytes on disk, not which graph files are loaded).
+EMBEDDING_STORAGES = ("fp32", "fp16", "int8")
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]

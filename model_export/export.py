@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from disan.manifest import (
+    EMBEDDING_STORAGES,
     GRAPH_SETS,
     GRAPHS,
     MANIFEST_NAME,
@@ -33,9 +34,6 @@ from disan.manifest import (
 from disan.text import merged_vocab
 from model_export.bundle_manifest import bundle_manifest
 from model_export.served import served_accuracy
-
-# the storage names are torch- and onnx-free facts; model_export.weights holds the same tuple
-STORAGES = ("fp32", "fp16", "int8")
 
 FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_io_types: ids int64, "
              "mask bool in, float32 out); fp16 weights and activations, the weights stored once in "
@@ -83,10 +81,10 @@ def storage_by_model(spec: str | dict[str, str], models) -> dict[str, str]:
         (p.split("=", 1)[0] if "=" in p else "*"): p.split("=", 1)[-1] for p in spec.split(",") if p}
     default = parts.pop("*", "fp32")
     out = {model: parts.pop(model, default) for model in models}
-    bad = [v for v in out.values() if v not in STORAGES]
+    bad = [v for v in out.values() if v not in EMBEDDING_STORAGES]
     if parts or bad:
-        raise ValueError(f"--embedding-storage {spec!r}: storages are {', '.join(STORAGES)}, models "
-                         f"{', '.join(models)}")
+        raise ValueError(f"--embedding-storage {spec!r}: storages are {', '.join(EMBEDDING_STORAGES)}, "
+                         f"models {', '.join(models)}")
     return out
 
 

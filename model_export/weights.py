@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from disan.manifest import WEIGHTS_FILE
+from disan.manifest import EMBEDDING_STORAGES, WEIGHTS_FILE
 
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors (scalars, shape constants) stay inside their graph
 ALIGN = 4096               # page-aligned offsets: onnxruntime can memory-map the tensors
@@ -37,7 +37,6 @@ EMBEDDING = "encoder.embed.weight"  # the word-vector table: most of a model's b
 TABLE_KEYS = {"embed": "embed.weight"}
 FP16_MAX = 65504.0
 INT8_MAX = 127  # symmetric: -127..127, so the scale maps a row's largest |value| to exactly 127
-STORAGES = ("fp32", "fp16", "int8")
 STORAGE_NOTES = {
     "fp32": "word-vector tables stored in fp32",
     "fp16": "word-vector tables stored in fp16 (`/half`), cast back to fp32 rows after the Gather",
@@ -211,7 +210,7 @@ def round_tables(models, storage: str) -> None:
             table = word_table(model).data
             table.copy_(torch_from(dequantize_rows(*quantize_rows(table.cpu().numpy()))))
         elif storage != "fp32":
-            raise ValueError(f"embedding storage: one of {', '.join(STORAGES)}, got {storage!r}")
+            raise ValueError(f"embedding storage: one of {', '.join(EMBEDDING_STORAGES)}, got {storage!r}")
 
 
 def torch_from(arr: np.ndarray):
