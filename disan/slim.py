@@ -24,10 +24,11 @@ import torch
 
 from disan.checkpoint import load_checkpoint, write_checkpoint
 
-# What a slim checkpoint keeps of the original; `student_state` and `optimizer_state` (resume
-# only) are what it drops.
-KEPT = ("format", "version", "config", "vocab", "labels", "train_config", "step", "epoch", "metrics",
-        "best")
+# What a slim checkpoint drops: the training-only state (`--resume` needs it). Everything else is
+# kept, since readers rely on more than the weights: `unknown_rows` says how the vocabulary reads
+# an unknown word, `init_from` / `recovered_from` where the weights came from. A list of what to
+# keep once dropped `unknown_rows`, so a student carried to a GPU trained without its hashed rows.
+DROPPED = ("student_state", "optimizer_state")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -41,7 +42,7 @@ def slim_checkpoint(src: Path, dst: Path, dtype: str = "fp16") -> dict:
     if src.resolve() == dst.resolve():
         raise ValueError(f"{dst} is the checkpoint itself; name another file")
     payload = load_checkpoint(src)
-    slim = {k: payload[k] for k in KEPT if k in payload}
+    slim = {k: v for k, v in payload.items() if k not in DROPPED and k != "model_state"}
     slim |= {"model_state": _cast(payload["model_state"], dtype),
              "slimmed_from": {"file": src.name, "dtype": dtype}}
     write_checkpoint(dst, slim)

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disan.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from disan.checkpoint import checkpoint_vocab, load_checkpoint, save_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
 from disan.distill import checkpoint_encoder  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
@@ -43,6 +43,23 @@ def test_drops_training_state_and_stores_fp16(trained: Path, tmp_path: Path) -> 
     assert slim["step"] == 7 and slim["metrics"] == {"stsb": 0.5}
     assert slim["slimmed_from"] == {"file": "last.pt", "dtype": "fp16"}
     assert sizes["bytes_out"] < sizes["bytes_in"] / 3  # no optimizer moments, no second copy, half the bytes
+
+
+def test_keeps_how_the_vocabulary_reads_and_where_the_weights_came_from(tmp_path: Path) -> None:
+    """The 2026-11-27 lease: the slim copy of a student with hashed unknown rows lost them, so the
+    phase on the GPU read every unknown word as UNK."""
+    torch.manual_seed(0)
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=len(WORDS) + 2, embed_dim=16, d_h=8, task="encoder"))
+    origin = {"file": "embed.pt", "sha256": "0" * 64}
+    save_checkpoint(tmp_path / "best.pt", encoder, Vocab(WORDS, unknown_rows=3), [], init_from=origin,
+                    recovered_from={"bundle": "default"})
+    slim_checkpoint(tmp_path / "best.pt", tmp_path / "slim.pt")
+    slim = load_checkpoint(tmp_path / "slim.pt")
+    assert checkpoint_vocab(slim) == Vocab(WORDS, unknown_rows=3)
+    assert slim["init_from"] == origin and slim["recovered_from"] == {"bundle": "default"}
+    texts = ["the zebra sat", "a zebra ran"]  # an unknown word reads as its hashed row, not UNK
+    slim_out = checkpoint_encoder(tmp_path / "slim.pt")(texts)
+    assert np.allclose(slim_out, checkpoint_encoder(tmp_path / "best.pt")(texts), atol=1e-2)
 
 
 def test_encodes_as_the_original_within_fp16(trained: Path, tmp_path: Path) -> None:
