@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from disan.manifest import GRAPHS, SENTENCE
 from disan.model import DiSANEncoder, NLIModel, SentimentModel, pooled_without_each
+from model_export.graph_cache import cached_export
 from model_export.onnx_files import extract
 
 OPSET = 18  # >= 17 (LayerNorm etc.); 18 is what the dynamo exporter emits natively
@@ -177,8 +178,13 @@ def example_inputs(num_inputs: int, vocab_size: int) -> tuple[Tensor, ...]:
 
 
 def export_graph(module: nn.Module, path: Path, vocab_size: int, opset: int = OPSET) -> Path:
-    """Export `module` (a *Graph wrapper) to a single-file ONNX model with dynamic axes."""
+    """Export `module` (a *Graph wrapper) to a single-file ONNX model with dynamic axes (or copy
+    the same graph from `$DISAN_GRAPH_CACHE`, model_export.graph_cache)."""
     module = module.eval()
+    return cached_export(module, path, vocab_size, opset, lambda: _trace(module, path, vocab_size, opset))
+
+
+def _trace(module: nn.Module, path: Path, vocab_size: int, opset: int) -> Path:
     names: Sequence[str] = module.input_names
     args, dyn = module.examples(vocab_size)
     with warnings.catch_warnings(), torch.no_grad():

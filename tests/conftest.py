@@ -92,6 +92,23 @@ def run_texts(model, vocab: Vocab, texts: list[str]):
         return model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_graph_cache(tmp_path_factory) -> Iterator[Path]:
+    """One cache of traced graphs for the session (`model_export.graph_cache`): the bundle
+    fixtures export the same tiny models many times, and tracing is most of an export. Every
+    bundle is still verified against PyTorch when it is built."""
+    import os
+
+    folder = tmp_path_factory.mktemp("graph-cache")
+    before = os.environ.get("DISAN_GRAPH_CACHE")
+    os.environ["DISAN_GRAPH_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("DISAN_GRAPH_CACHE", None)
+    else:
+        os.environ["DISAN_GRAPH_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_vocab() -> Vocab:
     """The shared vocabulary of the tiny checkpoints (PAD=0, UNK=1, then WORDS)."""

@@ -1,0 +1,73 @@
+"""model_export.graph_cache: a traced graph is reused only for an identical module."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from conftest import loaded  # noqa: E402
+
+from model_export import graph_cache, graphs  # noqa: E402
+from model_export.graphs import EncoderGraph, NLIHeadGraph, chunked_attention, export_graph  # noqa: E402
+
+V = 40  # the example ids' range (ids past a table read as UNK)
+
+
+@pytest.fixture
+def traces(monkeypatch) -> list[str]:
+    """The names of the graphs really traced (not copied from the cache)."""
+    seen: list[str] = []
+    trace = graphs._trace
+
+    def counting(module, path, vocab_size, opset):
+        seen.append(path.name)
+        return trace(module, path, vocab_size, opset)
+
+    monkeypatch.setattr(graphs, "_trace", counting)
+    return seen
+
+
+def test_an_identical_module_is_copied_not_traced(tiny_checkpoints, tmp_path, monkeypatch, traces):
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
+    head = NLIHeadGraph(loaded(tiny_checkpoints.nli)[0])
+    first = export_graph(head, tmp_path / "a.onnx", V)
+    again = export_graph(NLIHeadGraph(loaded(tiny_checkpoints.nli)[0]), tmp_path / "b.onnx", V)
+    assert traces == ["a.onnx"]
+    assert first.read_bytes() == again.read_bytes()
+    export_graph(head, tmp_path / "c.onnx", V + 1)  # another example vocabulary: traced again
+    assert traces == ["a.onnx", "c.onnx"]
+
+
+def test_the_key_follows_weights_attributes_and_names(tiny_checkpoints):
+    model = loaded(tiny_checkpoints.nli)[0]
+    key = graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18)
+    twin = loaded(tiny_checkpoints.nli)[0]  # the same checkpoint loaded again
+    assert key == graph_cache.graph_key(EncoderGraph(twin.encoder, "encoder"), V, 18)
+    assert key != graph_cache.graph_key(EncoderGraph(model.encoder, "nli_encoder"), V, 18)
+    wrapper = EncoderGraph(model.encoder, "encoder")
+    with chunked_attention(wrapper, 1024):  # an attribute, not a weight: the CPU set's graph
+        assert graph_cache.graph_key(wrapper, V, 18) != key
+    with torch.no_grad():
+        model.encoder.embed.weight[5, 0] += 1e-3
+    assert graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18) != key
+
+
+def test_an_attribute_without_a_stable_form_is_never_cached(tiny_checkpoints, tmp_path, monkeypatch,
+                                                            traces):
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
+    head = NLIHeadGraph(loaded(tiny_checkpoints.nli)[0])
+    head.note = object()  # no repr that says what it holds
+    assert graph_cache.graph_key(head, V, 18) is None
+    export_graph(head, tmp_path / "a.onnx", V)
+    export_graph(head, tmp_path / "b.onnx", V)
+    assert traces == ["a.onnx", "b.onnx"] and not (tmp_path / "cache").exists()
+
+
+def test_off_without_the_variable(tiny_checkpoints, tmp_path, monkeypatch, traces):
+    monkeypatch.delenv(graph_cache.CACHE_ENV, raising=False)
+    head = NLIHeadGraph(loaded(tiny_checkpoints.nli)[0])
+    export_graph(head, tmp_path / "a.onnx", V)
+    export_graph(head, tmp_path / "b.onnx", V)
+    assert traces == ["a.onnx", "b.onnx"]
