@@ -6,9 +6,10 @@ another word-table storage, or the test suite's tiny models in every bundle fixt
 `DISAN_GRAPH_CACHE=DIR` each traced graph is kept in DIR under a key of everything the trace
 reads, and an export that would trace an identical module copies the file instead.
 
-The key covers the module's parameters and buffers (bytes, dtype, shape), every submodule's
-class and plain attributes (configs, graph names, the attention chunk size), the example
-vocabulary size, the opset, torch's version and the source of the files that define the graphs.
+The key covers the module's parameters and buffers, non-persistent ones too (bytes, dtype,
+shape), every submodule's class and plain attributes (configs, graph names, the attention chunk
+size), the example vocabulary size, the opset, torch's version and the source of the files that
+define the graphs.
 Anything it cannot read safely (an attribute without a stable repr) makes the key unique, so
 the graph is traced: a wrong hit is impossible by construction, a miss only costs the trace.
 """
@@ -67,7 +68,9 @@ def graph_key(module: nn.Module, vocab_size: int, opset: int) -> str | None:
             if stable is None:
                 return None
             h.update(key.encode() + b"=" + stable + b"\0")
-    for key, tensor in module.state_dict().items():
+    # parameters and every buffer, a non-persistent one (not in state_dict) too
+    for key, tensor in [*module.named_parameters(remove_duplicate=False),
+                        *module.named_buffers(remove_duplicate=False)]:
         t = tensor.detach().cpu().contiguous()
         h.update(f"{key}:{t.dtype}:{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -49,9 +49,14 @@ def test_the_key_follows_weights_attributes_and_names(tiny_checkpoints):
     wrapper = EncoderGraph(model.encoder, "encoder")
     with chunked_attention(wrapper, 1024):  # an attribute, not a weight: the CPU set's graph
         assert graph_cache.graph_key(wrapper, V, 18) != key
+    model.encoder.register_buffer("scratch", torch.zeros(2), persistent=False)  # not in state_dict
+    with_buffer = graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18)
+    assert with_buffer != key
+    model.encoder.scratch[0] = 1.0
+    assert graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18) != with_buffer
     with torch.no_grad():
         model.encoder.embed.weight[5, 0] += 1e-3
-    assert graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18) != key
+    assert graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18) not in (key, with_buffer)
 
 
 def test_an_attribute_without_a_stable_form_is_never_cached(tiny_checkpoints, tmp_path, monkeypatch,
