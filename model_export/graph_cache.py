@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import os
 import shutil
 from collections.abc import Callable
@@ -46,6 +47,17 @@ def _attribute(value) -> bytes | None:
         return repr(value).encode()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return repr(dataclasses.asdict(value)).encode()
+    if inspect.isfunction(value) or inspect.isbuiltin(value):  # an activation, an identity lambda
+        parts = [f"{value.__module__}.{value.__qualname__}".encode()]
+        for cell in getattr(value, "__closure__", None) or ():  # what a closure captured is data
+            try:
+                captured = _attribute(cell.cell_contents)
+            except ValueError:  # an empty cell
+                return None
+            if captured is None:
+                return None
+            parts.append(captured)
+        return b"|".join(parts)
     return None
 
 
@@ -62,8 +74,6 @@ def graph_key(module: nn.Module, vocab_size: int, opset: int) -> str | None:
         for key, value in sorted(vars(sub).items()):
             if key.startswith("_") or key == "training":
                 continue
-            if callable(value) and not dataclasses.is_dataclass(value):
-                continue  # functions and lambdas are code: the sources above cover them
             stable = _attribute(value)
             if stable is None:
                 return None

@@ -59,6 +59,20 @@ def test_the_key_follows_weights_attributes_and_names(tiny_checkpoints):
     assert graph_cache.graph_key(EncoderGraph(model.encoder, "encoder"), V, 18) not in (key, with_buffer)
 
 
+def test_the_key_names_the_functions_a_module_holds(tiny_checkpoints):
+    """Dense keeps its activation as an attribute: two modules that differ only there differ."""
+    model = loaded(tiny_checkpoints.nli)[0]
+    key = graph_cache.graph_key(NLIHeadGraph(model), V, 18)
+    dense = next(m for m in model.modules() if hasattr(m, "act"))
+    dense.act = torch.nn.functional.relu if dense.act is not torch.nn.functional.relu else torch.tanh
+    assert graph_cache.graph_key(NLIHeadGraph(model), V, 18) != key
+    scale = 2.0
+    dense.act = lambda t: t * scale  # a closure: what it captured is part of the key
+    doubled = graph_cache.graph_key(NLIHeadGraph(model), V, 18)
+    scale = 3.0
+    assert graph_cache.graph_key(NLIHeadGraph(model), V, 18) != doubled
+
+
 def test_an_attribute_without_a_stable_form_is_never_cached(tiny_checkpoints, tmp_path, monkeypatch,
                                                             traces):
     monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
