@@ -24,11 +24,12 @@ import torch
 
 from disan.checkpoint import load_checkpoint, write_checkpoint
 
-# What a slim checkpoint drops: the training-only state (`--resume` needs it). Everything else is
-# kept, since readers rely on more than the weights: `unknown_rows` says how the vocabulary reads
-# an unknown word, `init_from` / `recovered_from` where the weights came from. A list of what to
+# What a slim checkpoint drops: the state only `--resume` reads (`disan pretrain`'s student and
+# optimizer, `disan train`'s optimizer, trainer, RNG and weight average). Everything else is kept,
+# since readers rely on more than the weights: `unknown_rows` says how the vocabulary reads an
+# unknown word, `init_from` / `recovered_from` where the weights came from. A list of what to
 # keep once dropped `unknown_rows`, so a student carried to a GPU trained without its hashed rows.
-DROPPED = ("student_state", "optimizer_state")
+DROPPED = ("student_state", "optimizer_state", "trainer_state", "rng_state", "ema_state")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
