@@ -43,7 +43,7 @@ def slim_checkpoint(src: Path, dst: Path, dtype: str = "fp16") -> dict:
     if src.resolve() == dst.resolve():
         raise ValueError(f"{dst} is the checkpoint itself; name another file")
     payload = load_checkpoint(src)
-    slim = {k: v for k, v in payload.items() if k not in DROPPED and k != "model_state"}
+    slim = {k: v for k, v in payload.items() if k not in DROPPED}
     slim |= {"model_state": _cast(payload["model_state"], dtype),
              "slimmed_from": {"file": src.name, "dtype": dtype}}
     write_checkpoint(dst, slim)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 import disan.model
+from disan.shards import atomic_write
 
 CACHE_ENV = "DISAN_GRAPH_CACHE"
 PLAIN = (bool, int, float, str, type(None))
@@ -100,7 +101,6 @@ def cached_export(module: nn.Module, path: Path, vocab_size: int, opset: int,
         return path
     export()
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = hit.with_suffix(f".{os.getpid()}.tmp")  # written aside, then renamed: no half file
-    shutil.copyfile(path, tmp)
-    tmp.replace(hit)
+    with path.open("rb") as traced:  # a reader of the cache sees no half-written file
+        atomic_write(hit, lambda out: shutil.copyfileobj(traced, out))
     return path

@@ -97,16 +97,10 @@ def shared_graph_cache(tmp_path_factory) -> Iterator[Path]:
     """One cache of traced graphs for the session (`model_export.graph_cache`): the bundle
     fixtures export the same tiny models many times, and tracing is most of an export. Every
     bundle is still verified against PyTorch when it is built."""
-    import os
-
     folder = tmp_path_factory.mktemp("graph-cache")
-    before = os.environ.get("DISAN_GRAPH_CACHE")
-    os.environ["DISAN_GRAPH_CACHE"] = str(folder)
-    yield folder
-    if before is None:
-        os.environ.pop("DISAN_GRAPH_CACHE", None)
-    else:
-        os.environ["DISAN_GRAPH_CACHE"] = before
+    with pytest.MonkeyPatch.context() as patch:  # the session's own monkeypatch, undone after it
+        patch.setenv("DISAN_GRAPH_CACHE", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")
