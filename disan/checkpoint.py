@@ -14,6 +14,7 @@ import torch
 
 from disan.manifest import sha256_file
 from disan.model import DiSANConfig, build_model
+from disan.shards import atomic_write
 from disan.text import Vocab
 
 CHECKPOINT_FORMAT = "disan-checkpoint"
@@ -45,9 +46,7 @@ def write_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     checkpoint behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    atomic_write(path, lambda fh: torch.save(payload, fh))
 
 
 def provenance(path: str | Path, payload: dict[str, Any]) -> dict[str, Any]:

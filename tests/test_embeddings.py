@@ -108,6 +108,20 @@ def test_static_vectors_encode_reduce_and_cache(source, tmp_path, monkeypatch) -
         E.static_vectors(vocab, 9, source)
 
 
+def test_a_static_vector_cache_is_never_left_half_written(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+
+    def disk_full(target, _array):
+        (target if hasattr(target, "write") else open(target, "wb")).write(b"\x93NUMPY")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(E.np, "save", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        E.static_vectors(Vocab([f"w{i}" for i in range(20)]), 4, "minilm")
+    assert list(tmp_path.iterdir()) == []  # the next run encodes again instead of reading a bad cache
+
+
 def test_static_vectors_reject_an_unknown_source(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="unknown static word-vector source"):
