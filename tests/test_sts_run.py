@@ -17,6 +17,7 @@ from disan.cli import main  # noqa: E402
      "unknown --sts-baselines entry 'foo' (choose from minilm, mpnet)"),
     (["--transfer", "--baselines", "glove,bar"],
      "unknown --baselines entry 'bar' (choose from glove, minilm, mpnet)"),
+    (["--transfer", "--protocol", "senteval"], "unknown --protocol 'senteval' (choose from fixed, tuned)"),
 ])
 def test_unknown_baseline_is_one_line(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
     code = main(["eval", *flags, "--data", str(tmp_path), "--out-dir", str(tmp_path / "out")])
