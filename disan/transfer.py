@@ -121,7 +121,8 @@ TUNED_ALPHA = tuple(10.0 ** (k / 2) for k in range(11))  # ridge penalty: 1 to 1
 INNER_FOLDS = 5
 
 
-def _classifier(protocol: str = "fixed", seed: int = 1):
+def classifier(protocol: str = "fixed", seed: int = 1):
+    """The logistic regression every classification task fits (standardised features)."""
     if protocol == "tuned":
         inner = StratifiedKFold(n_splits=INNER_FOLDS, shuffle=True, random_state=seed)
         tuned = LogisticRegressionCV(Cs=list(TUNED_C), cv=inner, scoring="accuracy", max_iter=2000)
@@ -129,7 +130,7 @@ def _classifier(protocol: str = "fixed", seed: int = 1):
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000))
 
 
-def _regressor(protocol: str = "fixed"):
+def regressor(protocol: str = "fixed"):
     """Ridge for SICK-R; tuned: alpha by leave-one-out error on the training pairs (RidgeCV)."""
     ridge = RidgeCV(alphas=TUNED_ALPHA) if protocol == "tuned" else Ridge(alpha=1.0)
     return make_pipeline(StandardScaler(), ridge)
@@ -147,9 +148,9 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1, data_root: 
         rows = _read(senteval / rel)
         x, y = encode([r["text"] for r in rows]), np.array([r["label"] for r in rows])
         folds = StratifiedKFold(n_splits=10, shuffle=True, random_state=seed)
-        scores[name] = 100 * float(cross_val_score(_classifier(protocol, seed), x, y, cv=folds).mean())
+        scores[name] = 100 * float(cross_val_score(classifier(protocol, seed), x, y, cv=folds).mean())
     train, test = _read(senteval / "TREC/trec_train.jsonl.gz"), _read(senteval / "TREC/trec_test.jsonl.gz")
-    clf = _classifier(protocol, seed).fit(encode([r["text"] for r in train]), [r["label"] for r in train])
+    clf = classifier(protocol, seed).fit(encode([r["text"] for r in train]), [r["label"] for r in train])
     scores["TREC"] = 100 * float(clf.score(encode([r["text"] for r in test]), [r["label"] for r in test]))
     sick = {s: _read(senteval / f"SICK/sick_{s}.jsonl.gz") for s in ("train", "dev")}
     feats, rel, ent = {}, {}, {}
@@ -158,9 +159,9 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1, data_root: 
         feats[split] = (np.hstack([u, v, np.abs(u - v), u * v]), np.hstack([np.abs(u - v), u * v]))
         rel[split] = np.array([r["relatedness"] for r in rows])
         ent[split] = [r["entailment"] for r in rows]
-    clf = _classifier(protocol, seed).fit(feats["train"][0], ent["train"])
+    clf = classifier(protocol, seed).fit(feats["train"][0], ent["train"])
     scores["SICK-E"] = 100 * float(clf.score(feats["dev"][0], ent["dev"]))
-    reg = _regressor(protocol).fit(feats["train"][1], rel["train"])
+    reg = regressor(protocol).fit(feats["train"][1], rel["train"])
     pred = reg.predict(feats["dev"][1])
     scores["SICK-R pearson"] = 100 * float(pearsonr(pred, rel["dev"])[0])
     scores["SICK-R spearman"] = 100 * float(spearmanr(pred, rel["dev"])[0])
@@ -182,7 +183,7 @@ def task_probes(encode: Encoder, data_root: Path, protocol: str = "fixed", seed:
     scores = {}
     _, train = read_examples(data_root / "sst/sst5_train.jsonl.gz")
     _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
-    clf = _classifier(protocol, seed).fit(encode(texts(train, 0)), [ex.label for ex in train])
+    clf = classifier(protocol, seed).fit(encode(texts(train, 0)), [ex.label for ex in train])
     scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
     recipe = RECIPES["nli"]
     pairs = []
@@ -197,7 +198,7 @@ def task_probes(encode: Encoder, data_root: Path, protocol: str = "fixed", seed:
         u, v = encode(texts(examples, 0)), encode(texts(examples, 1))
         return np.hstack([u, v, np.abs(u - v), u * v])
 
-    clf = _classifier(protocol, seed).fit(features(pairs), [ex.label for ex in pairs])
+    clf = classifier(protocol, seed).fit(features(pairs), [ex.label for ex in pairs])
     scores["SNLI test"] = 100 * float(clf.score(features(test), [ex.label for ex in test]))
     return scores
 

@@ -67,19 +67,19 @@ def test_the_tuned_protocol_chooses_the_penalty_on_training_data(senteval: Path)
     inside each training fold averages them (a strong penalty); scores stay held out."""
     from sklearn.model_selection import StratifiedKFold, cross_val_score
 
-    from disan.transfer import _classifier, _regressor
+    from disan.transfer import classifier, regressor
 
     rng = np.random.default_rng(0)
     y = np.arange(600) % 2
     x = (y[:, None] - 0.5) * 0.2 + rng.normal(size=(600, 100))
     folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=0)
-    fixed = cross_val_score(_classifier("fixed"), x, y, cv=folds).mean()
-    tuned = cross_val_score(_classifier("tuned"), x, y, cv=folds).mean()
+    fixed = cross_val_score(classifier("fixed"), x, y, cv=folds).mean()
+    tuned = cross_val_score(classifier("tuned"), x, y, cv=folds).mean()
     assert tuned > fixed + 0.02, (fixed, tuned)
-    assert np.ravel(_classifier("tuned").fit(x, y)[-1].C_)[0] <= 0.01
+    assert np.ravel(classifier("tuned").fit(x, y)[-1].C_)[0] <= 0.01
     target = rng.normal(size=600)
     features = np.hstack([target[:, None] + rng.normal(size=(600, 1)), rng.normal(size=(600, 400))])
-    r2 = {p: cross_val_score(_regressor(p), features, target, cv=5).mean() for p in ("fixed", "tuned")}
+    r2 = {p: cross_val_score(regressor(p), features, target, cv=5).mean() for p in ("fixed", "tuned")}
     assert r2["tuned"] > r2["fixed"] + 0.05, r2
     scores = evaluate_encoder(bag_of_words, senteval, protocol="tuned")  # the whole suite runs tuned
     assert min(scores[t] for t in ("MR", "CR", "SUBJ", "MPQA", "TREC", "SICK-E")) >= 95.0
