@@ -121,6 +121,12 @@ TUNED_ALPHA = tuple(10.0 ** (k / 2) for k in range(11))  # ridge penalty: 1 to 1
 INNER_FOLDS = 5
 
 
+def check_protocol(protocol: str, name: str = "transfer protocol") -> None:
+    """One-line error for a protocol that is not one of PROTOCOLS (`name`: how the caller calls it)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown {name} {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+
+
 def classifier(protocol: str = "fixed", seed: int = 1):
     """The logistic regression every classification task fits (standardised features)."""
     if protocol == "tuned":
@@ -141,8 +147,7 @@ def evaluate_encoder(encode: Encoder, senteval: Path, seed: int = 1, data_root: 
     """All transfer scores (percent; SICK-R as Pearson/Spearman x 100) for one encoder; with
     `data_root` (the staged data) also the SST-5 / SNLI frozen-vector probes. `protocol`: see the
     module docstring."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown transfer protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+    check_protocol(protocol)
     scores: dict[str, float] = {}
     for name, rel in CLASSIFICATION.items():
         rows = _read(senteval / rel)
@@ -232,9 +237,8 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Evaluate the bundle (or --checkpoint students before export) and the baselines; write
     table (.md), scores (.json) and chart (.png): transfer.* for the fixed protocol, transfer-tuned.*
     for the tuned one."""
-    protocol = getattr(args, "protocol", "fixed")
-    if protocol not in PROTOCOLS:  # before any encoder loads
-        raise ValueError(f"unknown --protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
+    protocol = args.protocol
+    check_protocol(protocol, "--protocol")  # before any encoder loads
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
     encoders = encoders_under_test(args, "DiSAN (this bundle)")
     baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),

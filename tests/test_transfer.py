@@ -106,7 +106,7 @@ def test_transfer_of_a_checkpoint_scores_its_vectors(senteval: Path, tmp_path: P
         raise AssertionError("the bundle was loaded")
     monkeypatch.setattr(transfer, "disan_encoder", no_bundle)
     args = argparse.Namespace(data=senteval, bundle=Path("unused"), checkpoint=[tmp_path / "student.pt"],
-                              baselines="", out_dir=tmp_path / "out")
+                              baselines="", protocol="fixed", out_dir=tmp_path / "out")
     results = transfer.run_transfer(args)
     assert list(results) == [f"DiSAN checkpoint ({tmp_path / 'student.pt'})"]
     assert set(results[list(results)[0]]) >= {"MR", "TREC", "SICK-E"}
