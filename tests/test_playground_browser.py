@@ -6,7 +6,9 @@ Skips when Selenium or Chromium is missing (.ci/run installs both where apt is a
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -32,15 +34,31 @@ def server(tiny_bundle):
         yield base
 
 
+def chromium_leftovers() -> set[Path]:
+    """What Chromium writes to the system's temporary folder (and leaves there after it quits)."""
+    return set(Path(tempfile.gettempdir()).glob("org.chromium.*"))
+
+
 @pytest.fixture(scope="module")
-def browser():
+def chromium_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("chromium")
+
+
+def start_chromium(tmp: Path, *args: str):
+    """A headless Chromium whose temporary files go under `tmp`: it leaves an empty folder in its
+    TMPDIR on every run, which would pile up in the system's."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1800"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *args):
         options.add_argument(arg)
     # An explicit driver path: Selenium Manager never tries to download one.
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER, env={**os.environ, "TMPDIR": str(tmp)})
+    return webdriver.Chrome(options=options, service=service)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_tmp):
+    driver = start_chromium(chromium_tmp, "--window-size=1400,1800")
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
@@ -102,3 +120,16 @@ def test_docs_render_offline_in_a_browser(server, browser):
     summaries = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
     paths = {s.replace("\u200b", "") for s in summaries}  # Swagger UI puts zero-width spaces in paths
     assert {"/embed", "/similarity", "/tokenize", "/v1/models"} <= paths
+
+
+def test_chromium_writes_its_temporary_files_under_pytest_not_the_system_temp(chromium_tmp):
+    before = chromium_leftovers()
+    own = chromium_tmp / "own"
+    own.mkdir()
+    driver = start_chromium(own)
+    try:
+        driver.get("data:text/html,<p>hello</p>")
+    finally:
+        driver.quit()
+    assert chromium_leftovers() == before
+    assert any(p.name.startswith("org.chromium.") for p in own.iterdir())
