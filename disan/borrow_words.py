@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from disan.checkpoint import PROVENANCE_KEYS, checkpoint_vocab, load_checkpoint, provenance, write_checkpoint
+from disan.model import BORROWED_KEY
 from disan.text import UNK, merged_vocab
 from disan.vocab_extend import fit_map
 
@@ -60,7 +61,7 @@ def borrow_words(payload: dict, lender: dict) -> tuple[dict, dict]:
         raise ValueError(f"the two models share {len(fit)} known words: too few to fit a map from "
                          f"{lent.shape[1]} dimensions (are they over the same language?)")
     mapping, cosine = fit_map(lent[fit].astype(np.float64), own[fit].astype(np.float64))  # [d_b+1, d_e]
-    state[PREFIX + "borrowed"] = torch.from_numpy(np.ascontiguousarray(lent, dtype=np.float32))
+    state[BORROWED_KEY] = torch.from_numpy(np.ascontiguousarray(lent, dtype=np.float32))
     state[PREFIX + "borrow_map.weight"] = torch.from_numpy(mapping[:-1].T.astype(np.float32))
     state[PREFIX + "borrow_map.bias"] = torch.from_numpy(mapping[-1].astype(np.float32))
     config = dict(payload["config"]) | {"borrowed_rows": len(lent), "borrowed_dim": lent.shape[1]}

@@ -31,6 +31,9 @@ MaskKind = Literal["directional", "diag", "none"]
 S2TKind = Literal["multi_dim", "additive"]
 EncoderKind = Literal["disan", "multi_head", "bilstm"]
 FINITE_NEG = -1.0e4  # masked-logit fill: exp() of it is 0 in fp32 and fp16, and it fits in fp16
+# A task model's state key of its copy of the embedding encoder's word table (`disan borrow-words`):
+# its `encoder`'s `borrowed` buffer. The export stores it as the same bytes as that table.
+BORROWED_KEY = "encoder.borrowed"
 
 
 @dataclass

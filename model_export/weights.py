@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from disan.manifest import EMBEDDING_STORAGES, WEIGHTS_FILE
+from disan.model import BORROWED_KEY
 
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors (scalars, shape constants) stay inside their graph
 ALIGN = 4096               # page-aligned offsets: onnxruntime can memory-map the tensors
@@ -47,9 +48,6 @@ STORAGE_NOTES = {
 }
 
 
-BORROWED = "encoder.borrowed"  # a task model's copy of the embedding encoder's table (borrow-words)
-
-
 def table_name(task: str) -> str:
     """The initializer name of `task`'s word-vector table."""
     return f"{task}/{TABLE_KEYS.get(task, EMBEDDING)}"
@@ -61,7 +59,7 @@ def table_storages(storage: dict[str, str]) -> dict[str, str]:
     so that both are the same bytes and the shared weights file holds them once."""
     names = {table_name(task): kind for task, kind in storage.items()}
     if "embed" in storage:
-        names |= {f"{task}/{BORROWED}": storage["embed"] for task in storage if task != "embed"}
+        names |= {f"{task}/{BORROWED_KEY}": storage["embed"] for task in storage if task != "embed"}
     return names
 
 

@@ -20,6 +20,7 @@ from disan import Encoder  # noqa: E402
 from disan.borrow_words import borrow_words  # noqa: E402
 from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
+from disan.model import BORROWED_KEY  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
 from model_export.weights import quantize_rows, round_tables  # noqa: E402
 
@@ -201,7 +202,7 @@ def test_the_graphs_map_only_the_tokens_that_borrow(bundle, tmp_path):
     for name in sorted(files):
         model = onnx.load(work / name, load_external_data=False)
         gathers = [n for n in model.graph.node
-                   if n.op_type == "Gather" and "encoder.borrowed" in n.input[0]
+                   if n.op_type == "Gather" and BORROWED_KEY in n.input[0]
                    and not n.input[0].endswith("/scale")]  # the rows, not their int8 scales
         assert len(gathers) == 1, name
         typed = onnx.shape_inference.infer_shapes(model).graph.value_info
