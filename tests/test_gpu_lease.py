@@ -53,3 +53,26 @@ def test_a_checkpoint_comes_back_in_what_one_reply_holds(tmp_path: Path) -> None
     assert "fetch 4" in got.stdout
     kept = sorted((tmp_path / "kit" / "back").iterdir())
     assert b"".join(p.read_bytes() for p in kept) == ckpt.read_bytes()
+
+
+def test_fetch_brings_the_pieces_a_reply_left_out_whatever_the_file_was_called(tmp_path: Path) -> None:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    ckpt, out = tmp_path / "phase2.pt", tmp_path / "out"
+    out.mkdir()
+    ckpt.write_bytes(bytes(range(256)) * 300_000)  # 76.8 MB: six pieces, four in the first reply
+    env = {"PATH": "/usr/bin:/bin", "KIT": str(tmp_path / "kit"), "OUT": str(out)}
+    run = [bash, str(SCRIPTS[1])]
+    first = subprocess.run([*run, "pieces", str(ckpt)], capture_output=True, text=True, cwd=tmp_path,
+                           env=env, check=False)
+    assert first.returncode == 0, first.stderr
+    assert "fetch 4 5" in first.stdout
+    later = tmp_path / "later"
+    later.mkdir()
+    got = subprocess.run([*run, "fetch", "4", "5"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env | {"OUT": str(later)}, check=False)
+    assert got.returncode == 0, got.stderr
+    pieces = sorted(out.glob("phase2.pt.part-*")) + sorted(later.iterdir())
+    assert [p.name[-1] for p in pieces] == list("012345")
+    assert b"".join(p.read_bytes() for p in pieces) == ckpt.read_bytes()

@@ -13,7 +13,7 @@
 #   bash .gpurun/run.sh scratch PRETRAIN_ARGS the same for a student from scratch (the args name
 #                                             its size and --init; the kit's cache holds the
 #                                             static word vectors of its vocabulary)
-#   bash .gpurun/run.sh fetch N...            pieces N... of the last checkpoint to $OUT
+#   bash .gpurun/run.sh fetch N...            pieces N... of what train or pieces split last, to $OUT
 #   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
@@ -63,7 +63,7 @@ case $step in
   scratch)
     pretrain "$@" ;;
   fetch)
-    for n in "$@"; do cp "$kit/back/best16.pt.part-$n" "$OUT/"; done ;;
+    for n in "$@"; do cp "$kit"/back/*.part-"$n" "$OUT/"; done ;;
   pieces)
     pieces "$1" ;;
   *) echo "unknown step $step"; exit 2 ;;
