@@ -13,31 +13,30 @@ SCRIPTS = [ROOT / "deploy" / "gpu-lease" / "pack.sh", ROOT / "deploy" / "gpu-lea
            ROOT / "bench" / "gpu_device.sh"]
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_script_parses(script: Path) -> None:
-    bash = shutil.which("bash")
-    if bash is None:
+@pytest.fixture
+def bash() -> str:
+    path = shutil.which("bash")
+    if path is None:
         pytest.skip("no bash")
+    return path
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses(script: Path, bash: str) -> None:
     out = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
 
 
-def test_device_script_refuses_an_unknown_step(tmp_path: Path) -> None:
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("no bash")
+def test_device_script_refuses_an_unknown_step(tmp_path: Path, bash: str) -> None:
     out = subprocess.run([bash, str(SCRIPTS[1]), "nonsense"], capture_output=True, text=True,
                          cwd=tmp_path, check=False)
     assert out.returncode == 2 and "unknown step nonsense" in out.stdout
 
 
-def test_a_checkpoint_comes_back_in_what_one_reply_holds(tmp_path: Path) -> None:
+def test_a_checkpoint_comes_back_in_what_one_reply_holds(tmp_path: Path, bash: str) -> None:
     """A reply brings back at most 8 files and 64 MiB from $OUT; the 2026-11-27 lease's 70 MB
     student came back in 4 of the 6 pieces `train` put there (the rest were left out), so the
     script now puts in only what fits and names the pieces to fetch."""
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("no bash")
     ckpt, out = tmp_path / "best16.pt", tmp_path / "out"
     out.mkdir()
     with ckpt.open("wb") as f:  # 70 MB, the shipped student's slim size
@@ -55,10 +54,8 @@ def test_a_checkpoint_comes_back_in_what_one_reply_holds(tmp_path: Path) -> None
     assert b"".join(p.read_bytes() for p in kept) == ckpt.read_bytes()
 
 
-def test_fetch_brings_the_pieces_a_reply_left_out_whatever_the_file_was_called(tmp_path: Path) -> None:
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("no bash")
+def test_fetch_brings_the_pieces_a_reply_left_out_whatever_the_file_was_called(
+        tmp_path: Path, bash: str) -> None:
     ckpt, out = tmp_path / "phase2.pt", tmp_path / "out"
     out.mkdir()
     ckpt.write_bytes(bytes(range(256)) * 300_000)  # 76.8 MB: six pieces, four in the first reply
