@@ -50,6 +50,23 @@ def corpus_vocab(texts: list[list[str]], size: int, min_count: int = 2) -> Vocab
     return Vocab(w for w, c in counts.most_common(size) if c >= min_count)
 
 
+def corpus_tokens(sentences: list[str]) -> list[list[str]]:
+    """The tokens a student reads of each corpus sentence (and counts for its vocabulary)."""
+    return [tokenize(s)[:MAX_TOKENS] for s in sentences]
+
+
+def scratch_word_vectors(args: argparse.Namespace, sentences: list[str]) -> Path:
+    """Compute (or find) the static word vectors a student from scratch starts from: `--init`'s
+    vectors at `--embed-dim` of the `--vocab-size` corpus words that `distill` would choose.
+    Returns their cache file. A lease carries it (deploy/gpu-lease/pack.sh CACHE_FILES), so the
+    GPU machine neither encodes the words nor needs scikit-learn for their PCA."""
+    vocab = corpus_vocab(corpus_tokens(sentences), args.vocab_size)
+    path = E.static_vectors_file(vocab, args.embed_dim, args.init)
+    E.static_vectors(vocab, args.embed_dim, args.init)
+    print(f"vocab {len(vocab)}: {args.init} vectors at {args.embed_dim}-d -> {path}")
+    return path
+
+
 class Student(torch.nn.Module):
     """The encoder plus, unless the encoder ends in its own projection, a training-only map into
     the teacher's space."""
@@ -145,7 +162,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     teacher = teacher_prefix()
-    texts = [tokenize(s)[:MAX_TOKENS] for s in sentences]
+    texts = corpus_tokens(sentences)
     resume = load_checkpoint(out / "last.pt") if args.resume and (out / "last.pt").is_file() else None
     start = load_checkpoint(args.init_from) if args.init_from and not resume else None
     known = resume or start

@@ -192,6 +192,14 @@ def vocab_hash(vocab: Vocab) -> str:
     return hashlib.sha256("\n".join(vocab.itos).encode("utf-8")).hexdigest()[:16]
 
 
+def static_vectors_file(vocab: Vocab, dim: int, source: str) -> Path:
+    """The cache file of `static_vectors(vocab, dim, source)`: named by the source, the vocabulary's
+    hash and the size, so a copy put under another machine's cache folder is found there."""
+    if source not in STATIC_SOURCES:
+        raise ValueError(f"unknown static word-vector source {source!r} (choose from {STATIC_SOURCES})")
+    return cache_dir() / f"{source}_{vocab_hash(vocab)}_{dim}.npy"
+
+
 def static_vectors(vocab: Vocab, dim: int, source: str, batch_size: int = 512) -> WordVectors:
     """Static word vectors from an offline sentence encoder (`source`: minilm | mpnet): encode each
     word on its own, PCA to `dim`.
@@ -199,9 +207,7 @@ def static_vectors(vocab: Vocab, dim: int, source: str, batch_size: int = 512) -
     Rescaled to GloVe's per-entry std so the network sees inputs of the usual size. Cached by
     source, vocab hash and `dim` (encoding 60k words takes MiniLM a minute on CPU, MPNet longer).
     """
-    if source not in STATIC_SOURCES:
-        raise ValueError(f"unknown static word-vector source {source!r} (choose from {STATIC_SOURCES})")
-    cache = cache_dir() / f"{source}_{vocab_hash(vocab)}_{dim}.npy"
+    cache = static_vectors_file(vocab, dim, source)
     words = vocab.itos[2:]
     if cache.is_file():
         return WordVectors(words, np.load(cache), f"{source} (cached)")

@@ -82,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--glove-extra", type=int, default=30000)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--teacher-only", action="store_true", help="only compute the teacher cache")
+    parser.add_argument("--word-vectors-only", action="store_true",
+                        help="--corpus: only compute the static --init word vectors of the vocabulary "
+                             "a student from scratch gets, into the cache, and print their file")
     parser.add_argument("--holdout-from", type=Path, default=None,
                         help="one of --texts whose held-out dev slice is excluded (as in disan train)")
     parser.add_argument("--holdout", type=int, default=HOLDOUT_SIZE)
@@ -161,11 +164,14 @@ def run(args: argparse.Namespace) -> int:
 
 def run_corpus(args: argparse.Namespace) -> int:
     """Distil the cached teacher vectors of a `disan corpus` (as far as they are encoded)."""
-    from disan.distill import distill  # torch: not needed for --teacher-only
+    from disan.distill import distill, scratch_word_vectors  # torch: not needed for --teacher-only
 
     if args.lr_decay != "none" and args.steps >= 10**9:
         raise ValueError(f"--lr-decay {args.lr_decay} needs --steps: the step the rate reaches 0 at")
     sentences, info = read_corpus(args.corpus)
+    if args.word_vectors_only:
+        scratch_word_vectors(args, sentences)
+        return 0
     cache = _cached_teacher(args.corpus, args.teacher, info["sha256"], len(sentences))
     second = _relational_teacher(args, info["sha256"], len(sentences))
     if second is None:

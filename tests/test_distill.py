@@ -268,3 +268,46 @@ def test_an_unknown_teacher_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="teacher 'glove': one of minilm, mpnet"):
         _cached_teacher(tmp_path, "glove", "sha", 10)
+
+
+class _FakeWordEncoder:
+    def encode(self, words, **_):
+        return np.random.default_rng(len(words)).normal(size=(len(words), 12)).astype(np.float32)
+
+
+def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A lease's student from scratch starts from static word vectors the GPU machine cannot make
+    (no MiniLM there): `pretrain --corpus ... --word-vectors-only` makes them here for the very
+    vocabulary the run will build, and the kit carries them in fp16 (pack.sh)."""
+    import hashlib
+
+    from disan import embeddings as E
+    from disan.pretrain_cli import add_arguments
+
+    sentences, teacher = _corpus()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    body = ("\n".join(sentences) + "\n").encode()
+    (corpus / "sentences.txt").write_bytes(body)
+    (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
+    here, there = tmp_path / "cache-here", tmp_path / "cache-there"
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(here))
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: _FakeWordEncoder())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--corpus", str(corpus), "--out", str(tmp_path / "unused"), "--init", "minilm",
+                              "--embed-dim", "8", "--vocab-size", "100", "--word-vectors-only"])
+    from disan.pretrain_cli import run
+
+    assert run(args) == 0
+    (made,) = here.iterdir()
+    assert str(made) in capsys.readouterr().out
+    vectors = np.load(made)
+    assert vectors.shape == (len(set(" ".join(sentences).split())), 8)
+    # the kit's copy, fp16 under the same name in another cache folder, is what a run finds there
+    there.mkdir()
+    np.save(there / made.name, vectors.astype(np.float16))
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(there))
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: pytest.fail("the words were encoded again"))
+    distill.distill(_args(tmp_path / "run", init="minilm", steps=1, eval_every=1), sentences, lambda: teacher)
+    assert f"({vectors.shape[0]} from minilm)" in capsys.readouterr().out

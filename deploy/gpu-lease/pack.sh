@@ -10,8 +10,9 @@
 #     DATA_DIR    staged data (default ../shared/data): the STS sets the phase trains on / checks
 #
 # CACHE_FILES="A.npy B.npy" adds files to the kit's cache folder: the static word vectors a
-# student from scratch starts from (`disan.embeddings.static_vectors` names and finds them there),
-# so the device neither encodes the words nor needs scikit-learn for their PCA.
+# student from scratch starts from (`disan pretrain --corpus ... --word-vectors-only` computes them
+# and prints the file; `disan.embeddings.static_vectors` names and finds them there), so the device
+# neither encodes the words nor needs scikit-learn for their PCA.
 #
 # Writes .gpurun/q00, q01, ... (one piece each, sized to what a call may carry beside the
 # checkout once models/default is moved out) and .gpurun/run.sh (= deploy/gpu-lease/device.sh).
@@ -23,7 +24,14 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK"
 disan slim "$teacher" "$kit/cache/all-mpnet-base-v2"
 [ "$student" = - ] || disan slim "$student" "$kit/student.pt"
-for f in ${CACHE_FILES:-}; do cp "$f" "$kit/cache/"; done
+# word vectors (.npy) travel in fp16, half the bytes: init_matrix reads them back as float32
+for f in ${CACHE_FILES:-}; do
+  case $f in
+    *.npy) python3 -c 'import sys, numpy as np; np.save(sys.argv[2], np.load(sys.argv[1]).astype(np.float16))' \
+             "$f" "$kit/cache/$(basename "$f")" ;;
+    *) cp "$f" "$kit/cache/" ;;
+  esac
+done
 cp "$corpus/corpus.json" "$corpus/sentences.txt" "$kit/corpus/"
 cp "$data"/stsb/*.jsonl.gz "$kit/data/stsb/"
 cp "$data"/senteval/SICK/sick_{train,dev}.jsonl.gz "$kit/data/senteval/SICK/"
