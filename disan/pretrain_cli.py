@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     """Compute (or load) teacher vectors, then pre-train the encoder unless --teacher-only."""
     if args.corpus:
         return run_corpus(args)
+    if args.word_vectors_only:  # the vocabulary it prepares is a corpus's
+        raise ValueError("--word-vectors-only needs --corpus DIR")
     if not args.texts:
         raise ValueError("give --texts FILE... (or --corpus DIR)")
     exclude = set(collect_sentences(args.exclude)) if args.exclude else set()

@@ -311,3 +311,26 @@ def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, mon
     monkeypatch.setattr(E, "_sentence_encoder", lambda _source: pytest.fail("the words were encoded again"))
     distill.distill(_args(tmp_path / "run", init="minilm", steps=1, eval_every=1), sentences, lambda: teacher)
     assert f"({vectors.shape[0]} from minilm)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--texts", "a.txt"], "--word-vectors-only needs --corpus DIR"),
+    (["--corpus", "CORPUS", "--init", "glove"], "unknown static word-vector source 'glove'"),
+])
+def test_word_vectors_only_refuses_what_it_cannot_prepare(tmp_path: Path, flags: list, message: str) -> None:
+    """Without --corpus the flag used to be ignored and a whole pre-training run started."""
+    import hashlib
+
+    from disan.pretrain_cli import add_arguments, run
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    body = b"the cat sat\nthe cat ran\n"
+    (corpus / "sentences.txt").write_bytes(body)
+    (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = [str(corpus) if f == "CORPUS" else f for f in flags]
+    args = parser.parse_args([*argv, "--out", str(tmp_path / "out"), "--word-vectors-only"])
+    with pytest.raises(ValueError, match=message):
+        run(args)
