@@ -281,6 +281,29 @@ def bundle_graph_files(manifest) -> dict[str, str]:
             for g, f in variant_files(manifest, s, v).items()}
 
 
+def write_corpus_folder(folder: Path, sentences: list[str]) -> Path:
+    """A `disan corpus` folder of `sentences` (sentences.txt and a corpus.json whose hash checks out)."""
+    import hashlib
+    import json
+
+    body = "".join(s + "\n" for s in sentences).encode("utf-8")
+    folder.mkdir(parents=True)
+    (folder / "sentences.txt").write_bytes(body)
+    info = {"sha256": hashlib.sha256(body).hexdigest(), "sources": []}
+    (folder / "corpus.json").write_text(json.dumps(info))
+    return folder
+
+
+class FakeWordEncoder:
+    """Stands in for MiniLM / MPNet in `disan.embeddings.static_vectors`: 8-d vectors, seeded by
+    the number of words (CI has neither model)."""
+
+    def encode(self, words, **_):
+        import numpy as np
+
+        return np.random.default_rng(len(words)).normal(size=(len(words), 8)).astype(np.float32)
+
+
 class FakeRunner:
     """Records every batch; result of an item = its payload doubled (so order mistakes show)."""
 

@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import FakeWordEncoder, write_corpus_folder  # noqa: E402
+
 from disan import distill, supervision  # noqa: E402
 from disan.checkpoint import load_checkpoint  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
@@ -270,36 +272,28 @@ def test_an_unknown_teacher_is_a_clear_error(tmp_path: Path) -> None:
         _cached_teacher(tmp_path, "glove", "sha", 10)
 
 
-class _FakeWordEncoder:
-    def encode(self, words, **_):
-        return np.random.default_rng(len(words)).normal(size=(len(words), 12)).astype(np.float32)
+def _cli_args(*argv: str) -> argparse.Namespace:
+    from disan.pretrain_cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
 
 
 def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, monkeypatch, capsys) -> None:
     """A lease's student from scratch starts from static word vectors the GPU machine cannot make
     (no MiniLM there): `pretrain --corpus ... --word-vectors-only` makes them here for the very
     vocabulary the run will build, and the kit carries them in fp16 (pack.sh)."""
-    import hashlib
-
     from disan import embeddings as E
-    from disan.pretrain_cli import add_arguments
-
-    sentences, teacher = _corpus()
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    body = ("\n".join(sentences) + "\n").encode()
-    (corpus / "sentences.txt").write_bytes(body)
-    (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
-    here, there = tmp_path / "cache-here", tmp_path / "cache-there"
-    monkeypatch.setenv("DISAN_CACHE_DIR", str(here))
-    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: _FakeWordEncoder())
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--corpus", str(corpus), "--out", str(tmp_path / "unused"), "--init", "minilm",
-                              "--embed-dim", "8", "--vocab-size", "100", "--word-vectors-only"])
     from disan.pretrain_cli import run
 
-    assert run(args) == 0
+    sentences, teacher = _corpus()
+    corpus = write_corpus_folder(tmp_path / "corpus", sentences)
+    here, there = tmp_path / "cache-here", tmp_path / "cache-there"
+    monkeypatch.setenv("DISAN_CACHE_DIR", str(here))
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeWordEncoder())
+    assert run(_cli_args("--corpus", str(corpus), "--out", str(tmp_path / "unused"), "--init", "minilm",
+                         "--embed-dim", "8", "--vocab-size", "100", "--word-vectors-only")) == 0
     (made,) = here.iterdir()
     assert str(made) in capsys.readouterr().out
     vectors = np.load(made)
@@ -319,18 +313,9 @@ def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, mon
 ])
 def test_word_vectors_only_refuses_what_it_cannot_prepare(tmp_path: Path, flags: list, message: str) -> None:
     """Without --corpus the flag used to be ignored and a whole pre-training run started."""
-    import hashlib
+    from disan.pretrain_cli import run
 
-    from disan.pretrain_cli import add_arguments, run
-
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    body = b"the cat sat\nthe cat ran\n"
-    (corpus / "sentences.txt").write_bytes(body)
-    (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    corpus = write_corpus_folder(tmp_path / "corpus", ["the cat sat", "the cat ran"])
     argv = [str(corpus) if f == "CORPUS" else f for f in flags]
-    args = parser.parse_args([*argv, "--out", str(tmp_path / "out"), "--word-vectors-only"])
     with pytest.raises(ValueError, match=message):
-        run(args)
+        run(_cli_args(*argv, "--out", str(tmp_path / "out"), "--word-vectors-only"))

@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import FakeWordEncoder  # noqa: E402
+
 from disan import embeddings as E  # noqa: E402
 from disan.optional import MissingDependency, install_line  # noqa: E402
 from disan.text import PAD, UNK, Vocab  # noqa: E402
@@ -83,15 +85,11 @@ def test_vocab_hash_changes_with_the_words() -> None:
 # Static MiniLM/MPNet vectors. CI has neither model: the encoder is faked and the MPNet parts are
 # made here, so these run on CPU in a moment; DISAN_CACHE_DIR keeps the real cache out of reach.
 
-class FakeEncoder:
-    def encode(self, words, **_):
-        return np.random.default_rng(len(words)).normal(size=(len(words), 8)).astype(np.float32)
-
 
 @pytest.mark.parametrize("source", ["minilm", "mpnet"])
 def test_static_vectors_encode_reduce_and_cache(source, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeWordEncoder())
     vocab = Vocab([f"w{i}" for i in range(20)])
     wv = E.static_vectors(vocab, 4, source)
     assert wv.vectors.shape == (20, 4) and wv.vectors.dtype == np.float32 and wv.source == source
@@ -103,14 +101,14 @@ def test_static_vectors_encode_reduce_and_cache(source, tmp_path, monkeypatch) -
     again = E.static_vectors(vocab, 4, source)
     assert again.source == f"{source} (cached)"
     np.testing.assert_array_equal(again.vectors, wv.vectors)
-    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeWordEncoder())
     with pytest.raises(ValueError, match="larger than"):  # the fake encoder gives 8 dimensions
         E.static_vectors(vocab, 9, source)
 
 
 def test_a_static_vector_cache_is_never_left_half_written(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISAN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeEncoder())
+    monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeWordEncoder())
 
     def disk_full(target, _array):
         (target if hasattr(target, "write") else open(target, "wb")).write(b"\x93NUMPY")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_corpus_folder
 
 from disan.teacher import TeacherCache, encode_corpus
 
@@ -130,23 +131,12 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
     assert np.min(np.sum(got * want, axis=1)) > 0.99  # bf16 activations, fp16-rounded weights
 
 
-def _corpus_folder(folder: Path, sentences: list[str]) -> None:
-    import hashlib
-    import json
-
-    body = "".join(s + "\n" for s in sentences).encode("utf-8")
-    folder.mkdir(parents=True)
-    (folder / "sentences.txt").write_bytes(body)
-    info = {"sha256": hashlib.sha256(body).hexdigest(), "sources": []}
-    (folder / "corpus.json").write_text(json.dumps(info))
-
-
 def test_derived_corpus_keeps_the_prefix_vectors_and_appends_questions(tmp_path: Path) -> None:
     from disan.corpus import read_corpus
     from disan.teacher import derive_corpus
 
     sentences = ["a cat sat .", "why not ?", "dogs run .", "it rains .", "who is he ?", "no .", "how many ?"]
-    _corpus_folder(tmp_path / "src", sentences)
+    write_corpus_folder(tmp_path / "src", sentences)
     _, info = read_corpus(tmp_path / "src")
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((len(sentences), 384)).astype(np.float32)
@@ -172,7 +162,7 @@ def test_derive_refuses_to_overwrite_its_source_or_keep_nothing(tmp_path: Path) 
     from disan.teacher import derive_corpus
 
     sentences = ["a cat sat .", "who is he ?"]
-    _corpus_folder(tmp_path / "src", sentences)
+    write_corpus_folder(tmp_path / "src", sentences)
     before = (tmp_path / "src" / "sentences.txt").read_bytes()
     with pytest.raises(ValueError, match="is the source corpus itself"):
         derive_corpus(tmp_path / "src", "minilm", 1, "questions", tmp_path / "src")
@@ -186,8 +176,8 @@ def test_derive_appends_another_corpus_without_the_kept_rows(tmp_path: Path) -> 
     from disan.teacher import derive_corpus
 
     sentences = ["a cat sat .", "dogs run .", "it rains .", "no ."]
-    _corpus_folder(tmp_path / "src", sentences)
-    _corpus_folder(tmp_path / "mail", ["thanks for the patch .", "Dogs  run .", "it rains ."])
+    write_corpus_folder(tmp_path / "src", sentences)
+    write_corpus_folder(tmp_path / "mail", ["thanks for the patch .", "Dogs  run .", "it rains ."])
     _, info = read_corpus(tmp_path / "src")
     _, mail = read_corpus(tmp_path / "mail")
     src = TeacherCache.open(tmp_path / "src" / "teacher-minilm", info["sha256"], "minilm", 4, 384)
