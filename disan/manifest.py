@@ -45,7 +45,8 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     never paths), versions, verification, sizes. `weights.embedding_storage` says how the
     word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`) or int8
     (`/int8` per-row symmetric int8 plus `/scale`, an fp32 scale per row; dequantised by a Cast
-    and a Mul inside the graphs).
+    and a Mul inside the graphs). `weights.matrix_storage`, where present, says the same of every
+    other parameter ({model: fp32 or fp16}; an fp16 one is read through one Cast to fp32).
 
 The `cpu` set computes the token2token attention in query-row chunks (an ONNX Scan, fastest on a
 CPU cache); the `gpu` set unchunked, fp16 by default with fp32 kept for parity. The runtime picks
@@ -103,6 +104,8 @@ VARIANTS = ("fp32", "fp16", "int8")
 # How a bundle stores its word-vector tables (`weights.embedding_storage`): the same three names,
 # a different fact (a table's bytes on disk, not which graph files are loaded).
 EMBEDDING_STORAGES = ("fp32", "fp16", "int8")
+# ... and its other parameters (`weights.matrix_storage`, {model: storage}; absent: all fp32).
+MATRIX_STORAGES = ("fp32", "fp16")
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]

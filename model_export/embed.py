@@ -63,17 +63,20 @@ def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | Non
                              "again with this --embed")
 
 
-def as_stored(models: dict[str, Any], storage: dict[str, str]) -> None:
+def as_stored(models: dict[str, Any], storage: dict[str, str],
+              matrices: dict[str, str] | None = None) -> None:
     """Make `models` ({task: model}, "embed" the re-indexed encoder) the models a bundle holds, in
-    place: each table rounded to its `storage` ({task: storage}), and a task model that borrows
-    words given the encoder's table as stored (after check_borrowed): the references of the
-    parity checks, at export and at `disan verify`."""
-    from model_export.weights import round_tables  # onnx: with torch, in the train extra
+    place: each table rounded to its `storage` ({task: storage}), every other parameter to its
+    `matrices` storage (default fp32), and a task model that borrows words given the encoder's
+    table as stored (after check_borrowed): the references of the parity checks, at export and
+    at `disan verify`."""
+    from model_export.weights import round_matrices, round_tables  # onnx: with torch, in the train extra
 
     borrowers = {task: model.encoder for task, model in models.items()
                  if task != "embed" and model.cfg.borrowed_rows}
     check_borrowed(borrowers, models.get("embed"))
     for task, model in models.items():
         round_tables([model], storage[task])
+        round_matrices(model, (matrices or {}).get(task, "fp32"))
     for encoder in borrowers.values():  # the same values as the encoder's: one copy in the weights file
         encoder.borrowed.copy_(models["embed"].embed.weight.detach())

@@ -26,6 +26,7 @@ from disan.manifest import (
     GRAPH_SETS,
     GRAPHS,
     MANIFEST_NAME,
+    MATRIX_STORAGES,
     WEIGHTS_FILE,
     load_manifest,
     routes,
@@ -62,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "symmetric, an fp32 scale per row: a quarter); MODEL=STORAGE sets one model's "
                         "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
                         "rounded to what is stored before the parity check: checked as shipped")
+    parser.add_argument("--matrix-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
+                        help="how every other parameter (attention, heads, projections, an "
+                        "ensemble's members) is stored: fp32, or fp16 (half their bytes; each is cast "
+                        "to fp32 once when the session loads); MODEL=STORAGE as for "
+                        "--embedding-storage. Rounded before the parity check, like the tables")
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32; its test sets "
                         "(SNLI, SST-5, SST-2), where staged, give the manifest's served_accuracy")
@@ -74,17 +80,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "bench/packing.py); 0: unchunked, like the gpu set")
 
 
-def storage_by_model(spec: str | dict[str, str], models) -> dict[str, str]:
-    """{model: storage} from an --embedding-storage value: "int8" (every model), "int8,nli=fp16"
-    (a default, then per-model overrides) or such a dict already; raises ValueError if unknown."""
+def storage_by_model(spec: str | dict[str, str], models, allowed=EMBEDDING_STORAGES,
+                     flag: str = "--embedding-storage") -> dict[str, str]:
+    """{model: storage} from an --embedding-storage (or `flag`) value: "int8" (every model),
+    "int8,nli=fp16" (a default, then per-model overrides) or such a dict already; raises
+    ValueError if a storage is not `allowed` or a model unknown."""
     parts = dict(spec) if isinstance(spec, dict) else {
         (p.split("=", 1)[0] if "=" in p else "*"): p.split("=", 1)[-1] for p in spec.split(",") if p}
     default = parts.pop("*", "fp32")
     out = {model: parts.pop(model, default) for model in models}
-    bad = [v for v in out.values() if v not in EMBEDDING_STORAGES]
+    bad = [v for v in out.values() if v not in allowed]
     if parts or bad:
-        raise ValueError(f"--embedding-storage {spec!r}: storages are {', '.join(EMBEDDING_STORAGES)}, "
-                         f"models {', '.join(models)}")
+        raise ValueError(f"{flag} {spec!r}: storages are {', '.join(allowed)}, models {', '.join(models)}")
     return out
 
 
@@ -179,21 +186,35 @@ def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_c
 
 
 def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
-                 storage: dict[str, str] | None = None) -> dict[str, Any]:
+                 storage: dict[str, str] | None = None,
+                 matrices: dict[str, str] | None = None) -> dict[str, Any]:
     """Write `files` into `out` with their large initializers in the shared weights file (each
-    model's word-vector table in fp16 or int8 if `storage` {model: storage} says so)."""
+    model's word-vector table in fp16 or int8 if `storage` {model: storage} says so, its other
+    parameters in fp16 if `matrices` {model: storage} does)."""
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx, strip_node_metadata
-    from model_export.weights import STORAGE_NOTES, SharedWeights, store_tables, table_storages
+    from model_export.weights import (
+        MATRIX_NOTE,
+        STORAGE_NOTES,
+        SharedWeights,
+        matrices_of,
+        store_matrices_fp16,
+        store_tables,
+        table_storages,
+    )
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
+    matrices = matrices or {}
+    halved = sorted(task for task, kind in matrices.items() if kind == "fp16")
+    tables = table_storages(storage)
     weights = SharedWeights(out / WEIGHTS_FILE)
     try:
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
             strip_node_metadata(model)
-            for name, kind in table_storages(storage).items():
+            store_matrices_fp16(model, matrices_of(model, halved, tables))  # before the tables' renames
+            for name, kind in tables.items():
                 store_tables(model, {name}, kind)
             weights.externalize(model)
             onnx.save(model, str(out / file))
@@ -202,16 +223,20 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     for file in sorted(files):
         check_onnx(out / file)
     kinds = sorted(set(storage.values()))
+    # written only when some model's are halved: bundles before --matrix-storage read as all fp32
+    matrix_fields = ({"matrix_storage": {task: matrices.get(task, "fp32") for task in storage}}
+                     if halved else {})
+    matrix_note = "; " + MATRIX_NOTE.format(models=", ".join(halved)) if halved else ""
     return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
             # one storage for every table (all bundles before per-model storage), else each model's
-            "embedding_storage": kinds[0] if len(kinds) == 1 else storage,
+            "embedding_storage": kinds[0] if len(kinds) == 1 else storage, **matrix_fields,
             "note": "every initializer of 1 KiB or more of every graph, each distinct tensor once "
                     "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed; "
                     "/half: an fp32 parameter stored in fp16; /int8 + /scale: stored as per-row int8 "
                     "and fp32 scales); " + "; ".join(
                         STORAGE_NOTES[kind] + ("" if len(kinds) == 1 else
                                                f" ({', '.join(t for t, k in storage.items() if k == kind)})")
-                        for kind in kinds)}
+                        for kind in kinds) + matrix_note}
 
 
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,
@@ -219,7 +244,8 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                  int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
                  force: bool = False, log=print, name: str = "disan",
                  chunk_cells: int | None = None, embedding_storage: str | dict[str, str] = "fp32",
-                 embed_path: Path | None = None) -> dict[str, Any]:
+                 embed_path: Path | None = None,
+                 matrix_storage: str | dict[str, str] = "fp32") -> dict[str, Any]:
     """Export, verify and atomically install a bundle at `out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
@@ -240,8 +266,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
-    storage = storage_by_model(embedding_storage, ("nli", "sentiment", "embed") if embed_path else
-                               ("nli", "sentiment"))
+    tasks = ("nli", "sentiment", "embed") if embed_path else ("nli", "sentiment")
+    storage = storage_by_model(embedding_storage, tasks)
+    matrices = storage_by_model(matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
     payloads, loaded = load_sources(nli_path, sentiment_path)
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
@@ -255,7 +282,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
         log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
             f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
     # the models the graphs and the parity check use hold exactly the stored tables
-    as_stored({task: model for task, (model, _, _) in loaded.items()}, storage)
+    as_stored({task: model for task, (model, _, _) in loaded.items()}, storage, matrices)
     sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -265,7 +292,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
             layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
                                                   chunk_cells, int8_embedding, log, embed)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
-            weights = {**write_graphs(paths, files, tmp, storage), "aliases": aliases}
+            weights = {**write_graphs(paths, files, tmp, storage, matrices), "aliases": aliases}
         vocab.save(tmp / "vocab.json")
         paths_by_task = {"nli": nli_path, "sentiment": sentiment_path, "embed": embed_path}
         manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
@@ -314,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                             int8_embedding=args.int8_embedding == "int8", dev_data=args.dev_data,
                             dev_limit=args.dev_limit, force=args.force, name=args.name,
                             chunk_cells=args.attention_chunk_cells,
-                            embedding_storage=args.embedding_storage)
+                            embedding_storage=args.embedding_storage, matrix_storage=args.matrix_storage)
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")

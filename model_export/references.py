@@ -19,6 +19,12 @@ def storage_of(manifest: dict[str, Any], task: str) -> str:
     return storage if isinstance(storage, str) else storage.get(task, "fp32")
 
 
+def matrix_storage_of(manifest: dict[str, Any], task: str) -> str:
+    """How `task`'s other parameters are stored (`weights.matrix_storage`; fp32 when absent)."""
+    storage = (manifest.get("weights") or {}).get("matrix_storage") or "fp32"
+    return storage if isinstance(storage, str) else storage.get(task, "fp32")
+
+
 def references_from_models(nli, sent, embed=None) -> dict[str, Any]:
     """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph
     (`embed`: the distilled encoder, over the bundle's vocabulary, if the bundle has one)."""
@@ -52,7 +58,8 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
                 raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
             model = reindexed(model, own_vocab, vocab)
         models[task] = model
-    as_stored(models, {task: storage_of(manifest, task) for task in models})  # as the export did
+    as_stored(models, {task: storage_of(manifest, task) for task in models},  # as the export did
+              {task: matrix_storage_of(manifest, task) for task in models})
     return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 

@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from disan.manifest import EMBEDDING_STORAGES, WEIGHTS_FILE
+from disan.manifest import EMBEDDING_STORAGES, MATRIX_STORAGES, WEIGHTS_FILE
 from disan.model import BORROWED_KEY
 
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors (scalars, shape constants) stay inside their graph
@@ -38,6 +38,8 @@ EMBEDDING = "encoder.embed.weight"  # the word-vector table: most of a model's b
 TABLE_KEYS = {"embed": "embed.weight"}
 FP16_MAX = 65504.0
 INT8_MAX = 127  # symmetric: -127..127, so the scale maps a row's largest |value| to exactly 127
+MATRIX_NOTE = ("the other parameters of {models} stored in fp16 (`/half`), each cast back to fp32 "
+               "once (onnxruntime folds the cast when the session loads)")
 STORAGE_NOTES = {
     "fp32": "word-vector tables stored in fp32",
     "fp16": "word-vector tables stored in fp16 (`/half`), cast back to fp32 rows after the Gather",
@@ -209,6 +211,62 @@ def round_tables(models, storage: str) -> None:
             table.copy_(torch_from(dequantize_rows(*quantize_rows(table.cpu().numpy()))))
         elif storage != "fp32":
             raise ValueError(f"embedding storage: one of {', '.join(EMBEDDING_STORAGES)}, got {storage!r}")
+
+
+def round_matrices(model, storage: str) -> None:
+    """Round every floating parameter of `model` other than its word-vector tables (its own and a
+    borrowed one: their storage is round_tables') to the values `storage` keeps, in place (still
+    fp32), as round_tables does for the tables. fp32: unchanged."""
+    if storage not in MATRIX_STORAGES:
+        raise ValueError(f"matrix storage: one of {', '.join(MATRIX_STORAGES)}, got {storage!r}")
+    if storage == "fp32":
+        return
+    encoder = getattr(model, "encoder", model)
+    tables = {word_table(model).data_ptr()} | (
+        {encoder.borrowed.data_ptr()} if getattr(encoder, "borrowed", None) is not None else set())
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point() or value.data_ptr() in tables:
+            continue
+        if value.numel() and float(value.abs().max()) > FP16_MAX:
+            raise ValueError(f"{model.cfg.task}: {name} beyond fp16's range ({FP16_MAX}); "
+                             "export with --matrix-storage fp32")
+        value.copy_(value.half().float())
+
+
+def matrices_of(model: onnx.ModelProto, tasks: Iterable[str], tables: Iterable[str]) -> set[str]:
+    """The fp32 initializers of `tasks`' parameters that the weights file holds (1 KiB or more),
+    other than the word-vector tables `tables`: what --matrix-storage fp16 stores in fp16."""
+    prefixes = tuple(f"{task}/" for task in tasks)
+    skip = set(tables)
+    return {init.name for init in model.graph.initializer
+            if init.data_type == TensorProto.FLOAT and init.name.startswith(prefixes)
+            and init.name not in skip and _nbytes(init) >= EXTERNAL_MIN_BYTES}
+
+
+def store_matrices_fp16(model: onnx.ModelProto, names: set[str]) -> int:
+    """Keep the fp32 initializers `names` on disk in fp16: each is read through one Cast back to
+    fp32 under its own name, so every reader (a Scan body's outer-scope read too) sees the same
+    value. The values must already be fp16-exact (round_matrices): checked. Returns how many."""
+    graph = model.graph
+    found = [init for init in graph.initializer if init.name in names and init.data_type == TensorProto.FLOAT]
+    casts, stored = [], []
+    for init in found:
+        arr = numpy_helper.to_array(init)
+        half = arr.astype(np.float16)
+        if not np.array_equal(half.astype(np.float32), arr):
+            raise ValueError(f"{init.name}: not rounded to fp16 before export (round_matrices); the "
+                             "bundle would not be the model it was checked against")
+        stored.append(numpy_helper.from_array(half, init.name + HALF_STORED))
+        casts += _to_fp32(init.name, "fp16", init.name)
+    if not found:
+        return 0
+    kept = [init for init in graph.initializer if init.name not in {i.name for i in found}]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + stored)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(casts + nodes)
+    return len(found)
 
 
 def torch_from(arr: np.ndarray):

@@ -120,3 +120,85 @@ def test_fp16_embedding_storage_refuses_out_of_range_tables(tiny_models):
         model.encoder.embed.weight[3, 0] = 1e6
     with pytest.raises(ValueError, match="fp16's range"):
         round_embedding_fp16(model)
+
+
+@pytest.fixture(scope="module")
+def half_matrix_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+    """The tiny bundle exported with --matrix-storage fp16 (the tables stay fp32)."""
+    out = tmp_path_factory.mktemp("half-matrices") / "bundle"
+    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True,
+                 log=lambda *_: None, matrix_storage="fp16")
+    return out
+
+
+def _rounded_matrices(model):
+    from model_export.weights import round_matrices
+
+    twin = type(model)(model.cfg)
+    twin.load_state_dict(model.state_dict())
+    round_matrices(twin.eval(), "fp16")
+    return twin
+
+
+def test_fp16_matrix_storage_halves_the_other_parameters(half_matrix_bundle, tiny_bundle, tiny_models):
+    """Every stored parameter but the tables is stored once, in fp16: weights.data shrinks by half
+    of their fp32 bytes, the tables keep theirs, and no graph names an fp32 copy."""
+    from model_export.weights import EXTERNAL_MIN_BYTES, HALF_STORED
+
+    m = load_manifest(half_matrix_bundle)
+    assert m["weights"]["matrix_storage"] == {"nli": "fp16", "sentiment": "fp16"}
+    assert m["verification"]["passed"] and "matrix_storage" not in load_manifest(tiny_bundle)["weights"]
+    data = (half_matrix_bundle / "weights.data").read_bytes()
+    halves = 0
+    for model in tiny_models:
+        table = model.encoder.embed.weight.detach()
+        assert data.count(table.numpy().tobytes()) == 1  # the table's own storage: fp32 here
+        for name, value in _rounded_matrices(model).state_dict().items():
+            if name != "encoder.embed.weight" and value.is_floating_point() and value.numel() * 4 >= 2048:
+                assert data.count(value.half().numpy().tobytes()) >= 1, name
+                halves += value.numel() * 2
+    shrink = (tiny_bundle / "weights.data").stat().st_size - len(data)
+    assert shrink >= 0.9 * halves, (shrink, halves)
+    for file in bundle_graph_files(m):
+        graph = onnx.load(str(half_matrix_bundle / file), load_external_data=False).graph
+        fp32 = [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and "/" in i.name
+                and not i.name.endswith("encoder.embed.weight") and len(i.raw_data) >= EXTERNAL_MIN_BYTES
+                or i.data_location == onnx.TensorProto.EXTERNAL and i.data_type == onnx.TensorProto.FLOAT
+                and not i.name.endswith(("embed.weight", "/scale"))]
+        assert not fp32, (file, fp32)
+        assert any(i.name.endswith(HALF_STORED) for i in graph.initializer), file
+
+
+def test_fp16_matrix_storage_checked_as_shipped(half_matrix_bundle, tiny_checkpoints, tiny_models):
+    """The graphs compute the models with every other parameter rounded to fp16: ORT equals that
+    model and not the unrounded one, the bundle's weights rebuild it exactly, and `disan verify`
+    rounds the checkpoints as the export did (from the manifest) before comparing."""
+    from model_export.references import models_from_bundle
+
+    m = load_manifest(half_matrix_bundle)
+    rounded = [_rounded_matrices(model) for model in tiny_models]
+    for got, want in zip(models_from_bundle(half_matrix_bundle, m), rounded, strict=True):
+        for name, value in want.state_dict().items():
+            if value.is_floating_point():
+                assert torch.equal(got.state_dict()[name], value), name
+    ids, mask = padded_ids(np.random.default_rng(1), tiny_models[1].cfg.vocab_size, 4, 9)
+    with torch.no_grad():
+        want = torch.softmax(rounded[1](torch.from_numpy(ids), torch.from_numpy(mask)), -1).numpy()
+        raw = torch.softmax(tiny_models[1](torch.from_numpy(ids), torch.from_numpy(mask)), -1).numpy()
+    for set_name, variant in (("cpu", "fp32"), ("gpu", "fp32"), ("gpu", "fp16")):
+        got = ort_session(half_matrix_bundle / variant_files(m, set_name, variant)["sentiment"]).run(
+            None, {"ids": ids, "mask": mask})[0]
+        if variant == "fp32":
+            np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+            assert np.abs(got - raw).max() > 1e-6  # the rounding is visible: the check above can fail
+        else:
+            np.testing.assert_allclose(got, want, atol=2e-2, rtol=0)
+    result = verify_bundle(half_matrix_bundle, checkpoints=tiny_checkpoints.nli.parent, dev_limit=50)
+    assert result["passed"] and result["mode"] == "parity_vs_checkpoints", result
+    assert verify_bundle(half_matrix_bundle, dev_limit=50)["passed"]
+
+
+def test_matrix_storage_refuses_unknown_storage(tiny_checkpoints, tmp_path):
+    with pytest.raises(ValueError, match="--matrix-storage 'int8'"):
+        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b",
+                     log=lambda *_: None, matrix_storage="int8")
