@@ -199,7 +199,6 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
         STORAGE_NOTES,
         SharedWeights,
         matrices_of,
-        store_matrices_fp16,
         store_tables,
         table_storages,
     )
@@ -213,7 +212,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
         for file in sorted(files):
             model = onnx.load(str(paths[file]))
             strip_node_metadata(model)
-            store_matrices_fp16(model, matrices_of(model, halved, tables))  # before the tables' renames
+            store_tables(model, matrices_of(model, halved, tables), "fp16")  # before the tables' renames
             for name, kind in tables.items():
                 store_tables(model, {name}, kind)
             weights.externalize(model)

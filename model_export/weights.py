@@ -243,32 +243,6 @@ def matrices_of(model: onnx.ModelProto, tasks: Iterable[str], tables: Iterable[s
             and init.name not in skip and _nbytes(init) >= EXTERNAL_MIN_BYTES}
 
 
-def store_matrices_fp16(model: onnx.ModelProto, names: set[str]) -> int:
-    """Keep the fp32 initializers `names` on disk in fp16: each is read through one Cast back to
-    fp32 under its own name, so every reader (a Scan body's outer-scope read too) sees the same
-    value. The values must already be fp16-exact (round_matrices): checked. Returns how many."""
-    graph = model.graph
-    found = [init for init in graph.initializer if init.name in names and init.data_type == TensorProto.FLOAT]
-    casts, stored = [], []
-    for init in found:
-        arr = numpy_helper.to_array(init)
-        half = arr.astype(np.float16)
-        if not np.array_equal(half.astype(np.float32), arr):
-            raise ValueError(f"{init.name}: not rounded to fp16 before export (round_matrices); the "
-                             "bundle would not be the model it was checked against")
-        stored.append(numpy_helper.from_array(half, init.name + HALF_STORED))
-        casts += _to_fp32(init.name, "fp16", init.name)
-    if not found:
-        return 0
-    kept = [init for init in graph.initializer if init.name not in {i.name for i in found}]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + stored)
-    nodes = list(graph.node)
-    del graph.node[:]
-    graph.node.extend(casts + nodes)
-    return len(found)
-
-
 def torch_from(arr: np.ndarray):
     import torch  # the rounding runs where the models are: with torch (export, verify)
 
@@ -298,7 +272,8 @@ def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
 
 
 def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
-    """Keep the fp32 initializers `names` (word-vector tables) on disk in fp16 or int8.
+    """Keep the fp32 initializers `names` (word-vector tables; with fp16, any parameter) on disk in
+    fp16 or int8.
 
     A Gather of a table reads the stored form and converts only the rows it took back to fp32
     (fp16: a Cast; int8: a Cast and a Mul by the rows' scales, gathered alike), so the running
@@ -324,7 +299,8 @@ def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
                             numpy_helper.from_array(scale, name + INT8_SCALE)]
             back = dequantize_rows(q, scale)
         if not np.array_equal(back, arr):
-            raise ValueError(f"{name}: not rounded to {storage} before export (round_tables); the "
+            raise ValueError(f"{name}: not rounded to {storage} before export (round_tables, "
+                             "round_matrices); the "
                              "bundle would not be the model it was checked against")
 
     nodes, whole = [], {}
@@ -337,6 +313,11 @@ def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
             if x in tables and x not in whole:
                 whole[x] = _to_fp32(x, storage, x)
         nodes.append(node)
+    for node in (n for sub in nested_graphs(graph.node) for n in sub.node):
+        # a Scan body (the chunked cpu graphs) reads an outer-scope tensor whole, by its name
+        for x in node.input:
+            if x in tables and x not in whole:
+                whole[x] = _to_fp32(x, storage, x)
     kept = [init for init in graph.initializer if init.name not in tables]
     for name in tables:
         kept += stored[name]
