@@ -11,7 +11,7 @@ the bundle's order, as a buffer read through that map for every id past its own 
 text made only of its own words reads exactly as before.
 
 In a bundle the borrowed table is the encoder's own table, the same bytes, stored once
-(`model_export.weights`): the export checks that it is, so the map always reads the rows it was
+(`model_export.storage`): the export checks that it is, so the map always reads the rows it was
 fitted to. What it costs there is the map, d_e x (d_e + 1) floats.
 """
 

@@ -70,7 +70,7 @@ def as_stored(models: dict[str, Any], storage: dict[str, str],
     `matrices` storage (default fp32), and a task model that borrows words given the encoder's
     table as stored (after check_borrowed): the references of the parity checks, at export and
     at `disan verify`."""
-    from model_export.weights import round_matrices, round_tables  # onnx: with torch, in the train extra
+    from model_export.storage import round_matrices, round_tables  # onnx: with torch, in the train extra
 
     borrowers = {task: model.encoder for task, model in models.items()
                  if task != "embed" and model.cfg.borrowed_rows}

@@ -194,14 +194,8 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx, strip_node_metadata
-    from model_export.weights import (
-        MATRIX_NOTE,
-        STORAGE_NOTES,
-        SharedWeights,
-        matrices_of,
-        store_tables,
-        table_storages,
-    )
+    from model_export.storage import MATRIX_NOTE, STORAGE_NOTES, matrices_of, store_tables, table_storages
+    from model_export.weights import SharedWeights
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     matrices = matrices or {}

@@ -67,7 +67,7 @@ def bundle_models(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """{task: model} for every model the manifest lists, rebuilt from the parameter-named
     weights of the fp32 graphs (tables stored in fp16 or int8 read back as the values served)."""
     from disan.model import DiSANConfig, build_model  # torch, as above
-    from model_export.weights import state_dicts_from_graphs
+    from model_export.storage import state_dicts_from_graphs
 
     files = {f for s, v in available_variants(manifest) if v == "fp32"
              for f in variant_files(manifest, s, v).values()}

@@ -22,7 +22,7 @@ from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E40
 from disan.cli import main  # noqa: E402
 from disan.model import BORROWED_KEY  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
-from model_export.weights import quantize_rows, round_tables  # noqa: E402
+from model_export.storage import quantize_rows, round_tables  # noqa: E402
 
 torch.set_num_threads(1)
 

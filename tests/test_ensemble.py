@@ -19,7 +19,7 @@ from disan.cli import main  # noqa: E402
 from disan.ensemble import join  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
 from model_export.sessions import session  # noqa: E402
-from model_export.weights import quantize_rows, round_tables  # noqa: E402
+from model_export.storage import quantize_rows, round_tables  # noqa: E402
 
 torch.set_num_threads(1)
 

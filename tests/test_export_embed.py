@@ -23,8 +23,8 @@ from disan.checkpoint import load_checkpoint  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
 from model_export.references import bundle_models  # noqa: E402
+from model_export.storage import quantize_rows, round_tables  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
-from model_export.weights import quantize_rows, round_tables  # noqa: E402
 
 torch.set_num_threads(1)
 
