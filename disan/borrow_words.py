@@ -42,6 +42,21 @@ def lender_rows(lender: dict, words: list[str]) -> tuple[np.ndarray, np.ndarray]
     return table[ids], known
 
 
+def unborrowed(payload: dict) -> dict:
+    """`payload` without the words it borrows: its own table, vocabulary and weights, which
+    borrowing left as they were (so borrowing again, e.g. from an encoder that knows more words,
+    starts where the first borrowing did)."""
+    config = payload["config"]
+    if not config.get("borrowed_rows"):
+        return payload
+    borrowed = (BORROWED_KEY, PREFIX + "borrow_map.weight", PREFIX + "borrow_map.bias")
+    state = {k: v for k, v in payload["model_state"].items() if k not in borrowed}
+    out = {**payload, "config": dict(config) | {"borrowed_rows": 0, "borrowed_dim": 0},
+           "vocab": list(payload["vocab"])[: config["vocab_size"]], "model_state": state}
+    out.pop("unknown_rows", None)  # the bundle's (the lender's); the model's own ids never use them
+    return out
+
+
 def borrow_words(payload: dict, lender: dict) -> tuple[dict, dict]:
     """(`payload`'s model reading `lender`'s words past its own table, a report)."""
     task = payload["config"].get("task")
@@ -50,8 +65,7 @@ def borrow_words(payload: dict, lender: dict) -> tuple[dict, dict]:
     if lender["config"].get("task") != "encoder":
         raise ValueError(f"the lender must be a sentence encoder checkpoint (task 'encoder', from "
                          f"`disan pretrain`), not task '{lender['config'].get('task')}'")
-    if payload["config"].get("borrowed_rows"):
-        raise ValueError("the checkpoint already borrows words: borrow from the checkpoint it started from")
+    payload = unborrowed(payload)  # a model that borrows already: from a new encoder instead
     state = dict(payload["model_state"])
     own = state[PREFIX + "embed.weight"].float().numpy()                 # [n_own, d_e]
     vocab = merged_vocab(checkpoint_vocab(payload), checkpoint_vocab(lender))

@@ -104,8 +104,21 @@ def test_refusals(tiny_checkpoints, lender, borrowed):
         borrow_words(load_checkpoint(lender), load_checkpoint(lender))
     with pytest.raises(ValueError, match="must be a sentence encoder"):
         borrow_words(sentiment, nli)
-    with pytest.raises(ValueError, match="already borrows"):
-        borrow_words(load_checkpoint(borrowed), load_checkpoint(lender))
+
+
+def test_borrowing_again_replaces_the_borrowed_words(tiny_checkpoints, lender, borrowed, tmp_path):
+    """A model that borrows already borrows from a (new) encoder as the model it started from
+    would: the bundle's next encoder knows more words, and the task models follow it."""
+    bigger = make_tiny_checkpoint(tmp_path / "bigger.pt", "encoder",
+                                  Vocab(ONLY_EMBED + list(WORDS) + ["cello", "dusk"]), [], seed=7,
+                                  proj_dim=24, embed_dim=EMBED_DIM)
+    again, report = borrow_words(load_checkpoint(borrowed), load_checkpoint(bigger))
+    fresh, fresh_report = borrow_words(load_checkpoint(tiny_checkpoints.sentiment), load_checkpoint(bigger))
+    assert report == fresh_report and report["lent_words"] == len(ONLY_EMBED) + 2
+    assert again["vocab"] == fresh["vocab"] and again["config"] == fresh["config"]
+    assert again["model_state"].keys() == fresh["model_state"].keys()
+    for key, value in fresh["model_state"].items():
+        torch.testing.assert_close(again["model_state"][key], value, atol=0, rtol=0)
 
 
 @pytest.fixture(scope="module")
