@@ -43,10 +43,12 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths), versions, verification, sizes. `weights.embedding_storage` says how the
-    word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`) or int8
+    word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`), int8
     (`/int8` per-row symmetric int8 plus `/scale`, an fp32 scale per row; dequantised by a Cast
-    and a Mul inside the graphs). `weights.matrix_storage`, where present, says the same of every
-    other parameter ({model: fp32 or fp16}; an fp16 one is read through one Cast to fp32).
+    and a Mul inside the graphs) or "int8+int4:N" (int8 but for the table's last N rows, stored
+    as per-row int4 in `/int4`, two values a byte, with `/scale4`). `weights.matrix_storage`,
+    where present, says the same of every other parameter ({model: fp32 or fp16}; an fp16 one is
+    read through one Cast to fp32).
 
 The `cpu` set computes the token2token attention in query-row chunks (an ONNX Scan, fastest on a
 CPU cache); the `gpu` set unchunked, fp16 by default with fp32 kept for parity. The runtime picks
@@ -103,9 +105,26 @@ GRAPH_SETS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
 VARIANTS = ("fp32", "fp16", "int8")
 # How a bundle stores its word-vector tables (`weights.embedding_storage`): the same three names,
 # a different fact (a table's bytes on disk, not which graph files are loaded).
-EMBEDDING_STORAGES = ("fp32", "fp16", "int8")
+EMBEDDING_STORAGES = ("fp32", "fp16", "int8", "int8+int4:N")
+# int8, the table's last N rows (its rarest words: vocabularies are in frequency order) in per-row
+# int4 (`/int4`, two values a byte, plus `/scale4`)
+INT4_TAIL = "int8+int4:"
 # ... and its other parameters (`weights.matrix_storage`, {model: storage}; absent: all fp32).
 MATRIX_STORAGES = ("fp32", "fp16")
+
+
+
+def storage_kind(storage: str) -> str:
+    """`storage`'s name among EMBEDDING_STORAGES and MATRIX_STORAGES ("int8+int4:N" for every
+    "int8+int4:<rows>" with rows >= 1); the value itself if it is none of them."""
+    rows = storage.removeprefix(INT4_TAIL) if storage.startswith(INT4_TAIL) else ""
+    return INT4_TAIL + "N" if rows.isdigit() and int(rows) >= 1 else storage
+
+
+def int4_rows(storage: str) -> int:
+    """How many rows at the end of a table `storage` keeps in int4 (0 but for "int8+int4:N")."""
+    return int(storage.removeprefix(INT4_TAIL)) if storage_kind(storage) == INT4_TAIL + "N" else 0
+
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 SST5_LABELS = ["very negative", "negative", "neutral", "positive", "very positive"]

@@ -28,8 +28,10 @@ from disan.manifest import (
     MANIFEST_NAME,
     MATRIX_STORAGES,
     WEIGHTS_FILE,
+    int4_rows,
     load_manifest,
     routes,
+    storage_kind,
     write_manifest,
 )
 from disan.text import merged_vocab
@@ -60,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedding-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how the word-vector tables are stored (in the file and in a running "
                         "fp32 graph): fp32, fp16 (halves the largest tensors) or int8 (per-row "
-                        "symmetric, an fp32 scale per row: a quarter); MODEL=STORAGE sets one model's "
+                        "symmetric, an fp32 scale per row: a quarter) or int8+int4:N (int8 but the "
+                        "table's last N rows, the rarest words, in per-row int4: an eighth); "
+                        "MODEL=STORAGE sets one model's "
                         "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
                         "rounded to what is stored before the parity check: checked as shipped")
     parser.add_argument("--matrix-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
@@ -89,7 +93,7 @@ def storage_by_model(spec: str | dict[str, str], models, allowed=EMBEDDING_STORA
         (p.split("=", 1)[0] if "=" in p else "*"): p.split("=", 1)[-1] for p in spec.split(",") if p}
     default = parts.pop("*", "fp32")
     out = {model: parts.pop(model, default) for model in models}
-    bad = [v for v in out.values() if v not in allowed]
+    bad = [v for v in out.values() if storage_kind(v) not in allowed]
     if parts or bad:
         raise ValueError(f"{flag} {spec!r}: storages are {', '.join(allowed)}, models {', '.join(models)}")
     return out
@@ -194,7 +198,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     import onnx  # as above
 
     from model_export.onnx_files import check_onnx, strip_node_metadata
-    from model_export.storage import MATRIX_NOTE, STORAGE_NOTES, matrices_of, store_tables, table_storages
+    from model_export.storage import MATRIX_NOTE, matrices_of, store_tables, table_storages
     from model_export.weights import SharedWeights
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
@@ -227,9 +231,16 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
                     "(ONNX external data); initializers are named <task>/<parameter> (/T: transposed; "
                     "/half: an fp32 parameter stored in fp16; /int8 + /scale: stored as per-row int8 "
                     "and fp32 scales); " + "; ".join(
-                        STORAGE_NOTES[kind] + ("" if len(kinds) == 1 else
-                                               f" ({', '.join(t for t, k in storage.items() if k == kind)})")
+                        storage_note(kind) + ("" if len(kinds) == 1 else
+                                              f" ({', '.join(t for t, k in storage.items() if k == kind)})")
                         for kind in kinds) + matrix_note}
+
+
+def storage_note(storage: str) -> str:
+    """What the manifest says of a table storage (an int4 tail's row count filled in)."""
+    from model_export.storage import STORAGE_NOTES  # onnx, as above
+
+    return STORAGE_NOTES[storage_kind(storage)].replace(" N ", f" {int4_rows(storage)} ")
 
 
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,

@@ -16,8 +16,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from disan.manifest import EMBEDDING_STORAGES, MATRIX_STORAGES
+from disan.manifest import EMBEDDING_STORAGES, INT4_TAIL, MATRIX_STORAGES, int4_rows, storage_kind
 from disan.model import BORROWED_KEY
+from model_export.int4_tail import (
+    INT4_SCALE,
+    INT4_STORED,
+    dequantize_rows_int4,
+    gathered_to_fp32,
+    quantize_rows_int4,
+    whole_to_fp32,
+)
 from model_export.weights import EXTERNAL_MIN_BYTES, TRANSPOSED, nested_graphs, subgraphs, tensor_nbytes
 
 HALF_STORED = "/half"  # an fp32 parameter kept on disk in fp16 (see store_tables)
@@ -36,6 +44,9 @@ STORAGE_NOTES = {
             "row (`/scale`): each gathered row is Cast to fp32 and multiplied by its scale (a "
             "reader of the whole table, the fp16 variant's cast, dequantises it once; onnxruntime "
             "folds that at session load)",
+    INT4_TAIL + "N": "word-vector tables stored as per-row int8 but for their last N rows (the rarest "
+                     "words), stored as per-row symmetric int4, two values a byte (`/int4`), with an "
+                     "fp32 scale per row (`/scale4`): a Gather reads each part and picks by id",
 }
 
 
@@ -82,11 +93,27 @@ def round_tables(models, storage: str) -> None:
     for model in models:
         if storage == "fp16":
             round_embedding_fp16(model)
-        elif storage == "int8":
+        elif storage_kind(storage) in ("int8", INT4_TAIL + "N"):
             table = word_table(model).data
-            table.copy_(torch_from(dequantize_rows(*quantize_rows(table.cpu().numpy()))))
+            table.copy_(torch_from(stored_rows(table.cpu().numpy(), int4_rows(storage))[1]))
         elif storage != "fp32":
             raise ValueError(f"embedding storage: one of {', '.join(EMBEDDING_STORAGES)}, got {storage!r}")
+
+
+def stored_rows(table: np.ndarray, tail: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the arrays an int8 table is stored as, with its last `tail` rows in int4 when tail > 0:
+    int8 codes and scales, then int4 codes and scales; the fp32 values they serve)."""
+    if tail == 0:
+        q, scale = quantize_rows(table)
+        return [q, scale], dequantize_rows(q, scale)
+    if not 1 <= tail < len(table):
+        raise ValueError(f"{INT4_TAIL}{tail}: a table of {len(table)} rows; give 1 to {len(table) - 1} "
+                         "rows (the first rows, PAD and UNK among them, stay int8)")
+    first = len(table) - tail
+    q8, s8 = quantize_rows(table[:first])
+    q4, s4 = quantize_rows_int4(table[first:])
+    back = np.vstack([dequantize_rows(q8, s8), dequantize_rows_int4(q4, s4, table.shape[1])])
+    return [q8, s8, q4, s4], back
 
 
 def round_matrices(model, storage: str) -> None:
@@ -149,7 +176,7 @@ def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
 
 def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
     """Keep the fp32 initializers `names` (word-vector tables; with fp16, any parameter) on disk in
-    fp16 or int8.
+    fp16, int8, or int8 with the last rows in int4 ("int8+int4:N", `model_export.int4_tail`).
 
     A Gather of a table reads the stored form and converts only the rows it took back to fp32
     (fp16: a Cast; int8: a Cast and a Mul by the rows' scales, gathered alike), so the running
@@ -169,11 +196,11 @@ def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
         if storage == "fp16":
             stored[name] = [numpy_helper.from_array(arr.astype(np.float16), name + HALF_STORED)]
             back = arr.astype(np.float16).astype(np.float32)
-        else:
-            q, scale = quantize_rows(arr)
-            stored[name] = [numpy_helper.from_array(q, name + INT8_STORED),
-                            numpy_helper.from_array(scale, name + INT8_SCALE)]
-            back = dequantize_rows(q, scale)
+        else:  # int8, or int8 with an int4 tail
+            parts, back = stored_rows(arr, int4_rows(storage))
+            suffixes = (INT8_STORED, INT8_SCALE, INT4_STORED, INT4_SCALE)
+            stored[name] = [numpy_helper.from_array(a, name + s)
+                            for a, s in zip(parts, suffixes, strict=False)]
         if not np.array_equal(back, arr):
             raise ValueError(f"{name}: not rounded to {storage} before export (round_tables, "
                              "round_matrices); the "
@@ -183,17 +210,17 @@ def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
     for node in graph.node:
         table = node.input[0] if node.input else None
         if node.op_type == "Gather" and table in tables:
-            nodes += _to_fp32(table, storage, node.output[0], node)
+            nodes += _to_fp32(table, storage, node.output[0], node, tuple(tables[table].dims))
             continue
         for x in node.input:
             if x in tables and x not in whole:
-                whole[x] = _to_fp32(x, storage, x)
+                whole[x] = _to_fp32(x, storage, x, shape=tuple(tables[x].dims))
         nodes.append(node)
     for node in (n for sub in nested_graphs(graph.node) for n in sub.node):
         # a Scan body (the chunked cpu graphs) reads an outer-scope tensor whole, by its name
         for x in node.input:
             if x in tables and x not in whole:
-                whole[x] = _to_fp32(x, storage, x)
+                whole[x] = _to_fp32(x, storage, x, shape=tuple(tables[x].dims))
     kept = [init for init in graph.initializer if init.name not in tables]
     for name in tables:
         kept += stored[name]
@@ -204,9 +231,18 @@ def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
     return len(tables)
 
 
-def _to_fp32(table: str, storage: str, out: str, gather: onnx.NodeProto | None = None) -> list:
-    """Nodes computing fp32 `out` from `table`'s stored form: the rows the node `gather` takes
-    (the same Gather on the stored tensors), or the whole table."""
+def _to_fp32(table: str, storage: str, out: str, gather: onnx.NodeProto | None = None,
+             shape: tuple[int, ...] = ()) -> list:
+    """Nodes computing fp32 `out` from `table`'s stored form (its fp32 `shape`): the rows the node
+    `gather` takes (the same Gather on the stored tensors), or the whole table."""
+    if int4_rows(storage):
+        first, dim = shape[0] - int4_rows(storage), shape[1]
+        int8, int4 = (table + INT8_STORED, table + INT8_SCALE), (table + INT4_STORED, table + INT4_SCALE)
+        if gather is None:
+            return whole_to_fp32(int8, int4, dim, out, f"{table}/int4_tail")
+        if any(a.name == "axis" and a.i != 0 for a in gather.attribute):
+            raise ValueError(f"{table}: an int4 tail is read by Gathers of rows (axis 0) only")
+        return gathered_to_fp32(int8, int4, first, dim, gather)
     def read(suffix: str) -> tuple[list, str]:
         if gather is None:
             return [], table + suffix
@@ -232,8 +268,8 @@ def _to_fp32(table: str, storage: str, out: str, gather: onnx.NodeProto | None =
 def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | None = None
                             ) -> dict[str, dict[str, np.ndarray]]:
     """{task: {state-dict key: array}} from the parameter-named initializers of fp32 graphs (a
-    table stored in fp16 or int8 read back as the fp32 values it serves), parameters merged into
-    an equal one read through `aliases` (see name_by_parameters)."""
+    table stored in fp16, int8 or int8 with an int4 tail read back as the fp32 values it serves),
+    parameters merged into an equal one read through `aliases` (see name_by_parameters)."""
     found: dict[str, dict[str, np.ndarray]] = {}
     for path in paths:
         model = onnx.load(str(path))  # loads external data from the graph's directory
@@ -242,7 +278,7 @@ def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | Non
             for init in graph.initializer:
                 half = init.data_type == TensorProto.FLOAT16 and init.name.endswith(HALF_STORED)
                 quarter = init.data_type == TensorProto.INT8 and init.name.endswith(INT8_STORED)
-                if ("/" not in init.name or init.name.endswith(INT8_SCALE)
+                if ("/" not in init.name or init.name.endswith((INT8_SCALE, INT4_SCALE))
                         or not (init.data_type == TensorProto.FLOAT or half or quarter)):
                     continue
                 task, key = init.name.removesuffix(HALF_STORED).removesuffix(INT8_STORED).split("/", 1)
@@ -250,6 +286,10 @@ def state_dicts_from_graphs(paths: Iterable[Path], aliases: dict[str, str] | Non
                 if quarter:
                     scale = inits[init.name.removesuffix(INT8_STORED) + INT8_SCALE]
                     arr = dequantize_rows(numpy_helper.to_array(init), numpy_helper.to_array(scale))
+                    base = init.name.removesuffix(INT8_STORED)
+                    if base + INT4_STORED in inits:  # int8 with an int4 tail: the tail follows
+                        tail = (numpy_helper.to_array(inits[base + s]) for s in (INT4_STORED, INT4_SCALE))
+                        arr = np.vstack([arr, dequantize_rows_int4(*tail, arr.shape[1])])
                 if key.endswith(TRANSPOSED):
                     key, arr = key.removesuffix(TRANSPOSED), arr.T
                 found.setdefault(task, {})[key] = np.ascontiguousarray(arr)
