@@ -1,7 +1,8 @@
 """How the bundle stores a model's parameters, and reads them back.
 
-The word-vector tables, most of a bundle's bytes, may be stored in fp16 or as per-row int8 with
-fp32 scales, and the other parameters in fp16 (`store_tables`); the models are rounded to those
+The word-vector tables, most of a bundle's bytes, may be stored in fp16, as per-row int8 with
+fp32 scales, or so with their rarest rows in int4 (`model_export.int4_tail`), and the other
+parameters in fp16 (`store_tables`); the models are rounded to those
 values first (`round_tables`, `round_matrices`) so that the parity check sees what ships.
 `state_dicts_from_graphs` reads the parameter-named initializers back as the fp32 values the
 graphs serve.
@@ -48,7 +49,6 @@ STORAGE_NOTES = {
                      "words), stored as per-row symmetric int4, two values a byte (`/int4`), with an "
                      "fp32 scale per row (`/scale4`): a Gather reads each part and picks by id",
 }
-
 
 
 def table_name(task: str) -> str:
