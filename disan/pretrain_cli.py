@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=Path, default=None,
                         help="vocab.json to use; default: build one from --texts + --glove-extra GloVe words")
     parser.add_argument("--glove-extra", type=int, default=30000)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the run's folder (checkpoints, metrics); "
+                        "every mode but --word-vectors-only needs it")
     parser.add_argument("--teacher-only", action="store_true", help="only compute the teacher cache")
     parser.add_argument("--word-vectors-only", action="store_true",
                         help="--corpus: only compute the static --init word vectors of the vocabulary "
@@ -143,6 +144,8 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compute (or load) teacher vectors, then pre-train the encoder unless --teacher-only."""
+    if args.out is None and not args.word_vectors_only:  # that mode writes only into the cache
+        raise ValueError("give --out DIR: where the run writes its teacher vectors, checkpoints and metrics")
     if args.corpus:
         return run_corpus(args)
     if args.word_vectors_only:  # the vocabulary it prepares is a corpus's

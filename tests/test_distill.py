@@ -292,7 +292,7 @@ def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, mon
     here, there = tmp_path / "cache-here", tmp_path / "cache-there"
     monkeypatch.setenv("DISAN_CACHE_DIR", str(here))
     monkeypatch.setattr(E, "_sentence_encoder", lambda _source: FakeWordEncoder())
-    assert run(_cli_args("--corpus", str(corpus), "--out", str(tmp_path / "unused"), "--init", "minilm",
+    assert run(_cli_args("--corpus", str(corpus), "--init", "minilm",  # no --out: nothing is written there
                          "--embed-dim", "8", "--vocab-size", "100", "--word-vectors-only")) == 0
     (made,) = here.iterdir()
     assert str(made) in capsys.readouterr().out
@@ -305,6 +305,14 @@ def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, mon
     monkeypatch.setattr(E, "_sentence_encoder", lambda _source: pytest.fail("the words were encoded again"))
     distill.distill(_args(tmp_path / "run", init="minilm", steps=1, eval_every=1), sentences, lambda: teacher)
     assert f"({vectors.shape[0]} from minilm)" in capsys.readouterr().out
+
+
+def test_a_run_without_out_is_a_clear_error(tmp_path: Path) -> None:
+    from disan.pretrain_cli import run
+
+    corpus = write_corpus_folder(tmp_path / "corpus", ["the cat sat", "the cat ran"])
+    with pytest.raises(ValueError, match="give --out DIR"):
+        run(_cli_args("--corpus", str(corpus)))
 
 
 @pytest.mark.parametrize("flags, message", [
