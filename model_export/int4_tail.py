@@ -39,14 +39,6 @@ def dequantize_rows_int4(packed: np.ndarray, scale: np.ndarray, dim: int) -> np.
     return (q.astype(np.float32) - np.float32(8)) * scale.astype(np.float32)
 
 
-def split_rows(arr: np.ndarray, tail: int) -> int:
-    """The first int4 row K of a table of len(arr) rows with `tail` int4 rows at its end."""
-    if not 1 <= tail < len(arr):
-        raise ValueError(f"int4 rows: {tail} of a table of {len(arr)} rows (give 1 to {len(arr) - 1}: "
-                         "the first rows, PAD and UNK among them, stay int8)")
-    return len(arr) - tail
-
-
 def _const(name: str, value, dtype):
     tensor = numpy_helper.from_array(np.array(value, dtype=dtype), name)
     return helper.make_node("Constant", [], [name], value=tensor, name=name)
