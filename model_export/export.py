@@ -199,7 +199,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
 
     from model_export.onnx_files import check_onnx, strip_node_metadata
     from model_export.storage import MATRIX_NOTE, matrices_of, store_tables, table_storages
-    from model_export.weights import SharedWeights
+    from model_export.weights import SharedWeights  # onnx, as above
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     matrices = matrices or {}
