@@ -103,15 +103,14 @@ TOKEN_AXES = {"attn_fw": 2, "attn_bw": 2, "gate_fw": 1, "gate_bw": 1, "s2t": 1, 
 # Graph set -> the execution provider it is shaped for.
 GRAPH_SETS = {"cpu": "CPUExecutionProvider", "gpu": "CUDAExecutionProvider"}
 VARIANTS = ("fp32", "fp16", "int8")
-# How a bundle stores its word-vector tables (`weights.embedding_storage`): the same three names,
-# a different fact (a table's bytes on disk, not which graph files are loaded).
+# How a bundle stores its word-vector tables (`weights.embedding_storage`): the variants' names
+# and one more, a different fact (a table's bytes on disk, not which graph files are loaded).
 EMBEDDING_STORAGES = ("fp32", "fp16", "int8", "int8+int4:N")
 # int8, the table's last N rows (its rarest words: vocabularies are in frequency order) in per-row
 # int4 (`/int4`, two values a byte, plus `/scale4`)
 INT4_TAIL = "int8+int4:"
 # ... and its other parameters (`weights.matrix_storage`, {model: storage}; absent: all fp32).
 MATRIX_STORAGES = ("fp32", "fp16")
-
 
 
 def storage_kind(storage: str) -> str:
