@@ -240,7 +240,7 @@ def storage_note(storage: str) -> str:
     """What the manifest says of a table storage (an int4 tail's row count filled in)."""
     from model_export.storage import STORAGE_NOTES  # onnx, as above
 
-    return STORAGE_NOTES[storage_kind(storage)].replace(" N ", f" {int4_rows(storage)} ")
+    return STORAGE_NOTES[storage_kind(storage)].format(rows=int4_rows(storage))
 
 
 def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,

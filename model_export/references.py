@@ -13,15 +13,11 @@ from disan.manifest import BundleError, available_variants, sha256_file, variant
 from disan.text import Vocab
 
 
-def storage_of(manifest: dict[str, Any], task: str) -> str:
-    """How `task`'s word-vector table is stored: the manifest's one storage, or its per-model one."""
-    storage = (manifest.get("weights") or {}).get("embedding_storage") or "fp32"
-    return storage if isinstance(storage, str) else storage.get(task, "fp32")
-
-
-def matrix_storage_of(manifest: dict[str, Any], task: str) -> str:
-    """How `task`'s other parameters are stored (`weights.matrix_storage`; fp32 when absent)."""
-    storage = (manifest.get("weights") or {}).get("matrix_storage") or "fp32"
+def storage_of(manifest: dict[str, Any], task: str, field: str = "embedding_storage") -> str:
+    """How `task`'s word-vector table is stored (`weights.embedding_storage`), or with `field`
+    "matrix_storage" its other parameters: the manifest's one storage, or its per-model one;
+    fp32 when absent (bundles before that field)."""
+    storage = (manifest.get("weights") or {}).get(field) or "fp32"
     return storage if isinstance(storage, str) else storage.get(task, "fp32")
 
 
@@ -59,7 +55,7 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
             model = reindexed(model, own_vocab, vocab)
         models[task] = model
     as_stored(models, {task: storage_of(manifest, task) for task in models},  # as the export did
-              {task: matrix_storage_of(manifest, task) for task in models})
+              {task: storage_of(manifest, task, "matrix_storage") for task in models})
     return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 

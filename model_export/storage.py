@@ -45,7 +45,7 @@ STORAGE_NOTES = {
             "row (`/scale`): each gathered row is Cast to fp32 and multiplied by its scale (a "
             "reader of the whole table, the fp16 variant's cast, dequantises it once; onnxruntime "
             "folds that at session load)",
-    INT4_TAIL + "N": "word-vector tables stored as per-row int8 but for their last N rows (the rarest "
+    INT4_TAIL + "N": "word-vector tables stored as per-row int8 but for their last {rows} rows (the rarest "
                      "words), stored as per-row symmetric int4, two values a byte (`/int4`), with an "
                      "fp32 scale per row (`/scale4`): a Gather reads each part and picks by id",
 }
