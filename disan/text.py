@@ -129,17 +129,21 @@ class _OneEdit:
 
     def __init__(self, itos: Sequence[str], stoi: dict[str, int]):
         low, high = SPELLING_LETTERS.start, SPELLING_LETTERS.stop
-        keys, ids, where = [], [], []
-        for i, w in enumerate(itos):
-            if i > UNK and low <= len(w) <= high and w.isascii() and w.isalpha():
-                for j in range(len(w)):
-                    keys.append(hash(w[:j] + w[j + 1:]))
-                    ids.append(i)
-                    where.append(j)
-        order = np.argsort(np.asarray(keys, dtype=np.int64), kind="stable")
-        self.keys = np.asarray(keys, dtype=np.int64)[order]                 # [N] sorted
-        self.ids = np.asarray(ids, dtype=np.int32)[order]                   # [N] word id
-        self.where = np.asarray(where, dtype=np.int8)[order]                # [N] letter left out
+        words = np.array([i for i, w in enumerate(itos)
+                          if i > UNK and low <= len(w) <= high and w.isascii() and w.isalpha()],
+                         dtype=np.int32)
+        sizes = np.array([len(itos[i]) for i in words], dtype=np.int64)
+        # Streamed into arrays, never Python lists: a list of Python ints costs several times the
+        # array it becomes, and that moment would be the server's peak resident set, which is
+        # what a container's memory limit kills on.
+        keys = np.fromiter((hash(w[:j] + w[j + 1:]) for w in map(itos.__getitem__, words)
+                            for j in range(len(w))), dtype=np.int64, count=int(sizes.sum()))
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]                                             # [N] sorted
+        del keys
+        self.ids = np.repeat(words, sizes)[order]                           # [N] word id
+        starts = np.repeat((np.cumsum(sizes) - sizes).astype(np.int32), sizes)    # [N] its word's first key
+        self.where = (np.arange(len(order), dtype=np.int32) - starts)[order].astype(np.int8)  # [N] letter out
         self.itos, self.stoi = itos, stoi
 
     def nearest(self, q: str) -> int | None:
