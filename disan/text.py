@@ -134,8 +134,7 @@ class _OneEdit:
                          dtype=np.int32)
         sizes = np.array([len(itos[i]) for i in words], dtype=np.int64)
         # Streamed into arrays, never Python lists: a list of Python ints costs several times the
-        # array it becomes, and that moment would be the server's peak resident set, which is
-        # what a container's memory limit kills on.
+        # array it becomes, and that moment can be a process's peak resident set (bench.memory).
         keys = np.fromiter((hash(w[:j] + w[j + 1:]) for w in map(itos.__getitem__, words)
                             for j in range(len(w))), dtype=np.int64, count=int(sizes.sum()))
         order = np.argsort(keys, kind="stable")
