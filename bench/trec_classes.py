@@ -1,0 +1,83 @@
+"""Where the frozen vectors lose TREC: accuracy per question type (docs/results.md).
+
+`disan eval --transfer` reports one TREC accuracy. This fits the same probe (`disan.transfer`'s
+fixed-protocol logistic regression on trec_train) for each encoder and splits its trec_test
+accuracy by the six coarse types, with the questions one encoder gets right and another wrong.
+
+    python -m bench.trec_classes --bundle models/default --data ../shared/data --baselines minilm,mpnet
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from bench.report import run_and_report
+from disan.data import read_jsonl
+from disan.transfer import (
+    add_baselines,
+    classifier,
+    disan_encoder,
+    glove_encoder,
+    minilm_encoder,
+    mpnet_encoder,
+)
+
+EXAMPLES = 12  # questions listed per baseline that DiSAN gets wrong and it gets right
+BASELINES = {"glove": ("glove", glove_encoder), "minilm": ("minilm", minilm_encoder),
+             "mpnet": ("mpnet", mpnet_encoder)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    encoders = {"disan": lambda: disan_encoder(args.bundle)}
+    add_baselines(encoders, args.baselines, BASELINES, "--baselines")  # a wrong name fails first
+    senteval = args.data / "senteval" / "TREC"
+    train, test = (read_jsonl(senteval / f"trec_{split}.jsonl.gz") for split in ("train", "test"))
+    gold = np.array([r["label"] for r in test])
+    predicted = {}
+    for name, make in encoders.items():
+        encode = make()
+        probe = classifier("fixed").fit(encode([r["text"] for r in train]), [r["label"] for r in train])
+        predicted[name] = probe.predict(encode([r["text"] for r in test]))
+        print(name, f"{100 * float((predicted[name] == gold).mean()):.2f}", flush=True)
+    types = sorted(set(gold))
+    per_type = {t: {"questions": int((gold == t).sum()),
+                    **{n: round(100 * float((p[gold == t] == t).mean()), 2) for n, p in predicted.items()}}
+                for t in types}
+    lost = {}
+    for name in predicted:
+        if name == "disan":
+            continue
+        wrong = np.flatnonzero((predicted["disan"] != gold) & (predicted[name] == gold))
+        lost[name] = {"count": int(len(wrong)),
+                      "examples": [{"text": test[i]["text"], "gold": str(gold[i]),
+                                    "disan": str(predicted["disan"][i])} for i in wrong[:EXAMPLES]]}
+    return {"bundle": str(args.bundle),
+            "accuracy": {n: round(100 * float((p == gold).mean()), 2) for n, p in predicted.items()},
+            "per_type": per_type, "disan_wrong_baseline_right": lost}
+
+
+def markdown(results: dict) -> str:
+    names = list(results["accuracy"])
+    lines = ["| question type | questions | " + " | ".join(names) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+    lines += [f"| {t} | {row['questions']} | " + " | ".join(f"{row[n]:.2f}" for n in names) + " |"
+              for t, row in results["per_type"].items()]
+    total = sum(row["questions"] for row in results["per_type"].values())
+    lines.append(f"| all | {total} | " + " | ".join(f"{results['accuracy'][n]:.2f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=Path("models/default"))
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--baselines", default="minilm", help="comma-separated: glove, minilm, mpnet")
+    parser.add_argument("--json", type=Path, default=Path("bench/trec_classes.json"))
+    return run_and_report(parser, run, markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
