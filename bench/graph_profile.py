@@ -1,0 +1,108 @@
+"""Where one bundle graph spends its time: onnxruntime's node profile, by operator and by node.
+
+    python -m bench.graph_profile --bundle models/default --graph encoder [--batch 64] [--runs 50]
+
+Runs the graph `--runs` times on one batch of real sentences of one length bucket (the offline
+benchmark's; `--lengths 11-25` are SNLI lengths) with onnxruntime's profiler on, and sums each
+node's kernel time. A node group is the nodes whose name starts with a prefix (`--group
+embedding=node_embedding`): the share of, say, the word-table lookup in the whole graph.
+Shares, not absolute times, are what carry from one machine to another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import onnxruntime as ort
+
+from bench.offline import load_sentences
+from bench.report import run_and_report
+from disan.manifest import load_manifest
+from disan.text import Vocab
+
+TOP_NODES = 15
+KERNEL = "_kernel_time"
+
+
+def profile(graph: Path, feed: dict, runs: int, threads: int) -> list[dict]:
+    """The node events of `runs` runs, after a warm-up run that is left out (it allocates)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "profile")
+        session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        for _ in range(runs + 1):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    calls = sorted((e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"),
+                   key=lambda e: e["ts"])
+    warm_up_end = calls[0]["ts"] + calls[0]["dur"]
+    return [e for e in events
+            if e.get("cat") == "Node" and e["name"].endswith(KERNEL) and e["ts"] >= warm_up_end]
+
+
+def run(args: argparse.Namespace) -> dict:
+    manifest = load_manifest(args.bundle)
+    if args.graph not in manifest["graphs"]:
+        raise ValueError(f"--graph {args.graph!r}: the bundle has {', '.join(manifest['graphs'])}")
+    if set(manifest["graphs"][args.graph]["inputs"]) != {"ids", "mask"}:
+        raise ValueError(f"--graph {args.graph!r} does not read texts (inputs ids, mask)")
+    spec = args.group or ["embedding=node_embedding"]
+    if any("=" not in g for g in spec):
+        raise ValueError(f"--group {spec}: give NAME=PREFIX")
+    groups = dict(g.split("=", 1) for g in spec)
+    vocab = Vocab.load(args.bundle / manifest["vocab"])
+    batch = vocab.encode(load_sentences(args.data, args.batch)[args.lengths])
+    events = profile(args.bundle / f"{args.graph}.onnx", {"ids": batch.ids, "mask": batch.mask},
+                     args.runs, args.threads)
+    by_node, by_op = Counter(), Counter()
+    for e in events:
+        by_node[e["name"][: -len(KERNEL)]] += e["dur"]
+        by_op[e["args"]["op_name"]] += e["dur"]
+    total = sum(by_node.values())
+
+    def share(us: float) -> float:
+        return round(100 * us / total, 2)
+
+    return {"bundle": str(args.bundle), "graph": args.graph, "lengths": args.lengths,
+            "batch": list(batch.ids.shape),
+            "threads": args.threads, "runs": args.runs,
+            "microseconds_per_run": round(total / args.runs, 1),
+            "by_operator": {op: share(us) for op, us in by_op.most_common()},
+            "top_nodes": {n: share(us) for n, us in by_node.most_common(TOP_NODES)},
+            "groups": {name: share(sum(us for n, us in by_node.items() if n.startswith(prefix)))
+                       for name, prefix in groups.items()}}
+
+
+def markdown(results: dict) -> str:
+    lines = [f"{results['graph']}, batch {results['batch'][0]} x {results['batch'][1]} tokens, "
+             f"{results['threads']} thread(s): {results['microseconds_per_run']:.0f} us a run", "",
+             "| share of node time (%) | |", "| --- | --- |"]
+    lines += [f"| group {n} | {s:.2f} |" for n, s in results["groups"].items()]
+    lines += [f"| {op} | {s:.2f} |" for op, s in list(results["by_operator"].items())[:10]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=Path("models/default"))
+    parser.add_argument("--graph", default="encoder")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--batch", type=int, default=64, help="sentences in the one batch")
+    parser.add_argument("--lengths", default="11-25", help="the offline benchmark's length bucket")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--group", action="append", metavar="NAME=PREFIX",
+                        help="nodes whose names start with PREFIX, summed "
+                             "(default: embedding=node_embedding, the word-table lookup)")
+    parser.add_argument("--json", type=Path, default=Path("bench/graph_profile.json"))
+    return run_and_report(parser, run, markdown, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
