@@ -1,8 +1,9 @@
 """Where the frozen vectors lose TREC: accuracy per question type (docs/results.md).
 
 `disan eval --transfer` reports one TREC accuracy. This fits the same probe (`disan.transfer`'s
-fixed-protocol logistic regression on trec_train) for each encoder and splits its trec_test
-accuracy by the six coarse types, with the questions one encoder gets right and another wrong.
+logistic regression on trec_train, `--protocol fixed` or `tuned` as there) for each encoder and
+splits its trec_test accuracy by the six coarse types, with the questions a baseline gets right
+and DiSAN wrong.
 
     python -m bench.trec_classes --bundle models/default --data ../shared/data --baselines minilm,mpnet
 """
@@ -17,6 +18,7 @@ import numpy as np
 from bench.report import run_and_report
 from disan.data import read_jsonl
 from disan.transfer import (
+    PROTOCOLS,
     add_baselines,
     classifier,
     disan_encoder,
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> dict:
     predicted = {}
     for name, make in encoders.items():
         encode = make()
-        probe = classifier("fixed").fit(encode([r["text"] for r in train]), [r["label"] for r in train])
+        probe = classifier(args.protocol).fit(encode([r["text"] for r in train]), [r["label"] for r in train])
         predicted[name] = probe.predict(encode([r["text"] for r in test]))
         print(name, f"{100 * float((predicted[name] == gold).mean()):.2f}", flush=True)
     types = sorted(set(gold))
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
         lost[name] = {"count": int(len(wrong)),
                       "examples": [{"text": test[i]["text"], "gold": str(gold[i]),
                                     "disan": str(predicted["disan"][i])} for i in wrong[:EXAMPLES]]}
-    return {"bundle": str(args.bundle),
+    return {"bundle": str(args.bundle), "protocol": args.protocol,
             "accuracy": {n: round(100 * float((p == gold).mean()), 2) for n, p in predicted.items()},
             "per_type": per_type, "disan_wrong_baseline_right": lost}
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--baselines", default="minilm", help="comma-separated: glove, minilm, mpnet")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed")
     parser.add_argument("--json", type=Path, default=Path("bench/trec_classes.json"))
     return run_and_report(parser, run, markdown, argv)
 

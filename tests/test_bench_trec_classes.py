@@ -33,7 +33,8 @@ def questions(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def test_types_split_the_probe_accuracy(tiny_bundle, tmp_path, monkeypatch):
+@pytest.mark.parametrize("protocol", ["fixed", "tuned"])
+def test_types_split_the_probe_accuracy(tiny_bundle, tmp_path, monkeypatch, protocol):
     data = tmp_path / "data"
     train, test = questions(80, 0), questions(24, 1)
     write(data / "senteval/TREC/trec_train.jsonl.gz", train)
@@ -46,8 +47,9 @@ def test_types_split_the_probe_accuracy(tiny_bundle, tmp_path, monkeypatch):
     monkeypatch.setitem(bench.BASELINES, "oracle", ("oracle", oracle))
     out = tmp_path / "trec.json"
     assert bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--baselines", "oracle",
-                       "--json", str(out)]) == 0
+                       "--protocol", protocol, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    assert report["protocol"] == protocol
     assert report["accuracy"]["oracle"] == 100.0
     assert {t: row["questions"] for t, row in report["per_type"].items()} == {t: 6 for t in TYPES}
     # the overall accuracy is the question-weighted mean of the types'
