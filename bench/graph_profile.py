@@ -2,10 +2,12 @@
 
     python -m bench.graph_profile --bundle models/default --graph encoder [--batch 64] [--runs 50]
 
-Runs the graph `--runs` times on one batch of real sentences of one length bucket (the offline
+Runs the graph a graph set serves (`--set cpu`: the CPU server's file, e.g. the chunked
+encoder) `--runs` times on one batch of real sentences of one length bucket (the offline
 benchmark's; `--lengths 11-25` are SNLI lengths) with onnxruntime's profiler on, and sums each
-node's kernel time. A node group is the nodes whose name starts with a prefix (`--group
-embedding=node_embedding`): the share of, say, the word-table lookup in the whole graph.
+node's kernel time once (a Scan's steps count as their nodes, the Scan as its own overhead). A
+node group is the nodes whose name starts with a prefix (`--group embedding=node_embedding`):
+the share of, say, the word-table lookup in the whole graph.
 Shares, not absolute times, are what carry from one machine to another.
 """
 
@@ -17,6 +19,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 
 from bench.offline import load_sentences
@@ -46,6 +49,36 @@ def profile(graph: Path, feed: dict, runs: int, threads: int) -> list[dict]:
             if e.get("cat") == "Node" and e["name"].endswith(KERNEL) and e["ts"] >= warm_up_end]
 
 
+def body_owners(graph: onnx.GraphProto) -> dict[str, str]:
+    """Each node inside a control-flow node's body (a Scan's step) -> the name of that node; at
+    any depth, each to its direct owner."""
+    owners = {}
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                owners |= {inner.name: node.name for inner in attr.g.node} | body_owners(attr.g)
+    return owners
+
+
+def leaf_times(events: list[dict], graph_file: Path) -> tuple[Counter, Counter]:
+    """Kernel time by node and by operator, each microsecond counted once.
+
+    The profiler reports a Scan's body nodes and also the Scan itself, whose time includes them:
+    the body nodes stay, and the control-flow node keeps only its own time (the loop's overhead)."""
+    owners = body_owners(onnx.load(str(graph_file), load_external_data=False).graph)
+    by_node, by_op, op_of = Counter(), Counter(), {}
+    for e in events:
+        name, op = e["name"][: -len(KERNEL)], e["args"]["op_name"]
+        by_node[name] += e["dur"]
+        by_op[op] += e["dur"]
+        op_of[name] = op
+    for name, owner in owners.items():
+        if name in by_node and owner in by_node:
+            by_node[owner] -= by_node[name]
+            by_op[op_of[owner]] -= by_node[name]
+    return by_node, by_op
+
+
 def run(args: argparse.Namespace) -> dict:
     manifest = load_manifest(args.bundle)
     if args.graph not in manifest["graphs"]:
@@ -56,20 +89,21 @@ def run(args: argparse.Namespace) -> dict:
     if any("=" not in g for g in spec):
         raise ValueError(f"--group {spec}: give NAME=PREFIX")
     groups = dict(g.split("=", 1) for g in spec)
+    if args.set not in manifest["sets"]:
+        raise ValueError(f"--set {args.set!r}: the bundle has {', '.join(manifest['sets'])}")
+    graph_set = manifest["sets"][args.set]
+    graph_file = graph_set["variants"][graph_set["default_variant"]]["files"][args.graph]  # what is served
     vocab = Vocab.load(args.bundle / manifest["vocab"])
     batch = vocab.encode(load_sentences(args.data, args.batch)[args.lengths])
-    events = profile(args.bundle / f"{args.graph}.onnx", {"ids": batch.ids, "mask": batch.mask},
-                     args.runs, args.threads)
-    by_node, by_op = Counter(), Counter()
-    for e in events:
-        by_node[e["name"][: -len(KERNEL)]] += e["dur"]
-        by_op[e["args"]["op_name"]] += e["dur"]
+    feed = {"ids": batch.ids, "mask": batch.mask}
+    events = profile(args.bundle / graph_file, feed, args.runs, args.threads)
+    by_node, by_op = leaf_times(events, args.bundle / graph_file)
     total = sum(by_node.values())
 
     def share(us: float) -> float:
         return round(100 * us / total, 2)
 
-    return {"bundle": str(args.bundle), "graph": args.graph, "lengths": args.lengths,
+    return {"bundle": str(args.bundle), "graph": args.graph, "file": graph_file, "lengths": args.lengths,
             "batch": list(batch.ids.shape),
             "threads": args.threads, "runs": args.runs,
             "microseconds_per_run": round(total / args.runs, 1),
@@ -80,7 +114,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"{results['graph']}, batch {results['batch'][0]} x {results['batch'][1]} tokens, "
+    rows, width = results["batch"]
+    lines = [f"{results['graph']} ({results['file']}), batch {rows} x {width} tokens, "
              f"{results['threads']} thread(s): {results['microseconds_per_run']:.0f} us a run", "",
              "| share of node time (%) | |", "| --- | --- |"]
     lines += [f"| group {n} | {s:.2f} |" for n, s in results["groups"].items()]
@@ -92,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
     parser.add_argument("--graph", default="encoder")
+    parser.add_argument("--set", default="cpu", help="the manifest's graph set whose default variant is run "
+                        "(on the CPU provider whatever the set)")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--batch", type=int, default=64, help="sentences in the one batch")
     parser.add_argument("--lengths", default="11-25", help="the offline benchmark's length bucket")

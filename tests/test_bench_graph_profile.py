@@ -30,6 +30,8 @@ def test_shares_of_node_time(tiny_bundle, data, tmp_path):
     assert bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--lengths", "1-10",
                        "--batch", "8", "--runs", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    cpu = json.loads((tiny_bundle / "manifest.json").read_text())["sets"]["cpu"]
+    assert report["file"] == cpu["variants"][cpu["default_variant"]]["files"]["encoder"]  # the served file
     assert report["batch"][0] == 8 and report["microseconds_per_run"] > 0
     assert sum(report["by_operator"].values()) == pytest.approx(100, abs=0.1)
     assert "MatMul" in report["by_operator"]
@@ -60,3 +62,25 @@ def test_a_graph_that_does_not_read_texts_is_refused(tiny_bundle, data):
     with pytest.raises(ValueError, match="the bundle has"):
         bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--graph", "decoder",
                     "--json", str(data / "p.json")])
+    with pytest.raises(ValueError, match="--set 'tpu'"):
+        bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--set", "tpu",
+                    "--json", str(data / "p.json")])
+
+
+def test_a_scan_body_is_counted_once(tiny_bundle):
+    """The profiler reports a Scan and, again, the nodes of its body inside the Scan's time."""
+    import onnx
+
+    path = tiny_bundle / "encoder.chunked.onnx"
+    graph = onnx.load(str(path), load_external_data=False).graph
+    scan = next(n for n in graph.node if n.op_type == "Scan")
+    inner = next(a.g for a in scan.attribute if a.type == onnx.AttributeProto.GRAPH).node[0]
+    outer = next(n for n in graph.node if n.op_type != "Scan")
+
+    def event(node, op, dur):
+        return {"name": node.name + bench.KERNEL, "dur": dur, "args": {"op_name": op}}
+
+    events = [event(inner, inner.op_type, 10), event(scan, "Scan", 15), event(outer, outer.op_type, 5)]
+    by_node, by_op = bench.leaf_times(events, path)
+    assert by_node[scan.name] == 5 and by_node[inner.name] == 10 and by_node[outer.name] == 5
+    assert sum(by_node.values()) == 20 and by_op["Scan"] == 5
