@@ -22,13 +22,14 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from bench.offline import load_sentences
+from bench.offline import BUCKETS, load_sentences
 from bench.report import run_and_report
 from disan.manifest import load_manifest
 from disan.text import Vocab
 
 TOP_NODES = 15
 KERNEL = "_kernel_time"
+LENGTHS = [f"{lo}-{hi}" for lo, hi in BUCKETS]  # the offline benchmark's length buckets
 
 
 def profile(graph: Path, feed: dict, runs: int, threads: int) -> list[dict]:
@@ -123,6 +124,13 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def positive(text: str) -> int:
+    """argparse type: a whole number of at least 1 (no run, batch or thread: nothing to profile)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
@@ -130,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", default="cpu", help="the manifest's graph set whose default variant is run "
                         "(on the CPU provider whatever the set)")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--batch", type=int, default=64, help="sentences in the one batch")
-    parser.add_argument("--lengths", default="11-25", help="the offline benchmark's length bucket")
-    parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=positive, default=64, help="sentences in the one batch")
+    parser.add_argument("--lengths", default="11-25", choices=LENGTHS,
+                        help="the offline benchmark's length bucket")
+    parser.add_argument("--runs", type=positive, default=50)
+    parser.add_argument("--threads", type=positive, default=1)
     parser.add_argument("--group", action="append", metavar="NAME=PREFIX",
                         help="nodes whose names start with PREFIX, summed "
                              "(default: embedding=node_embedding, the word-table lookup)")

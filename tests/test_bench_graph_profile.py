@@ -62,6 +62,10 @@ def test_a_graph_that_does_not_read_texts_is_refused(tiny_bundle, data):
     with pytest.raises(ValueError, match="the bundle has"):
         bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--graph", "decoder",
                     "--json", str(data / "p.json")])
+    for flag, value in [("--lengths", "5-9"), ("--runs", "0"), ("--batch", "-1")]:
+        with pytest.raises(SystemExit):  # argparse's one-line error, not a KeyError or a division by 0
+            bench.main(["--bundle", str(tiny_bundle), "--data", str(data), flag, value,
+                        "--json", str(data / "p.json")])
     with pytest.raises(ValueError, match="--set 'tpu'"):
         bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--set", "tpu",
                     "--json", str(data / "p.json")])
