@@ -115,6 +115,11 @@ def mpnet_encoder() -> Encoder:
     return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True)
 
 
+# --baselines key -> (row label, encoder factory)
+BASELINES = {"glove": ("GloVe 6B 50d mean", glove_encoder),
+             "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
+             "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
+
 PROTOCOLS = ("fixed", "tuned")
 TUNED_C = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # inverse L2 penalty of the logistic regressions
 TUNED_ALPHA = tuple(10.0 ** (k / 2) for k in range(11))  # ridge penalty: 1 to 1e5
@@ -241,10 +246,7 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     check_protocol(protocol, "--protocol")  # before any encoder loads
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
     encoders = encoders_under_test(args, "DiSAN (this bundle)")
-    baselines = {"glove": ("GloVe 6B 50d mean", glove_encoder),
-                 "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
-                 "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
-    add_baselines(encoders, args.baselines, baselines, "--baselines")
+    add_baselines(encoders, args.baselines, BASELINES, "--baselines")
     results = {}
     data_root = args.data if (args.data / "sst").is_dir() else None
     for name, make in encoders.items():

@@ -44,7 +44,7 @@ def test_types_split_the_probe_accuracy(tiny_bundle, tmp_path, monkeypatch, prot
     def oracle() -> object:  # a baseline that reads the type off the text: right on every question
         return lambda texts: np.array([[float(label_of[t] == k) for k in TYPES] for t in texts])
 
-    monkeypatch.setitem(bench.BASELINES, "oracle", ("oracle", oracle))
+    monkeypatch.setitem(bench.transfer.BASELINES, "oracle", ("an oracle", oracle))
     out = tmp_path / "trec.json"
     assert bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--baselines", "oracle",
                        "--protocol", protocol, "--json", str(out)]) == 0
