@@ -185,9 +185,9 @@ def test_spelling_matches_every_edit_of_the_brute_force() -> None:
 
 
 def test_spelling_index_builds_without_a_list_per_key() -> None:
-    """The index is built on a server's load, so its peak is the server's peak resident set: a
-    Python list of hashes on the way (about 87 bytes a key at peak) would double it. The arrays
-    kept are 13 bytes a key (hash, id, letter)."""
+    """The index is built while a bundle loads, so its peak can be the process's peak resident
+    set: a Python list of hashes on the way costs several times the arrays kept, which are 13
+    bytes a key (hash, id, letter)."""
     import random
     import string
     import tracemalloc
