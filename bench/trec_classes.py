@@ -6,6 +6,7 @@ splits its trec_test accuracy by the six coarse types, with the questions a base
 and DiSAN wrong.
 
     python -m bench.trec_classes --bundle models/default --data ../shared/data --baselines minilm,mpnet
+    python -m bench.trec_classes --checkpoint runs/x/best.pt --baselines ''   # a student before export
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import numpy as np
 from bench.report import run_and_report
 from disan import transfer
 from disan.data import read_jsonl
-from disan.transfer import PROTOCOLS, add_baselines, classifier, disan_encoder
+from disan.transfer import PROTOCOLS, add_baselines, checkpoint_encoder, classifier, disan_encoder
 
 EXAMPLES = 12  # questions listed per baseline that DiSAN gets wrong and it gets right
 
 
 def run(args: argparse.Namespace) -> dict:
-    encoders = {"disan": lambda: disan_encoder(args.bundle)}
+    encoders = {"disan": (lambda: checkpoint_encoder(args.checkpoint)) if args.checkpoint
+                else (lambda: disan_encoder(args.bundle))}
     named = {key: (key, make) for key, (_label, make) in transfer.BASELINES.items()}  # short column names
     add_baselines(encoders, args.baselines, named, "--baselines")  # a wrong name fails first
     senteval = args.data / "senteval" / "TREC"
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> dict:
         lost[name] = {"count": int(len(wrong)),
                       "examples": [{"text": test[i]["text"], "gold": str(gold[i]),
                                     "disan": str(predicted["disan"][i])} for i in wrong[:EXAMPLES]]}
-    return {"bundle": str(args.bundle), "protocol": args.protocol,
+    source = {"checkpoint": str(args.checkpoint)} if args.checkpoint else {"bundle": str(args.bundle)}
+    return {**source, "protocol": args.protocol,
             "accuracy": {n: round(100 * float((p == gold).mean()), 2) for n, p in predicted.items()},
             "per_type": per_type, "disan_wrong_baseline_right": lost}
 
@@ -67,6 +70,8 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=Path("models/default"))
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="score this student checkpoint (before export, in torch) instead of --bundle")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--baselines", default="minilm", help="comma-separated: glove, minilm, mpnet")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed")

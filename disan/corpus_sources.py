@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from disan.data import read_jsonl
+from disan.question_variants import with_variants
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,10 @@ def _trivia(root: Path) -> Iterator[str]:
                 yield " ".join(line[3:].split())
 
 
+def _trivia_variants(root: Path) -> Iterator[str]:
+    yield from with_variants(list(_trivia(root)))
+
+
 # --- staged training text (never dev/test files) ----------------------------------------------
 _PTB = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "``": '"', "''": '"', "\\/": "/"}
 
@@ -299,6 +304,11 @@ SOURCES = [
     Source("trivia-questions", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions)",
            "CC BY-SA 4.0", _trivia, default=False,
            git="https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"),
+    # The same questions, each followed by rewrites that ask for another kind of answer
+    # (`disan.question_variants`): opt-in, an experiment on TREC's question types.
+    Source("trivia-question-variants", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions "
+           "and their head-swapped rewrites, disan.question_variants)", "CC BY-SA 4.0", _trivia_variants,
+           default=False, git="https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"),
 ]
 
 

@@ -64,3 +64,25 @@ def test_an_unknown_baseline_is_named(tiny_bundle, tmp_path):
     with pytest.raises(ValueError, match="--baselines"):
         bench.main(["--bundle", str(tiny_bundle), "--data", str(tmp_path), "--baselines", "bert",
                     "--json", str(tmp_path / "x.json")])
+
+
+def test_a_checkpoint_is_scored_instead_of_the_bundle(tmp_path, monkeypatch):
+    """--checkpoint scores a student before export (in torch); the bundle is not read."""
+    data = tmp_path / "data"
+    train, test = questions(40, 0), questions(12, 1)
+    write(data / "senteval/TREC/trec_train.jsonl.gz", train)
+    write(data / "senteval/TREC/trec_test.jsonl.gz", test)
+    label_of = {r["text"]: r["label"] for r in train + test}
+    loaded = []
+
+    def fake_checkpoint(path):
+        loaded.append(path)
+        return lambda texts: np.array([[float(label_of[t] == k) for k in TYPES] for t in texts])
+
+    monkeypatch.setattr(bench, "checkpoint_encoder", fake_checkpoint)
+    out = tmp_path / "trec.json"
+    assert bench.main(["--checkpoint", str(tmp_path / "best.pt"), "--bundle", str(tmp_path / "absent"),
+                       "--data", str(data), "--baselines", "", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert loaded == [tmp_path / "best.pt"] and report["checkpoint"] == str(tmp_path / "best.pt")
+    assert report["accuracy"] == {"disan": 100.0} and "bundle" not in report
