@@ -11,6 +11,10 @@ optional preposition) and at most two more words, and AUX an auxiliary verb; tha
 variant grammatical in the common case. The heads are grouped by the answer they ask for, the
 coarse classes of question classification (Li and Roth 2002), and a question's variants take
 heads from classes other than its own.
+
+Measured once (2026-11-28, `docs/distillation.md`, "Questions that differ in what they ask"): a
+phase with the rewrites scored lower on TREC than the same phase with the questions alone. The
+source stays opt-in, so that the measurement can be repeated (e.g. in a longer run on a GPU).
 """
 
 from __future__ import annotations
