@@ -234,6 +234,9 @@ def _mailing_lists(root: Path) -> Iterator[str]:
             yield " ".join(para)
 
 
+_OPEN_TRIVIA_QA = "https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"
+
+
 def _trivia(root: Path) -> Iterator[str]:
     """The questions of OpenTriviaQA (`#Q` lines of `categories/*`; answers are not sentences)."""
     for path in sorted((root / "categories").iterdir()):
@@ -303,12 +306,12 @@ SOURCES = [
     # Questions, nearly absent above (TREC classifies questions): opt-in for the same reason.
     Source("trivia-questions", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions)",
            "CC BY-SA 4.0", _trivia, default=False,
-           git="https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"),
+           git=_OPEN_TRIVIA_QA),
     # The same questions, each followed by rewrites that ask for another kind of answer
     # (`disan.question_variants`): opt-in, an experiment on TREC's question types.
     Source("trivia-question-variants", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions "
            "and their head-swapped rewrites, disan.question_variants)", "CC BY-SA 4.0", _trivia_variants,
-           default=False, git="https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"),
+           default=False, git=_OPEN_TRIVIA_QA),
 ]
 
 
