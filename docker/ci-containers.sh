@@ -117,9 +117,11 @@ build() {  # TAG DOCKERFILE [podman build options]
         echo "podman build of $file failed (log: $out)" >&2
         exit 1
     fi
-    # The image this one replaces would otherwise pile up run after run.
+    # The image this one replaces would otherwise pile up run after run. It is removed once every
+    # build is done: removing it while another build looks up its cache fails that build with
+    # "layer not known" (a podman race, containers/buildah#5674).
     new=$(podman image inspect --format '{{.Id}}' "$tag")
-    [ -z "$old" ] || [ "$old" = "$new" ] || podman rmi "$old" >/dev/null 2>&1 || true
+    [ -z "$old" ] || [ "$old" = "$new" ] || echo "$old" >>"$STATE/replaced-images"
     log "built $tag"
 }
 
@@ -151,9 +153,15 @@ wait_all() {  # wait for every background job; fail if any failed
 
 stale_images=$(podman images -q --filter dangling=true --filter "after=$PYTHON_BASE" 2>/dev/null || true)
 # The steps wait on the network, on disk and on one core each (pip, dpkg): run them side by side.
+rm -f "$STATE/replaced-images"
 python_images &
 nginx_image &
 wait_all
+if [ -f "$STATE/replaced-images" ]; then
+    # shellcheck disable=SC2046  # one image id per line
+    podman rmi $(sort -u "$STATE/replaced-images") >/dev/null 2>&1 || true
+    rm -f "$STATE/replaced-images"
+fi
 
 # ------------------------------------------------------------------------------ run
 log "running tests/test_containers_live.py"

@@ -339,3 +339,15 @@ def test_dockerignore_allows_what_images_copy() -> None:
                 source = source.rstrip("/")
                 assert source in allowed or source.split("/")[0] in allowed, (path.name, source)
                 assert (ROOT / source).exists() or source.startswith("models/"), (path.name, source)
+
+
+def test_no_image_is_removed_while_builds_run_side_by_side() -> None:
+    """The service images build in parallel; a build that removed the image it replaced while the
+    other looked up its cache failed it with "layer not known" (a podman race, seen in CI on
+    2026-11-28). Replaced images are removed only after every build is done."""
+    script = (DOCKER / "ci-containers.sh").read_text(encoding="utf-8")
+    build = re.search(r"^build\(\) \{.*?^\}", script, re.M | re.S).group(0)
+    assert "podman rmi" not in build and "replaced-images" in build
+    after = script[script.index("python_images &\nnginx_image &\nwait_all\n"):]
+    assert after.index("replaced-images") < after.index("tests/test_containers_live.py")
+    assert "podman rmi $(sort -u" in after
