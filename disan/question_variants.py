@@ -95,16 +95,18 @@ def variants(question: str, per_question: int, rng: random.Random) -> list[str]:
     aux = rest.split()[0].lower()
     of_noun = _OF_NOUN.match(rest) if head.lower() in {"what", "which"} else None
     if of_noun:
-        own = _NOUN_CLASS.get(of_noun["noun"])
-        classes = [c for c in NOUNS if c != own]
-        rng.shuffle(classes)
         return [f"{head} {of_noun['aux']} the {rng.choice(NOUNS[cls])} of {of_noun['rest']}"
-                for cls in classes[:per_question]]
-    own = head_class(head)
+                for cls in _other_classes(_NOUN_CLASS.get(of_noun["noun"]), rng)[:per_question]]
+    heads = BARE_HEADS if aux in COPULAS else HEADS
+    return [f"{rng.choice(heads[cls])} {rest}"
+            for cls in _other_classes(head_class(head), rng)[:per_question]]
+
+
+def _other_classes(own: str | None, rng: random.Random) -> list[str]:
+    """The answer classes but `own`, in a random order (HEADS and NOUNS share their classes)."""
     classes = [c for c in HEADS if c != own]
     rng.shuffle(classes)
-    heads = BARE_HEADS if aux in COPULAS else HEADS
-    return [f"{rng.choice(heads[cls])} {rest}" for cls in classes[:per_question]]
+    return classes
 
 
 def with_variants(questions: list[str], per_question: int = 3, seed: int = 0) -> list[str]:
