@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -27,9 +26,6 @@ from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
 from disan.text import Vocab
 from disan.train_config import TrainConfig
-
-matplotlib.use("Agg")  # curves are written to PNG files, never shown
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 
 def collate(data: EncodedDataset, idx: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
@@ -301,7 +297,16 @@ def _progress(cfg: TrainConfig, total: int, initial: int):
 
 
 def plot_curves(history: list[dict], path: Path) -> None:
-    """Loss and accuracy (train running mean, dev) against steps -> PNG."""
+    """Loss and accuracy (train running mean, dev) against steps -> PNG.
+
+    Skipped where matplotlib is missing (a lent GPU's Python has none, and nothing can be installed
+    there): the figure only redraws metrics.jsonl, which every run writes."""
+    try:
+        import matplotlib  # here, not at the top: optional where the runs are trained (see above)
+    except ImportError:
+        return
+    matplotlib.use("Agg")  # curves are written to PNG files, never shown
+    import matplotlib.pyplot as plt
     steps = [r["step"] for r in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot(steps, [r["train_loss"] for r in history], label="train")

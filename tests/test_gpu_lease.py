@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [ROOT / "deploy" / "gpu-lease" / "pack.sh", ROOT / "deploy" / "gpu-lease" / "device.sh",
+           ROOT / "deploy" / "gpu-lease" / "pack-sentiment.sh", ROOT / "deploy" / "gpu-lease" / "kit-lib.sh",
            ROOT / "bench" / "gpu_device.sh"]
 
 
@@ -73,3 +76,22 @@ def test_fetch_brings_the_pieces_a_reply_left_out_whatever_the_file_was_called(
     pieces = sorted(out.glob("phase2.pt.part-*")) + sorted(later.iterdir())
     assert [p.name[-1] for p in pieces] == list("012345")
     assert b"".join(p.read_bytes() for p in pieces) == ckpt.read_bytes()
+
+
+def test_the_sentiment_runs_come_back_in_one_file_and_dev_picks_the_run(tmp_path: Path) -> None:
+    runs = []
+    for seed, dev, test in ((0, 0.49, 0.52), (3, 0.50, 0.48), (7, 0.50, 0.53)):
+        run = tmp_path / f"sst5-s{seed}"
+        run.mkdir()
+        rows = [{"step": 250, "dev_acc": dev - 0.01},
+                {"event": "final", "best_step": 250, "dev_acc": dev, "test_acc": test}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run / "metrics.jsonl")
+    out = tmp_path / "all.jsonl"
+    got = subprocess.run([sys.executable, str(ROOT / "deploy" / "gpu-lease" / "sentiment_runs.py"),
+                          str(out), *map(str, runs)], capture_output=True, text=True, check=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == str(tmp_path / "sst5-s3")  # dev decides, the first on a tie
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [0, 0, 3, 3, 7, 7]
+    assert rows[-1] == {"seed": 7, "event": "final", "best_step": 250, "dev_acc": 0.50, "test_acc": 0.53}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +169,22 @@ def test_members_trained_over_a_frozen_table_join_an_ensemble(files, tmp_path: P
     free = tmp_path / "free" / "best.pt"
     assert main(["ensemble", str(first), str(free), "--out", str(tmp_path / "x.pt")]) == 2
     assert "not the first model's" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
+
+
+def test_a_python_without_matplotlib_trains_and_skips_only_the_figure(files, tmp_path: Path) -> None:
+    """A lent GPU's Python has no matplotlib and nothing can be installed there; `disan train` ran
+    its SST-5 lease steps only once the figure, which redraws metrics.jsonl, became optional."""
+    out = tmp_path / "run"
+    args = ["train", "--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
+            "--glove", files["glove"], "--epochs", "1", "--eval-every", "2", "--out", out, *TINY]
+    code = ("import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
+            "from disan.cli import main\n"
+            f"raise SystemExit(main({[str(a) for a in args]!r}))")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert (out / "best.pt").is_file() and (out / "metrics.jsonl").is_file()
+    assert not (out / "curves.png").exists()
 
 
 def test_resume_continues_exactly(files, tmp_path: Path) -> None:

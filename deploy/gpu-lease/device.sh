@@ -15,6 +15,9 @@
 #                                             static word vectors of its vocabulary)
 #   bash .gpurun/run.sh fetch N...            pieces N... of what train or pieces split last, to $OUT
 #   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
+#   bash .gpurun/run.sh sentiment "0 1 2" ARGS (a kit of pack-sentiment.sh, with its last piece)
+#                                             one `disan train --recipe sst5 ARGS` a seed, side by
+#                                             side; all runs' metrics and the best dev run back
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
 # kit's folder from /tmp/kit.
@@ -47,15 +50,37 @@ pretrain() {  # disan pretrain into a new run folder, then its best.pt back in f
   cp "$run/metrics.jsonl" "$OUT/"
   pieces "$kit/best16.pt"
 }
+unpack() {  # the kit's pieces in /tmp/w, checked and unpacked into $kit (once)
+  [ -f "$kit/.unpacked" ] && return
+  got=$(cat /tmp/w/kit.tar.xz.part-* | sha256sum | cut -d' ' -f1)
+  [ "$got" = "$(cat .gpurun/kit.sha256)" ] || { echo "kit sha256 $got does not match"; exit 3; }
+  mkdir -p "$kit" && cat /tmp/w/kit.tar.xz.part-* | xz -d -T0 | tar -x -C "$kit" --strip-components 1
+  touch "$kit/.unpacked"
+}
+
+sentiment() {  # "SEEDS" TRAIN_ARGS: one `disan train --recipe sst5` a seed, side by side; every
+  # run's metrics in one file (a reply holds 8 files), the best dev run's best.pt in fp16 pieces
+  local seeds=$1 s failed=0; shift
+  local soft=(); [ -f "$kit/soft.npz" ] && soft=(--soft-targets "$kit/soft.npz")
+  for s in $seeds; do
+    python3 -m disan.cli train --recipe sst5 --data "$kit/data" --vocab "$kit/vocab.json" \
+      "${soft[@]}" --device "$dev" --no-progress --seed "$s" --out "$kit/sst5-s$s" "$@" \
+      > "$kit/sst5-s$s.log" 2>&1 &
+  done
+  for p in $(jobs -p); do wait "$p" || failed=1; done
+  for s in $seeds; do echo "seed $s: $(tail -n 1 "$kit/sst5-s$s.log")"; done
+  [ $failed = 0 ] || { echo "a run failed (its log above)"; exit 4; }
+  best=$(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$kit"/sst5-s*/metrics.jsonl)
+  echo "best dev: $best"
+  python3 -m disan.cli slim "$best/best.pt" "$kit/sentiment16.pt"
+  pieces "$kit/sentiment16.pt"
+}
+
 case $step in
   stash)
     ls /tmp/w; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true ;;
   teacher)
-    if [ ! -d "$kit/corpus" ]; then
-      got=$(cat /tmp/w/kit.tar.xz.part-* | sha256sum | cut -d' ' -f1)
-      [ "$got" = "$(cat .gpurun/kit.sha256)" ] || { echo "kit sha256 $got does not match"; exit 3; }
-      mkdir -p "$kit" && cat /tmp/w/kit.tar.xz.part-* | xz -d -T0 | tar -x -C "$kit" --strip-components 1
-    fi
+    unpack
     python3 -m disan.cli teacher --corpus "$kit/corpus" --teacher mpnet --device "$dev" \
       --batch-size 512 "$@" ;;
   train)
@@ -66,5 +91,8 @@ case $step in
     for n in "$@"; do cp "$kit"/back/*.part-"$n" "$OUT/"; done ;;
   pieces)
     pieces "$1" ;;
+  sentiment)
+    unpack
+    sentiment "$@" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
