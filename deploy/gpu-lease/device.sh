@@ -60,17 +60,20 @@ unpack() {  # the kit's pieces in /tmp/w, checked and unpacked into $kit (once)
 
 sentiment() {  # "SEEDS" TRAIN_ARGS: one `disan train --recipe sst5` a seed, side by side; every
   # run's metrics in one file (a reply holds 8 files), the best dev run's best.pt in fp16 pieces
-  local seeds=$1 s failed=0; shift
+  local seeds=$1 s failed=0 runs; shift
+  # a new folder a call, as pretrain's: a warm machine keeps the runs of an earlier call in $kit,
+  # which must neither be joined to this call's nor picked as its best
+  runs=$(mktemp -d "$kit/sst5-XXXX")
   local soft=(); [ -f "$kit/soft.npz" ] && soft=(--soft-targets "$kit/soft.npz")
   for s in $seeds; do
     python3 -m disan.cli train --recipe sst5 --data "$kit/data" --vocab "$kit/vocab.json" \
-      "${soft[@]}" --device "$dev" --no-progress --seed "$s" --out "$kit/sst5-s$s" "$@" \
-      > "$kit/sst5-s$s.log" 2>&1 &
+      "${soft[@]}" --device "$dev" --no-progress --seed "$s" --out "$runs/sst5-s$s" "$@" \
+      > "$runs/sst5-s$s.log" 2>&1 &
   done
   for p in $(jobs -p); do wait "$p" || failed=1; done
-  for s in $seeds; do echo "seed $s: $(tail -n 1 "$kit/sst5-s$s.log")"; done
+  for s in $seeds; do echo "seed $s: $(tail -n 1 "$runs/sst5-s$s.log")"; done
   [ $failed = 0 ] || echo "a run failed (its log above); the finished ones come back"
-  best=$(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$kit"/sst5-s*/metrics.jsonl)
+  best=$(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$runs"/sst5-s*/metrics.jsonl)
   echo "best dev: $best"
   python3 -m disan.cli slim "$best/best.pt" "$kit/sentiment16.pt"
   pieces "$kit/sentiment16.pt"
