@@ -95,3 +95,14 @@ def test_the_sentiment_runs_come_back_in_one_file_and_dev_picks_the_run(tmp_path
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["seed"] for r in rows] == [0, 0, 3, 3, 7, 7]
     assert rows[-1] == {"seed": 7, "event": "final", "best_step": 250, "dev_acc": 0.50, "test_acc": 0.53}
+
+
+def test_the_sentiment_packer_names_a_missing_file_in_one_line(tmp_path: Path, bash: str) -> None:
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{}")
+    for args, missing in (([str(tmp_path / "nope.json")], "nope.json"),
+                          ([str(vocab), str(tmp_path / "soft.npz")], "soft.npz")):
+        got = subprocess.run([bash, str(SCRIPTS[2]), *args, str(tmp_path / "data")], capture_output=True,
+                             text=True, cwd=ROOT, check=False)
+        assert got.returncode == 2 and got.stderr.strip().endswith(f"{missing}: not found"), got.stderr
+        assert "Traceback" not in got.stderr

@@ -15,6 +15,9 @@ set -euo pipefail
 . "$(dirname "$0")/kit-lib.sh"
 vocab=${1:?usage: deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-] [DATA_DIR]}
 soft=${2:--}; data=${3:-../shared/data}
+for f in "$vocab" "$soft" "$data/sst/sst5_dev.jsonl.gz"; do  # one line, before any work
+  [ "$f" = - ] || [ -f "$f" ] || { echo "$f: not found" >&2; exit 2; }
+done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/cache" "$kit/data/sst"
 vectors=$(python3 -c '
