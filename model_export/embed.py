@@ -80,3 +80,17 @@ def as_stored(models: dict[str, Any], storage: dict[str, str],
         round_matrices(model, (matrices or {}).get(task, "fp32"))
     for encoder in borrowers.values():  # the same values as the encoder's: one copy in the weights file
         encoder.borrowed.copy_(models["embed"].embed.weight.detach())
+
+
+def task_model_as_stored(model, task: str, storage: dict[str, str], matrices: dict[str, str]) -> None:
+    """An NLI or sentiment `model` as a bundle with these storages ({task: storage}, as its
+    manifest's `weights` records them) would hold it, in place, without the encoder at hand: what
+    as_stored does, with the borrowed copy of the encoder's table rounded as the encoder's own
+    table is stored (the values as_stored copies in). To compare checkpoints before exporting one
+    (bench/sentiment_served.py)."""
+    from model_export.storage import round_matrices, round_table, round_tables  # onnx: as as_stored
+
+    round_tables([model], storage[task])
+    round_matrices(model, matrices.get(task, "fp32"))
+    if model.cfg.borrowed_rows:
+        round_table(model.encoder.borrowed, storage["embed"])

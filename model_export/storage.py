@@ -93,11 +93,21 @@ def round_tables(models, storage: str) -> None:
     for model in models:
         if storage == "fp16":
             round_embedding_fp16(model)
-        elif storage_kind(storage) in ("int8", INT4_TAIL + "N"):
-            table = word_table(model).data
-            table.copy_(torch_from(stored_rows(table.cpu().numpy(), int4_rows(storage))[1]))
-        elif storage != "fp32":
-            raise ValueError(f"embedding storage: one of {', '.join(EMBEDDING_STORAGES)}, got {storage!r}")
+        else:
+            round_table(word_table(model).data, storage)
+
+
+def round_table(table, storage: str) -> None:
+    """Round one word-vector table (an fp32 tensor, e.g. a task model's borrowed copy of the
+    encoder's) to the values `storage` keeps, in place. fp32: unchanged."""
+    if storage == "fp16":
+        if float(table.abs().max()) > FP16_MAX:
+            raise ValueError(f"word vectors beyond fp16's range ({FP16_MAX}); store them in fp32")
+        table.copy_(table.half().float())
+    elif storage_kind(storage) in ("int8", INT4_TAIL + "N"):
+        table.copy_(torch_from(stored_rows(table.cpu().numpy(), int4_rows(storage))[1]))
+    elif storage != "fp32":
+        raise ValueError(f"embedding storage: one of {', '.join(EMBEDDING_STORAGES)}, got {storage!r}")
 
 
 def stored_rows(table: np.ndarray, tail: int = 0) -> tuple[list[np.ndarray], np.ndarray]:

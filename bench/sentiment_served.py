@@ -1,0 +1,87 @@
+"""Which sentiment checkpoint would a bundle serve best? Each scored as the bundle would serve it.
+
+To choose among runs on dev as served before exporting one (docs/experiments.md, "six seeds of
+MPNet's vectors with the average"): the texts are read with the bundle's vocabulary (spelling,
+compound pieces, hashed unknown words), and each checkpoint is rounded as the bundle stores its
+sentiment model, from the manifest's `weights`: its own table in `embedding_storage.sentiment`,
+a borrowed copy of the encoder's table (`disan borrow-words`) in `embedding_storage.embed`, every
+other parameter in `matrix_storage.sentiment` (`model_export.embed.task_model_as_stored`). A
+checkpoint exported into such a bundle scores here what the bundle serves, in PyTorch.
+
+    python -m bench.sentiment_served CKPT... --bundle models/default \
+        --data ../shared/data/sst/sst5_dev.jsonl.gz [--data ...test.jsonl.gz] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from disan.checkpoint import load_checkpoint, model_from_checkpoint
+from disan.data import read_jsonl
+from disan.manifest import load_manifest
+from disan.text import Vocab
+from model_export.embed import task_model_as_stored
+
+BATCH = 128
+TASK = "sentiment"
+
+
+def served_model(checkpoint: Path, bundle: Path):
+    """The sentiment model of `checkpoint`, rounded as `bundle` stores its sentiment model."""
+    model = model_from_checkpoint(load_checkpoint(checkpoint))[0].eval()
+    if model.cfg.task != TASK:
+        raise ValueError(f"{checkpoint}: a sentiment checkpoint, not task '{model.cfg.task}'")
+    weights = load_manifest(bundle)["weights"]
+    if model.cfg.borrowed_rows and "embed" not in weights["embedding_storage"]:
+        raise ValueError(f"{checkpoint} borrows an encoder's words; {bundle} has no encoder (--embed)")
+    task_model_as_stored(model, TASK, weights["embedding_storage"], weights.get("matrix_storage", {}))
+    return model
+
+
+def probabilities(model, vocab: Vocab, texts: list[str]) -> np.ndarray:
+    """[N, C]: the model's class probabilities of `texts`, read with `vocab`."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(texts), BATCH):
+            enc = vocab.encode(texts[i:i + BATCH])
+            out.append(torch.softmax(model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)), -1))
+    return torch.cat(out).numpy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", type=Path, nargs="+", help="sentiment checkpoints (borrowed or not)")
+    ap.add_argument("--bundle", type=Path, default=Path("models/default"),
+                    help="the bundle whose vocabulary and storage they are read with")
+    ap.add_argument("--data", type=Path, action="append", required=True,
+                    help="a JSONL(.gz) file of {text, label}; repeat for more")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    vocab = Vocab.load(args.bundle / load_manifest(args.bundle)["vocab"])
+    sets = {}
+    for path in args.data:
+        rows = read_jsonl(path)
+        sets[path.name] = ([r["text"] for r in rows], np.array([int(r["label"]) for r in rows]))
+    report = []
+    for checkpoint in args.checkpoints:
+        model = served_model(checkpoint, args.bundle)
+        row = {"checkpoint": str(checkpoint)}
+        for name, (texts, labels) in sets.items():
+            hit = probabilities(model, vocab, texts).argmax(-1) == labels
+            row[name] = round(100 * float(hit.mean()), 2)
+        print("  ".join(f"{v}" for v in row.values()), flush=True)
+        report.append(row)
+    if args.json:
+        sizes = {name: len(labels) for name, (_, labels) in sets.items()}
+        report = {"bundle": args.bundle.name, "n": sizes, "runs": report}
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""bench/sentiment_served.py: a sentiment checkpoint scored in PyTorch as a bundle serves it (its
+vocabulary, its tables and matrices as stored), so runs can be compared before one is exported."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import WORDS, make_tiny_checkpoint
+
+from disan.text import Vocab
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from bench import sentiment_served as bench  # noqa: E402
+from disan import Encoder  # noqa: E402
+from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.cli import main as disan_main  # noqa: E402
+from model_export.export import build_bundle  # noqa: E402
+
+ONLY_EMBED = ["violin", "piano", "sunset", "harbor"]  # words only the encoder knows: read through the map
+TEXTS = ["the film was good", "a man is playing the violin", "piano sunset harbor", "the movie was bad",
+         "not good , really bad !", "a woman is cutting an onion"]
+LABELS = [3, 2, 1, 0, 0, 4]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_checkpoints) -> tuple[Path, Path]:
+    """(a sentiment checkpoint that borrows an encoder's words, a bundle built from it whose
+    tables and matrices are stored in every rounded kind: int8, int8 with an int4 tail, fp16)."""
+    root = tmp_path_factory.mktemp("served")
+    words = ONLY_EMBED[:2] + list(reversed(WORDS)) + ONLY_EMBED[2:]
+    lender = make_tiny_checkpoint(root / "student.pt", "encoder", Vocab(words), [], seed=5, proj_dim=24,
+                                  embed_dim=12)
+    borrowed = root / "sentiment.pt"
+    assert disan_main(["borrow-words", str(tiny_checkpoints.sentiment), str(lender), str(borrowed)]) == 0
+    bundle = root / "bundle"
+    build_bundle(tiny_checkpoints.nli, borrowed, bundle, embed_path=lender, sets=("cpu",),
+                 embedding_storage="int8,nli=fp16,embed=int8+int4:5", matrix_storage="fp16",
+                 log=lambda *_: None)
+    return borrowed, bundle
+
+
+def test_the_checkpoint_scores_what_the_bundle_serves(setup):
+    borrowed, bundle = setup
+    vocab = Vocab.load(bundle / "vocab.json")
+    got = bench.probabilities(bench.served_model(borrowed, bundle), vocab, TEXTS)
+    served = Encoder(bundle, providers="cpu").sentiment(TEXTS)
+    labels = load_checkpoint(borrowed)["labels"]
+    want = np.array([[r["scores"][k] for k in labels] for r in served])
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+    # as trained (no rounding) the same checkpoint reads differently: the rounding is what matches
+    raw = model_from_checkpoint(load_checkpoint(borrowed))[0].eval()
+    assert np.abs(bench.probabilities(raw, vocab, TEXTS) - want).max() > 1e-5
+
+
+def test_the_report_gives_each_checkpoint_its_accuracy_on_each_file(setup, tmp_path, monkeypatch, capsys):
+    borrowed, bundle = setup
+    data = tmp_path / "dev.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.writelines(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(TEXTS, LABELS, strict=True))
+    out = tmp_path / "report.json"
+    monkeypatch.setattr(sys, "argv", ["x", str(borrowed), str(borrowed), "--bundle", str(bundle),
+                                      "--data", str(data), "--json", str(out)])
+    bench.main()
+    report = json.loads(out.read_text())
+    served = Encoder(bundle, providers="cpu").sentiment(TEXTS)
+    names = load_checkpoint(borrowed)["labels"]
+    hits = [names.index(r["label"]) == y for r, y in zip(served, LABELS, strict=True)]
+    want = round(100 * float(np.mean(hits)), 2)
+    assert report["n"] == {"dev.jsonl.gz": len(TEXTS)}
+    assert [run["dev.jsonl.gz"] for run in report["runs"]] == [want, want]
+    assert str(borrowed) in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_another_task_is_refused(setup, tiny_checkpoints):
+    with pytest.raises(ValueError, match="a sentiment checkpoint, not task 'nli'"):
+        bench.served_model(tiny_checkpoints.nli, setup[1])
