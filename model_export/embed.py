@@ -93,4 +93,4 @@ def task_model_as_stored(model, task: str, storage: dict[str, str], matrices: di
     round_tables([model], storage[task])
     round_matrices(model, matrices.get(task, "fp32"))
     if model.cfg.borrowed_rows:
-        round_table(model.encoder.borrowed, storage["embed"])
+        round_table(model.encoder.borrowed, storage["embed"], f"{task} (its borrowed words)")

@@ -91,18 +91,17 @@ def round_tables(models, storage: str) -> None:
     the bundle holds exactly these, so the PyTorch reference of the parity check and the graphs
     compute the same model. fp32: unchanged."""
     for model in models:
-        if storage == "fp16":
-            round_embedding_fp16(model)
-        else:
-            round_table(word_table(model).data, storage)
+        round_table(word_table(model).data, storage, model.cfg.task)
 
 
-def round_table(table, storage: str) -> None:
-    """Round one word-vector table (an fp32 tensor, e.g. a task model's borrowed copy of the
-    encoder's) to the values `storage` keeps, in place. fp32: unchanged."""
+def round_table(table, storage: str, owner: str) -> None:
+    """Round one word-vector table (an fp32 tensor: a model's own, or a task model's borrowed copy
+    of the encoder's) to the values `storage` keeps, in place. fp32: unchanged. `owner` names the
+    model in an error."""
     if storage == "fp16":
         if float(table.abs().max()) > FP16_MAX:
-            raise ValueError(f"word vectors beyond fp16's range ({FP16_MAX}); store them in fp32")
+            raise ValueError(f"{owner}: word vectors beyond fp16's range ({FP16_MAX}); "
+                             "export with --embedding-storage fp32")
         table.copy_(table.half().float())
     elif storage_kind(storage) in ("int8", INT4_TAIL + "N"):
         table.copy_(torch_from(stored_rows(table.cpu().numpy(), int4_rows(storage))[1]))
@@ -168,11 +167,7 @@ def round_embedding_fp16(model) -> None:
     A bundle that stores the table in fp16 (store_tables_fp16) holds exactly these values, so
     the PyTorch reference of the parity check and the graphs compute the same model.
     """
-    table = word_table(model).data
-    if float(table.abs().max()) > FP16_MAX:
-        raise ValueError(f"{model.cfg.task}: word vectors beyond fp16's range ({FP16_MAX}); "
-                         "export with --embedding-storage fp32")
-    table.copy_(table.half().float())
+    round_table(word_table(model).data, "fp16", model.cfg.task)
 
 
 def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
