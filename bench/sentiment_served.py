@@ -31,14 +31,14 @@ BATCH = 128
 TASK = "sentiment"
 
 
-def served_model(checkpoint: Path, bundle: Path):
-    """The sentiment model of `checkpoint`, rounded as `bundle` stores its sentiment model."""
+def served_model(checkpoint: Path, weights: dict):
+    """The sentiment model of `checkpoint`, rounded as a bundle whose manifest's `weights` are
+    `weights` stores its sentiment model."""
     model = model_from_checkpoint(load_checkpoint(checkpoint))[0].eval()
     if model.cfg.task != TASK:
         raise ValueError(f"{checkpoint}: a sentiment checkpoint, not task '{model.cfg.task}'")
-    weights = load_manifest(bundle)["weights"]
     if model.cfg.borrowed_rows and "embed" not in weights["embedding_storage"]:
-        raise ValueError(f"{checkpoint} borrows an encoder's words; {bundle} has no encoder (--embed)")
+        raise ValueError(f"{checkpoint} borrows an encoder's words; the bundle has no encoder (--embed)")
     task_model_as_stored(model, TASK, weights["embedding_storage"], weights.get("matrix_storage", {}))
     return model
 
@@ -53,6 +53,27 @@ def probabilities(model, vocab: Vocab, texts: list[str]) -> np.ndarray:
     return torch.cat(out).numpy()
 
 
+def score(checkpoints: list[Path], bundle: Path, data: list[Path]) -> dict:
+    """{bundle, n: {file: size}, runs: [{checkpoint, file: accuracy %...}]}, each run printed."""
+    manifest = load_manifest(bundle)
+    vocab = Vocab.load(bundle / manifest["vocab"])
+    sets = {}
+    for path in data:
+        rows = read_jsonl(path)
+        sets[path.name] = ([r["text"] for r in rows], np.array([int(r["label"]) for r in rows]))
+    runs = []
+    for checkpoint in checkpoints:
+        model = served_model(checkpoint, manifest["weights"])
+        row = {"checkpoint": str(checkpoint)}
+        for name, (texts, labels) in sets.items():
+            hit = probabilities(model, vocab, texts).argmax(-1) == labels
+            row[name] = round(100 * float(hit.mean()), 2)
+        print("  ".join(f"{v}" for v in row.values()), flush=True)
+        runs.append(row)
+    sizes = {name: len(labels) for name, (_, labels) in sets.items()}
+    return {"bundle": bundle.name, "n": sizes, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoints", type=Path, nargs="+", help="sentiment checkpoints (borrowed or not)")
@@ -63,23 +84,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    vocab = Vocab.load(args.bundle / load_manifest(args.bundle)["vocab"])
-    sets = {}
-    for path in args.data:
-        rows = read_jsonl(path)
-        sets[path.name] = ([r["text"] for r in rows], np.array([int(r["label"]) for r in rows]))
-    report = []
-    for checkpoint in args.checkpoints:
-        model = served_model(checkpoint, args.bundle)
-        row = {"checkpoint": str(checkpoint)}
-        for name, (texts, labels) in sets.items():
-            hit = probabilities(model, vocab, texts).argmax(-1) == labels
-            row[name] = round(100 * float(hit.mean()), 2)
-        print("  ".join(f"{v}" for v in row.values()), flush=True)
-        report.append(row)
+    try:
+        report = score(args.checkpoints, args.bundle, args.data)
+    except (OSError, ValueError) as exc:  # a missing file, a checkpoint of another task: one line
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     if args.json:
-        sizes = {name: len(labels) for name, (_, labels) in sets.items()}
-        report = {"bundle": args.bundle.name, "n": sizes, "runs": report}
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
 

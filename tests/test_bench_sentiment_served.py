@@ -50,7 +50,8 @@ def setup(tmp_path_factory, tiny_checkpoints) -> tuple[Path, Path]:
 def test_the_checkpoint_scores_what_the_bundle_serves(setup):
     borrowed, bundle = setup
     vocab = Vocab.load(bundle / "vocab.json")
-    got = bench.probabilities(bench.served_model(borrowed, bundle), vocab, TEXTS)
+    weights = json.loads((bundle / "manifest.json").read_text())["weights"]
+    got = bench.probabilities(bench.served_model(borrowed, weights), vocab, TEXTS)
     served = Encoder(bundle, providers="cpu").sentiment(TEXTS)
     labels = load_checkpoint(borrowed)["labels"]
     want = np.array([[r["scores"][k] for k in labels] for r in served])
@@ -79,6 +80,15 @@ def test_the_report_gives_each_checkpoint_its_accuracy_on_each_file(setup, tmp_p
     assert str(borrowed) in capsys.readouterr().out
 
 
-def test_a_checkpoint_of_another_task_is_refused(setup, tiny_checkpoints):
-    with pytest.raises(ValueError, match="a sentiment checkpoint, not task 'nli'"):
-        bench.served_model(tiny_checkpoints.nli, setup[1])
+def test_bad_input_is_a_one_line_error(setup, tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    borrowed, bundle = setup
+    data = tmp_path / "dev.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(json.dumps({"text": "good", "label": 3}) + "\n")
+    for checkpoint, message in ((tiny_checkpoints.nli, "a sentiment checkpoint, not task 'nli'"),
+                                (tmp_path / "nope.pt", "nope.pt")):
+        monkeypatch.setattr(sys, "argv", ["x", str(checkpoint), "--bundle", str(bundle), "--data", str(data)])
+        with pytest.raises(SystemExit) as exit_:
+            bench.main()
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and message in err and len(err.splitlines()) == 1, err
