@@ -106,3 +106,19 @@ def test_the_sentiment_packer_names_a_missing_file_in_one_line(tmp_path: Path, b
                              text=True, cwd=ROOT, check=False)
         assert got.returncode == 2 and got.stderr.strip().endswith(f"{missing}: not found"), got.stderr
         assert "Traceback" not in got.stderr
+
+
+def test_a_sentiment_kit_may_carry_the_teacher_instead_of_its_logits(tmp_path: Path, bash: str) -> None:
+    """`mpnet` in place of SOFT.npz asks for MPNet in the kit (device.sh's task-teacher step);
+    the arguments are checked before any work, and a missing file is still named."""
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{}")
+    run = [bash, str(SCRIPTS[2]), str(vocab)]
+    taught = subprocess.run([*run, "mpnet", str(tmp_path / "nodata")], capture_output=True, text=True,
+                            cwd=tmp_path, check=False)
+    assert taught.returncode == 2
+    assert "nodata/sst/sst5_dev.jsonl.gz: not found" in taught.stderr
+    assert "mpnet: not found" not in taught.stderr
+    missing = subprocess.run([*run, str(tmp_path / "soft.npz"), str(tmp_path / "nodata")],
+                             capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert missing.returncode == 2 and "soft.npz: not found" in missing.stderr

@@ -95,6 +95,11 @@ case $step in
     for n in "$@"; do cp "$kit"/back/*.part-"$n" "$OUT/"; done ;;
   pieces)
     pieces "$1" ;;
+  task-teacher)
+    unpack
+    python3 -m disan.cli task-teacher --recipe sst5 --data "$kit/data" --teacher mpnet \
+      --train-file sst/sst5_phrases_train.jsonl.gz --device "$dev" --out "$kit/tt" "$@"
+    cp "$kit/tt/soft.npz" "$kit/soft.npz" && cp "$kit/tt/soft.npz" "$kit/tt/teacher.json" "$OUT/" ;;
   sentiment)
     unpack
     sentiment "$@" ;;

@@ -3,9 +3,11 @@
 # SST files, the vocabulary, the static word vectors the runs start from and a teacher's logits.
 # Run here, from the repo root:
 #
-#   deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-] [DATA_DIR]
+#   deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-|mpnet] [DATA_DIR]
 #     VOCAB.json  the runs' vocabulary (`disan train --vocab`; the bundle's task models share one)
-#     SOFT.npz    `disan task-teacher`'s logits of the training phrases (`--soft-targets`), or -
+#     SOFT.npz    `disan task-teacher`'s logits of the training phrases (`--soft-targets`), or -;
+#                 mpnet: none yet, the kit carries MPNet in fp16 (`disan slim`) and device.sh's
+#                 `task-teacher` step fine-tunes it there and writes them (an hour here, minutes there)
 #     DATA_DIR    staged data (default ../shared/data): its sst/sst5_*.jsonl.gz travel
 #
 # INIT (default minilm) and DIM (default 300) name the static word vectors (`--init`,
@@ -13,10 +15,10 @@
 # encoder nor scikit-learn. Writes .gpurun/ as pack.sh does; device.sh's `sentiment` step runs it.
 set -euo pipefail
 . "$(dirname "$0")/kit-lib.sh"
-vocab=${1:?usage: deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-] [DATA_DIR]}
+vocab=${1:?usage: deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-|mpnet] [DATA_DIR]}
 soft=${2:--}; data=${3:-../shared/data}
 for f in "$vocab" "$soft" "$data/sst/sst5_dev.jsonl.gz"; do  # one line, before any work
-  [ "$f" = - ] || [ -f "$f" ] || { echo "$f: not found" >&2; exit 2; }
+  [ "$f" = - ] || [ "$f" = mpnet ] || [ -f "$f" ] || { echo "$f: not found" >&2; exit 2; }
 done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/cache" "$kit/data/sst"
@@ -29,6 +31,11 @@ E.static_vectors(vocab, dim, source)
 print(E.static_vectors_file(vocab, dim, source))' "$vocab" "${DIM:-300}" "${INIT:-minilm}")
 add_cache_file "$vectors" "$kit/cache"
 cp "$vocab" "$kit/vocab.json"
-[ "$soft" = - ] || cp "$soft" "$kit/soft.npz"
+case $soft in
+  -) ;;
+  mpnet) disan slim "$(python3 -c 'from disan.embeddings import mpnet_model_dir; print(mpnet_model_dir())')" \
+           "$kit/cache/all-mpnet-base-v2" ;;
+  *) cp "$soft" "$kit/soft.npz" ;;
+esac
 cp "$data"/sst/sst5_{phrases_train,dev,test}.jsonl.gz "$kit/data/sst/"
 split_kit "$work"
