@@ -254,3 +254,20 @@ def test_augment_labels_new_variants_resumably_and_train_reads_them(staged: Path
     assert rc == 0
     phrases = gzip.decompress((staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()
     assert load_checkpoint(tmp_path / "kd" / "best.pt")["sizes"]["train"] == len(phrases) + len(keys)
+
+
+def test_the_soft_labels_are_stored_compressed(staged: Path, tmp_path: Path) -> None:
+    """The keys are a fixed-width array as wide as the longest phrase: one long phrase made SST-5's
+    soft.npz 170 MB stored plain, too big to come back from a lent GPU."""
+    phrases = staged / "sst/sst5_phrases_train.jsonl.gz"
+    rows = gzip.decompress(phrases.read_bytes()).decode()
+    long = {"text": " ".join(["guitar"] * 300), "label": 2}
+    _write(phrases, [json.loads(r) for r in rows.splitlines()] + [long])
+    out = tmp_path / "tt"
+    assert _run(staged, out) == 0
+    for name in ("soft.npz", "soft_sentences.npz"):
+        with np.load(out / name) as z:
+            keys, logits = list(z["keys"]), z["logits"]
+        assert max(map(len, keys)) == len(long["text"])
+        content = sum(len(k.encode()) for k in keys) + logits.nbytes
+        assert (out / name).stat().st_size < content + 4096, name  # plain: 38 keys of 2,099 x 4 bytes
