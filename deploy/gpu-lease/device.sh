@@ -17,7 +17,9 @@
 #   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
 #   bash .gpurun/run.sh sentiment "0 1 2" ARGS (a kit of pack-sentiment.sh, with its last piece)
 #                                             one `disan train --recipe sst5 ARGS` a seed, side by
-#                                             side; all runs' metrics and the best dev run back
+#                                             side; all runs' metrics and, best dev first, as many
+#                                             runs in fp16 pieces as the reply holds
+#   bash .gpurun/run.sh back FILE...          FILEs in pieces to $OUT while the reply holds them
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
 # kit's folder from /tmp/kit.
@@ -58,9 +60,25 @@ unpack() {  # the kit's pieces in /tmp/w, checked and unpacked into $kit (once)
   touch "$kit/.unpacked"
 }
 
+back() {  # checkpoints, best first: each in pieces to $OUT while one reply holds them (8 files,
+  # 64 MiB, with what $OUT has already), their sha256 in one file; the rest named for `pieces`
+  local f n size files bytes
+  files=$(( $(ls "$OUT" | wc -l) + 1 )); bytes=$(du -cb "$OUT" | tail -1 | cut -f1)
+  for f in "$@"; do
+    size=$(stat -c %s "$f"); n=$(( (size + piece - 1) / piece ))
+    if [ $(( files + n )) -gt 8 ] || [ $(( bytes + size )) -gt $(( 63 * 1024 * 1024 )) ]; then
+      echo "not in this reply: $f (bash .gpurun/run.sh pieces $f)"; continue
+    fi
+    split -b $piece -d -a 1 "$f" "$OUT/$(basename "$f").part-"
+    (cd "$(dirname "$f")" && sha256sum "$(basename "$f")") | tee -a "$OUT/sentiment.sha256"
+    files=$(( files + n )); bytes=$(( bytes + size ))
+  done
+}
+
 sentiment() {  # "SEEDS" TRAIN_ARGS: one `disan train --recipe sst5` a seed, side by side; every
-  # run's metrics in one file (a reply holds 8 files), the best dev run's best.pt in fp16 pieces
-  local seeds=$1 s failed=0 runs; shift
+  # run's metrics in one file (a reply holds 8 files), then the runs' best.pt in fp16, best dev
+  # first, as many as the reply holds (dev as served picks among them back here)
+  local seeds=$1 s failed=0 runs r slim=(); shift
   # a new folder a call, as pretrain's: a warm machine keeps the runs of an earlier call in $kit,
   # which must neither be joined to this call's nor picked as its best
   runs=$(mktemp -d "$kit/sst5-XXXX")
@@ -73,10 +91,13 @@ sentiment() {  # "SEEDS" TRAIN_ARGS: one `disan train --recipe sst5` a seed, sid
   for p in $(jobs -p); do wait "$p" || failed=1; done
   for s in $seeds; do echo "seed $s: $(tail -n 1 "$runs/sst5-s$s.log")"; done
   [ $failed = 0 ] || echo "a run failed (its log above); the finished ones come back"
-  best=$(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$runs"/sst5-s*/metrics.jsonl)
-  echo "best dev: $best"
-  python3 -m disan.cli slim "$best/best.pt" "$kit/sentiment16.pt"
-  pieces "$kit/sentiment16.pt"
+  mkdir -p "$kit/slim"
+  for r in $(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$runs"/sst5-s*/metrics.jsonl); do
+    python3 -m disan.cli slim "$r/best.pt" "$kit/slim/$(basename "$r").pt"
+    slim+=("$kit/slim/$(basename "$r").pt")
+  done
+  echo "by dev, best first: ${slim[*]}"
+  back "${slim[@]}"
   [ $failed = 0 ] || exit 4
 }
 
@@ -95,6 +116,8 @@ case $step in
     for n in "$@"; do cp "$kit"/back/*.part-"$n" "$OUT/"; done ;;
   pieces)
     pieces "$1" ;;
+  back)
+    back "$@" ;;
   task-teacher)
     unpack
     python3 -m disan.cli task-teacher --recipe sst5 --data "$kit/data" --teacher mpnet \
