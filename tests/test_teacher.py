@@ -90,8 +90,13 @@ def test_cpu_autocast_only_where_bf16_is_native(monkeypatch, has_bf16, precision
 def _tiny_sentence_transformer(folder: Path) -> Path:
     """A 2-layer BERT sentence-transformer with a 12-word vocabulary, saved as a folder."""
     pytest.importorskip("sentence_transformers")
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
     from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    try:  # sentence-transformers 6 moved the modules and deprecated the old path
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:
+        from sentence_transformers import models as modules
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
              "a", "man", "plays", "the", "guitar", "dog", "runs"]
@@ -101,9 +106,10 @@ def _tiny_sentence_transformer(folder: Path) -> Path:
     BertModel(BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=32)).save_pretrained(bert)
     BertTokenizerFast(vocab_file=str(folder / "vocab" / "vocab.txt")).save_pretrained(bert)
-    word = models.Transformer(str(bert))
+    word = modules.Transformer(str(bert))
     out = folder / "st"
-    SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension())]).save(str(out))
+    dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension  # renamed in 6
+    SentenceTransformer(modules=[word, modules.Pooling(dim())]).save(str(out))
     # as all-mpnet-base-v2's config (2021): no dtype, so transformers loads the weights' own
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({k: v for k, v in config.items()
