@@ -147,3 +147,58 @@ def test_the_best_runs_come_back_while_one_reply_holds_them(tmp_path: Path, bash
     assert f"not in this reply: {runs[3]}" in got.stdout
     sums = (out / "sentiment.sha256").read_text().split()
     assert sums[1::2] == [r.name for r in runs[:3]]
+
+
+STUB = """#!/bin/sh
+# python3 for device.sh's sentiment step: `-m disan.cli train|slim` stand-ins, anything else real
+if [ "$1 $2" = "-m disan.cli" ]; then
+  case $3 in
+    train)
+      out=; seed=; d_h=150; prev=
+      for a in "$@"; do
+        case $prev in --out) out=$a ;; --seed) seed=$a ;; --d-h) d_h=$a ;; esac; prev=$a
+      done
+      mkdir -p "$out"
+      echo "$*" > "$out/args"
+      printf '{"event": "final", "best_step": 250, "dev_acc": %s, "test_acc": 0.5}\\n' "0.$seed" \\
+        > "$out/metrics.jsonl"
+      head -c $((d_h * 1000)) /dev/zero > "$out/best.pt"
+      echo "{\\"out\\": \\"$out\\"}" ;;
+    slim) cp "$4" "$5" ;;
+  esac
+  exit 0
+fi
+exec "REAL" "$@"
+"""
+
+
+def test_groups_of_seeds_train_with_their_own_flags_side_by_side(tmp_path: Path, bash: str) -> None:
+    """`sentiment "SEEDS" ARGS -- "SEEDS" ARGS2`: one lease call compares two recipes (d_h 150 and
+    300, say), since a lease's 15 minutes hold one such call; the runs come back ranked together."""
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(STUB.replace("REAL", sys.executable))
+    stub.chmod(0o755)
+    kit, out = tmp_path / "kit", tmp_path / "out"
+    kit.mkdir()
+    out.mkdir()
+    (kit / ".unpacked").touch()  # the kit as `unpack` leaves it
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
+    step = [bash, str(SCRIPTS[1]), "sentiment"]
+    got = subprocess.run([*step, "11 13", "--d-h", "150", "--ema", "0.999", "--", "12 14", "--d-h", "300"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    runs = {p.parent.name: p.read_text().split() for p in kit.glob("sst5-*/sst5-s*/args")}
+    assert sorted(runs) == ["sst5-s11", "sst5-s12", "sst5-s13", "sst5-s14"]
+    for name, args in runs.items():
+        wide = name in ("sst5-s12", "sst5-s14")
+        assert args[args.index("--d-h") + 1] == ("300" if wide else "150")
+        assert ("--ema" in args) != wide and "--" not in args
+    assert "by dev, best first: " + " ".join(str(kit / "slim" / f"sst5-s{s}.pt") for s in (14, 13, 12, 11)) \
+        in got.stdout
+    assert (out / "sentiment.sha256").read_text().split()[1::2] == ["sst5-s14.pt", "sst5-s13.pt",
+                                                                    "sst5-s12.pt", "sst5-s11.pt"]
+    twice = subprocess.run([*step, "1 2", "--", "2"], capture_output=True, text=True, cwd=ROOT, env=env,
+                           check=False)
+    assert twice.returncode == 2 and "seed 2 is in two groups" in twice.stdout
+    assert len(list(kit.glob("sst5-*/sst5-s1"))) == 0  # checked before any run starts

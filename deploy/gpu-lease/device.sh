@@ -15,10 +15,12 @@
 #                                             static word vectors of its vocabulary)
 #   bash .gpurun/run.sh fetch N...            pieces N... of what train or pieces split last, to $OUT
 #   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
-#   bash .gpurun/run.sh sentiment "0 1 2" ARGS (a kit of pack-sentiment.sh, with its last piece)
+#   bash .gpurun/run.sh sentiment "0 1 2" ARGS [-- "3 4" ARGS2]...
+#                                             (a kit of pack-sentiment.sh, with its last piece)
 #                                             one `disan train --recipe sst5 ARGS` a seed, side by
-#                                             side; all runs' metrics and, best dev first, as many
-#                                             runs in fp16 pieces as the reply holds
+#                                             side, a group of seeds a set of flags; all runs'
+#                                             metrics and, best dev first, as many runs in fp16
+#                                             pieces as the reply holds
 #   bash .gpurun/run.sh back FILE...          FILEs in pieces to $OUT while the reply holds them
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
@@ -75,21 +77,37 @@ back() {  # checkpoints, best first: each in pieces to $OUT while one reply hold
   done
 }
 
-sentiment() {  # "SEEDS" TRAIN_ARGS: one `disan train --recipe sst5` a seed, side by side; every
-  # run's metrics in one file (a reply holds 8 files), then the runs' best.pt in fp16, best dev
-  # first, as many as the reply holds (dev as served picks among them back here)
-  local seeds=$1 s failed=0 runs r slim=(); shift
+sentiment() {  # "SEEDS" TRAIN_ARGS [-- "SEEDS" TRAIN_ARGS]...: one `disan train --recipe sst5` a
+  # seed, each group of seeds with its own flags, all side by side; every run's metrics in one file
+  # (a reply holds 8 files), then the runs' best.pt in fp16, best dev first, as many as the reply
+  # holds (dev as served picks among them back here)
+  local seeds s failed=0 runs r slim=() args all=()
   # a new folder a call, as pretrain's: a warm machine keeps the runs of an earlier call in $kit,
   # which must neither be joined to this call's nor picked as its best
   runs=$(mktemp -d "$kit/sst5-XXXX")
   local soft=(); [ -f "$kit/soft.npz" ] && soft=(--soft-targets "$kit/soft.npz")
-  for s in $seeds; do
-    python3 -m disan.cli train --recipe sst5 --data "$kit/data" --vocab "$kit/vocab.json" \
-      "${soft[@]}" --device "$dev" --no-progress --seed "$s" --out "$runs/sst5-s$s" "$@" \
-      > "$runs/sst5-s$s.log" 2>&1 &
+  local group=1 a
+  for a in "$@"; do  # every group's seeds first: a run's folder is named by its seed alone
+    if [ $group = 1 ]; then
+      for s in $a; do
+        case " ${all[*]} " in *" $s "*) echo "seed $s is in two groups: give each run its own seed"; exit 2 ;; esac
+        all+=("$s")
+      done
+    fi
+    group=0; [ "$a" = -- ] && group=1
+  done
+  while [ $# -gt 0 ]; do
+    seeds=$1; shift; args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    [ $# -gt 0 ] && shift  # the --
+    for s in $seeds; do
+      python3 -m disan.cli train --recipe sst5 --data "$kit/data" --vocab "$kit/vocab.json" \
+        "${soft[@]}" --device "$dev" --no-progress --seed "$s" --out "$runs/sst5-s$s" "${args[@]}" \
+        > "$runs/sst5-s$s.log" 2>&1 &
+    done
   done
   for p in $(jobs -p); do wait "$p" || failed=1; done
-  for s in $seeds; do echo "seed $s: $(tail -n 1 "$runs/sst5-s$s.log")"; done
+  for s in "${all[@]}"; do echo "seed $s: $(tail -n 1 "$runs/sst5-s$s.log")"; done
   [ $failed = 0 ] || echo "a run failed (its log above); the finished ones come back"
   mkdir -p "$kit/slim"
   for r in $(python3 deploy/gpu-lease/sentiment_runs.py "$OUT/sentiment-runs.jsonl" "$runs"/sst5-s*/metrics.jsonl); do
