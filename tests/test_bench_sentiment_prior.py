@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from bench.sentiment_prior import held_out_gains, tune_bias
@@ -31,3 +35,12 @@ def test_without_a_wrong_prior_the_held_out_gain_is_about_nothing() -> None:
     gains = held_out_gains(logp, labels, splits=10)
     assert abs(gains.mean()) < 1.5
     assert np.abs(tune_bias(logp, labels)).max() <= 1.0  # on GRID
+
+
+def test_a_missing_file_is_a_one_line_error(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-m", "bench.sentiment_prior", str(tmp_path / "nope.pt"),
+                          "--bundle", str(tmp_path), "--data", str(tmp_path / "dev.jsonl.gz")],
+                         capture_output=True, text=True, cwd=root, check=False)
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert got.stderr.strip().count("\n") == 0 and "error:" in got.stderr
