@@ -20,10 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.sentiment_served import probabilities, served_model
-from disan.data import read_jsonl
-from disan.manifest import load_manifest
-from disan.text import Vocab
+from bench.sentiment_served import labelled, probabilities, read_bundle, served_model
 
 GRID = np.round(np.arange(-1.0, 1.0001, 0.05), 2)
 
@@ -68,13 +65,11 @@ def main() -> None:
         ap.error(f"--splits {args.splits}: give at least 1")
     torch.set_num_threads(1)
     try:
-        manifest = load_manifest(args.bundle)
-        vocab = Vocab.load(args.bundle / manifest["vocab"])
-        rows = read_jsonl(args.data)
-        texts, labels = [r["text"] for r in rows], np.array([int(r["label"]) for r in rows])
+        weights, vocab = read_bundle(args.bundle)
+        texts, labels = labelled(args.data)
         runs = []
         for checkpoint in args.checkpoints:
-            model = served_model(checkpoint, manifest["weights"])
+            model = served_model(checkpoint, weights)
             logp = np.log(np.clip(probabilities(model, vocab, texts), 1e-9, None))
             gains = held_out_gains(logp, labels, args.splits)
             dev = round(100 * float((logp.argmax(-1) == labels).mean()), 2)

@@ -53,17 +53,25 @@ def probabilities(model, vocab: Vocab, texts: list[str]) -> np.ndarray:
     return torch.cat(out).numpy()
 
 
+def read_bundle(bundle: Path) -> tuple[dict, Vocab]:
+    """(the manifest's `weights`, the vocabulary) a bundle reads its texts and stores its models with."""
+    manifest = load_manifest(bundle)
+    return manifest["weights"], Vocab.load(bundle / manifest["vocab"])
+
+
+def labelled(path: Path) -> tuple[list[str], np.ndarray]:
+    """(texts, integer labels) of a JSONL(.gz) file of {text, label}."""
+    rows = read_jsonl(path)
+    return [r["text"] for r in rows], np.array([int(r["label"]) for r in rows])
+
+
 def score(checkpoints: list[Path], bundle: Path, data: list[Path]) -> dict:
     """{bundle, n: {file: size}, runs: [{checkpoint, file: accuracy %...}]}, each run printed."""
-    manifest = load_manifest(bundle)
-    vocab = Vocab.load(bundle / manifest["vocab"])
-    sets = {}
-    for path in data:
-        rows = read_jsonl(path)
-        sets[path.name] = ([r["text"] for r in rows], np.array([int(r["label"]) for r in rows]))
+    weights, vocab = read_bundle(bundle)
+    sets = {path.name: labelled(path) for path in data}
     runs = []
     for checkpoint in checkpoints:
-        model = served_model(checkpoint, manifest["weights"])
+        model = served_model(checkpoint, weights)
         row = {"checkpoint": str(checkpoint)}
         for name, (texts, labels) in sets.items():
             hit = probabilities(model, vocab, texts).argmax(-1) == labels
