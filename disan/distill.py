@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import checkpoint_vocab, load_checkpoint, provenance, save_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.neighbours import neighbour_batches
+from disan.recipes import decayed_lr
 from disan.sts import sts_scores
 from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
 from disan.supervision import batch_tensors as _batch
@@ -79,18 +79,6 @@ class Student(torch.nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         served = self.encoder(ids, mask)
         return served if self.map is None else self.map(served)
-
-
-def decayed_lr(base: float, kind: str, done: int, total: int) -> float:
-    """--lr-decay: the learning rate after `done` of this run's `total` steps (to 0 at the end).
-
-    Why: with a constant rate the student wanders around its plateau (STS-B dev moves by ~0.003
-    between evaluations); a rate that falls to zero ends the phase at a settled point instead of
-    wherever the noise left it."""
-    if kind == "none":
-        return base
-    left = max(0.0, 1.0 - done / max(total, 1))
-    return base * (left if kind == "linear" else 0.5 * (1.0 - math.cos(math.pi * left)))
 
 
 def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float,

@@ -7,6 +7,8 @@ offline benchmark all read their files from here.
 
 from __future__ import annotations
 
+import math
+
 from disan.manifest import SST2_LABELS, SST5_LABELS
 
 # Per-task defaults from the paper: dropout keep prob and L2 weight decay.
@@ -18,8 +20,21 @@ HOLDOUT_SIZE, HOLDOUT_SEED = 1500, 2018
 
 # Losses on scored training pairs a distilled student may add (`disan pretrain --pair-loss`).
 PAIR_LOSSES = ("mse", "cosent")
-# How a distillation phase's learning rate falls to 0 over its --steps (`disan pretrain --lr-decay`).
+# How a run's learning rate falls to 0 over its steps (`disan pretrain --lr-decay`, over its
+# --steps; `disan train --lr-decay`, over its --epochs).
 LR_DECAYS = ("none", "linear", "cosine")
+
+
+def decayed_lr(base: float, kind: str, done: int, total: int) -> float:
+    """--lr-decay: the learning rate after `done` of this run's `total` steps (to 0 at the end).
+
+    Why: with a constant rate a model wanders around its plateau (a distilled student's STS-B dev,
+    a sentiment model's dev accuracy move between evaluations); a rate that falls to zero ends the
+    run at a settled point instead of wherever the noise left it."""
+    if kind == "none":
+        return base
+    left = max(0.0, 1.0 - done / max(total, 1))
+    return base * (left if kind == "linear" else 0.5 * (1.0 - math.cos(math.pi * left)))
 
 RECIPES = {
     "nli": {"task": "nli", "train": ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz",

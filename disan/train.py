@@ -24,6 +24,7 @@ from disan.batching import length_batches, sorted_batches
 from disan.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, write_checkpoint
 from disan.data import EncodedDataset
 from disan.model import DiSANConfig, build_model
+from disan.recipes import decayed_lr
 from disan.text import Vocab
 from disan.train_config import TrainConfig
 
@@ -231,12 +232,16 @@ class Trainer:
         budget_s = cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
         lengths = self.train.lengths
         self._steps_per_epoch = math.ceil(len(self.train) / cfg.batch_size)
+        total_steps = self._steps_per_epoch * cfg.epochs
         self._run = {"loss": 0.0, "correct": 0, "seen": 0, "batches": 0}
         bar = _progress(cfg, self._steps_per_epoch * cfg.epochs, st["step"])
         stop, reason, ema = False, "epochs", None
         while st["epoch"] < cfg.epochs and not stop:
             batches = length_batches(lengths, cfg.batch_size, np.random.default_rng([cfg.seed, st["epoch"]]))
             for idx in batches[st["pos"]:]:
+                if cfg.lr_decay != "none":  # from the step count, so a resumed run goes on the same curve
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = decayed_lr(cfg.lr, cfg.lr_decay, st["step"], total_steps)
                 loss, correct = train_step(self.model, self.optimizer, self.train, idx, self.device,
                                            cfg.max_cells, cfg.kd_weight, cfg.kd_temperature)
                 if self.averaged is not None:

@@ -23,7 +23,11 @@ from disan import embeddings as E
 from disan.recipes import RECIPE_VOCAB_FILES, RECIPES, TASK_DEFAULTS
 from disan.task_teacher import KEY_SEP, example_key
 from disan.text import Vocab
-from disan.train_config import TrainConfig, add_config_arguments, config_values
+from disan.train_config import TrainConfig, add_config_arguments, config_values, given_flags
+
+# What `--resume` lets the command line change: how long, where and how often, never the model or
+# the data.
+RESUME_KNOBS = {"epochs", "max_minutes", "threads", "device", "patience", "eval_every"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -190,12 +194,6 @@ def prepare_embeddings(cfg: TrainConfig, train: D.Dataset):
     return vocab, matrix, trainable, info
 
 
-def _defaults() -> dict:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return vars(parser.parse_args([]))
-
-
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan train`."""
     # torch is imported here, not at the top: `disan train --help` and bad flags answer at once.
@@ -210,11 +208,10 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         ckpt, model, vocab, labels = resume_model(args.resume)
         cfg = TrainConfig(**ckpt["train_config"])
-        # Run-time knobs may change on resume; everything that shapes the model stays.
-        defaults = _defaults()
-        for key in ("epochs", "max_minutes", "threads", "device", "patience", "eval_every"):
-            if getattr(args, key) != defaults[key]:
-                setattr(cfg, key, getattr(args, key))
+        # Run-time knobs given on the command line replace the run's (a default value too:
+        # `--max-minutes 0` lifts a budget); everything that shapes the model stays.
+        for key in RESUME_KNOBS & given_flags(args):
+            setattr(cfg, key, getattr(args, key))
         cfg.progress = args.progress
         if args.out:
             cfg.out = args.out

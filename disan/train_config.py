@@ -13,7 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from disan.embeddings import STATIC_SOURCES
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, LR_DECAYS, RECIPES
 
 
 def _comma_list(value: str) -> list[str]:
@@ -102,6 +102,9 @@ class TrainConfig:
                           "CPU time budget)", "optimisation", choices=["adadelta", "adam"])
     lr: float = flag(0.5, "learning rate (default: 0.5 adadelta, 1e-3 adam)", "optimisation",
                      type=float, cli_default=None)
+    lr_decay: str = flag("none", "let the learning rate fall to 0 over --epochs' steps (a run cut short "
+                         "by --max-minutes or --patience stops before it reaches 0)", "optimisation",
+                         choices=list(LR_DECAYS))
     ema: float = flag(0.0, "evaluate, select and ship an exponential moving average of the weights "
                       "with this decay, warmed up as TensorFlow's (0 = off; the paper's code keeps "
                       "one at 0.999 but evaluates the raw weights)", "optimisation", type=float)
@@ -130,6 +133,30 @@ class TrainConfig:
         return asdict(self)
 
 
+GIVEN = "given_flags"  # the Namespace attribute naming the TrainConfig fields set on the command line
+
+
+def _noting(action: type[argparse.Action]) -> type[argparse.Action]:
+    """`action` that also notes its field in `namespace.given_flags`: a flag given with its default
+    value (`--max-minutes 0` on `--resume`) is told apart from one left out."""
+
+    class Noted(action):  # type: ignore[misc, valid-type]
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
+
+    return Noted
+
+
+_STORE, _STORE_TRUE, _STORE_FALSE = (_noting(argparse._StoreAction), _noting(argparse._StoreTrueAction),
+                                     _noting(argparse._StoreFalseAction))
+
+
+def given_flags(args: argparse.Namespace) -> set[str]:
+    """The TrainConfig fields whose flags were on the command line."""
+    return set(getattr(args, GIVEN, ()))
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field that has flag metadata, in argument groups."""
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -147,12 +174,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             # "(default: True)" to a --no-X flag, which reads as if the flag were on by default.
             help_text = (f"turn off the {meta['help']} (on by default)%(default).0s" if default
                          else meta["help"])
-            group.add_argument(flag_name, dest=f.name, action="store_false" if default else "store_true",
+            group.add_argument(flag_name, dest=f.name, action=_STORE_FALSE if default else _STORE_TRUE,
                                help=help_text)
             continue
         kwargs = {k: meta[k] for k in ("choices", "metavar", "nargs") if meta[k] is not None}
         value_type = meta["type"] or (type(default) if default not in (None, []) else str)
-        group.add_argument(f"--{name}", dest=f.name, type=value_type, default=default,
+        group.add_argument(f"--{name}", dest=f.name, action=_STORE, type=value_type, default=default,
                            help=meta["help"], **kwargs)
 
 

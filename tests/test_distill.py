@@ -218,13 +218,6 @@ def test_resume_takes_the_new_learning_rate(tmp_path: Path) -> None:
     assert [g["lr"] for g in state["param_groups"]] == [1e-4]
 
 
-def test_learning_rate_decays_to_zero_over_the_steps() -> None:
-    linear = [distill.decayed_lr(0.4, "linear", d, 4) for d in range(5)]
-    assert linear == pytest.approx([0.4, 0.3, 0.2, 0.1, 0])
-    assert [distill.decayed_lr(0.4, "cosine", d, 4) for d in (0, 2, 4)] == pytest.approx([0.4, 0.2, 0])
-    assert distill.decayed_lr(0.4, "none", 3, 4) == 0.4
-
-
 def test_a_decaying_run_ends_at_a_low_rate_and_a_resume_decays_afresh(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path, lr_decay="linear"), sentences, lambda: teacher)

@@ -203,6 +203,47 @@ def test_resume_continues_exactly(files, tmp_path: Path) -> None:
     assert steps[:2] == [3, 6]
 
 
+def test_lr_decay_falls_to_zero_over_the_epochs_and_a_resume_stays_on_the_curve(
+        files, tmp_path: Path, monkeypatch) -> None:
+    import disan.train as T
+
+    rates: list[float] = []
+    step = T.train_step
+
+    def recording_step(model, optimizer, *args):
+        rates.append(optimizer.param_groups[0]["lr"])
+        return step(model, optimizer, *args)
+
+    monkeypatch.setattr(T, "train_step", recording_step)
+    common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
+              "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", "--optimizer", "adam",
+              "--lr", "0.01", "--lr-decay", "linear", "--epochs", "2", *TINY[:-2]]
+    assert run_cli(*common, "--out", tmp_path / "straight") == 0
+    assert rates == pytest.approx([0.01 * (1 - k / 6) for k in range(6)])  # 3 steps an epoch
+    # stopped by the time budget after its first step, then resumed: the same weights at the end
+    assert run_cli(*common, "--max-minutes", "1e-9", "--out", tmp_path / "split") == 0
+    assert load_checkpoint(tmp_path / "split" / "last.pt")["step"] == 1
+    assert run_cli("--resume", tmp_path / "split" / "last.pt", "--max-minutes", "60", "--no-progress") == 0
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "split" / "last.pt")
+    assert a["step"] == b["step"] == 6
+    for key, value in a["model_state"].items():
+        assert torch.equal(value, b["model_state"][key]), key
+
+
+def test_a_resume_takes_a_knob_set_back_to_its_default(files, tmp_path: Path) -> None:
+    # --max-minutes 0 means no budget: a run stopped by its budget must be able to go on without one
+    common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
+              "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", "--epochs", "2", *TINY[:-2]]
+    assert run_cli(*common, "--max-minutes", "1e-9", "--patience", "5", "--out", tmp_path / "run") == 0
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 1
+    assert run_cli("--resume", tmp_path / "run" / "last.pt", "--max-minutes", "0", "--patience", "10",
+                   "--no-progress") == 0
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert last["step"] == 6
+    assert last["train_config"]["max_minutes"] == 0 and last["train_config"]["patience"] == 10
+
+
 def test_vocab_reuse_keeps_the_vocab_exactly(files, tmp_path: Path) -> None:
     first = tmp_path / "sent"
     assert run_cli("--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
