@@ -206,6 +206,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.monotonic()
     if args.resume:
+        fixed = given_flags(args) - RESUME_KNOBS - {"out", "progress"}
+        if fixed:  # refused, not ignored: a run resumed with another --lr would not be that run
+            def flags(names):
+                return ", ".join(f"--{name.replace('_', '-')}" for name in sorted(names))
+            raise ValueError(f"--resume goes on with the run's own settings; {flags(fixed)} cannot change "
+                             f"(only {flags(RESUME_KNOBS | {'out'})})")
         ckpt, model, vocab, labels = resume_model(args.resume)
         cfg = TrainConfig(**ckpt["train_config"])
         # Run-time knobs given on the command line replace the run's (a default value too:

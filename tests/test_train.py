@@ -244,6 +244,19 @@ def test_a_resume_takes_a_knob_set_back_to_its_default(files, tmp_path: Path) ->
     assert last["train_config"]["max_minutes"] == 0 and last["train_config"]["patience"] == 10
 
 
+def test_a_resume_refuses_a_setting_it_cannot_change(files, tmp_path: Path, capsys) -> None:
+    common = ["--task", "nli", "--train", files["nli_train"], "--dev", files["nli_dev"], "--init", "random",
+              "--embed-dim", "8", "--glove-extra", "0", "--eval-every", "0", "--epochs", "1", *TINY[:-2]]
+    assert run_cli(*common, "--out", tmp_path / "run") == 0
+    before = (tmp_path / "run" / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert run_cli("--resume", tmp_path / "run" / "last.pt", "--epochs", "2", "--lr-decay", "linear",
+                   "--lr", "0.1", "--no-progress") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--lr, --lr-decay cannot change" in err
+    assert (tmp_path / "run" / "last.pt").read_bytes() == before  # refused before any step
+
+
 def test_vocab_reuse_keeps_the_vocab_exactly(files, tmp_path: Path) -> None:
     first = tmp_path / "sent"
     assert run_cli("--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
