@@ -327,6 +327,29 @@ def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], senten
     return target
 
 
+def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
+    """--checkpoints: their mean probabilities of every training example -> `soft.npz`."""
+    from disan.checkpoint_teacher import mean_probability_logits  # torch (`train` extra)
+
+    if args.augment:
+        raise ValueError("--augment labels variants with a fine-tuned teacher, not with --checkpoints")
+    for path in args.checkpoints:  # one line before any slow work
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such checkpoint")
+    label_names = RECIPES[args.recipe]["label_names"]
+    num_classes = len(label_names)
+    keys, _ = training_keys(args)
+    logits = mean_probability_logits(args.checkpoints, keys, label_names)
+    out.mkdir(parents=True, exist_ok=True)
+    _save(out / "soft.npz", keys, logits, num_classes)
+    info = {"teacher": "checkpoints", "checkpoints": list(args.checkpoints), "recipe": args.recipe,
+            "examples": len(keys)}
+    (out / "checkpoint_teacher.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"soft targets: {out / 'soft.npz'} ({len(keys)} examples, the mean of "
+          f"{len(args.checkpoints)} checkpoints)")
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=["sst5", "sst2"], default="sst5")
     parser.add_argument("--data", default="../shared/data", help="the staged data folder")
@@ -346,6 +369,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoints", nargs="+", metavar="CKPT",
+                        help="no fine-tuning: the teacher is the mean of these sentiment checkpoints' "
+                        "probabilities (`disan.checkpoint_teacher`); writes soft.npz only")
     parser.add_argument("--augment", type=int, default=0, metavar="N",
                         help="also label N new variants of each fine-tuning sentence (masked words, "
                         "swapped words, n-grams: Tang et al., 2019) -> augmented.npz, for `disan "
@@ -366,6 +392,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
+    if args.checkpoints:
+        return label_with_checkpoints(args, out)
     out.mkdir(parents=True, exist_ok=True)
     if (out / "teacher.json").is_file():
         info = json.loads((out / "teacher.json").read_text())

@@ -59,6 +59,22 @@ def evaluate(model: torch.nn.Module, data: EncodedDataset, device: torch.device,
             "macro_f1": float(f1.mean()), "confusion": confusion.tolist(), "n": int(total)}
 
 
+def predict_logits(model: torch.nn.Module, data: EncodedDataset, device: torch.device,
+                   max_cells: int) -> np.ndarray:
+    """The model's logits [N, C] of every example, in `data`'s order."""
+    model.eval()
+    out: np.ndarray | None = None
+    with torch.no_grad():
+        for idx in sorted_batches(data.lengths, 128):
+            for piece in _pieces(idx, data, max_cells):
+                inputs, _ = collate(data, piece)
+                logits = model(*(t.to(device) for t in inputs)).float().cpu().numpy()
+                if out is None:
+                    out = np.empty((len(data), logits.shape[1]), dtype=np.float32)
+                out[piece] = logits
+    return out if out is not None else np.empty((0, 0), dtype=np.float32)
+
+
 def _pieces(idx: np.ndarray, data: EncodedDataset, max_cells: int) -> list[np.ndarray]:
     """Split a batch so each forward holds at most `max_cells` = rows * len^2 (attention is n^2 * d)."""
     n = int(data.lengths[idx].max()) if len(idx) else 1
