@@ -16,19 +16,18 @@ import torch
 
 from disan import data as D
 from disan.checkpoint import load_checkpoint, model_from_checkpoint
-from disan.task_teacher import KEY_SEP
 from disan.train import predict_logits
 
 
-def mean_probability_logits(paths: Sequence[str], keys: Sequence[str], label_names: Sequence[str],
-                            max_cells: int = 64 ** 3) -> np.ndarray:
-    """log of the mean of the checkpoints' class probabilities [len(keys), C] (softmax of it is
-    that mean). Column c is the raw label str(c), as `disan task-teacher` writes them; a model
+def mean_probability_logits(paths: Sequence[str], examples: Sequence[tuple[str, ...]],
+                            label_names: Sequence[str], max_cells: int = 64 ** 3) -> np.ndarray:
+    """log of the mean of the checkpoints' class probabilities [len(examples), C] of the token
+    tuples `examples` (softmax of it is that mean). Column c is the raw label str(c), as `disan task-teacher` writes them; a model
     names its classes by the raw labels or by the recipe's `label_names` (raw label c's name)."""
     raw = [str(c) for c in range(len(label_names))]
-    examples = [D.Example(texts=(tuple(k.split(KEY_SEP)),), label=raw[0], where=f"key {i}")
-                for i, k in enumerate(keys)]
-    total = np.zeros((len(keys), len(raw)), dtype=np.float64)
+    rows = [D.Example(texts=(tokens,), label=raw[0], where=f"example {i}")
+            for i, tokens in enumerate(examples)]
+    total = np.zeros((len(rows), len(raw)), dtype=np.float64)
     for path in paths:
         payload = load_checkpoint(path)
         if payload.get("config", {}).get("task") != "sentiment":
@@ -37,7 +36,7 @@ def mean_probability_logits(paths: Sequence[str], keys: Sequence[str], label_nam
         names = next((n for n in (raw, list(label_names)) if sorted(labels) == sorted(n)), None)
         if names is None:
             raise ValueError(f"{path}: its labels {labels} are not the recipe's {list(label_names)}")
-        data = D.encode_dataset(D.make_dataset("sentiment", examples, raw), vocab, None)  # labels unused
+        data = D.encode_dataset(D.make_dataset("sentiment", rows, raw), vocab, None)  # labels unused
         logits = torch.from_numpy(predict_logits(model, data, torch.device("cpu"), max_cells))
         probs = torch.softmax(logits.double(), dim=-1).numpy()
         total += probs[:, [labels.index(name) for name in names]]

@@ -339,7 +339,7 @@ def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
     label_names = RECIPES[args.recipe]["label_names"]
     num_classes = len(label_names)
     keys, _ = training_keys(args)
-    logits = mean_probability_logits(args.checkpoints, keys, label_names)
+    logits = mean_probability_logits(args.checkpoints, [tuple(k.split(KEY_SEP)) for k in keys], label_names)
     out.mkdir(parents=True, exist_ok=True)
     _save(out / "soft.npz", keys, logits, num_classes)
     info = {"teacher": "checkpoints", "checkpoints": list(args.checkpoints), "recipe": args.recipe,
