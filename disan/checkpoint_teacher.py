@@ -22,8 +22,9 @@ from disan.train import predict_logits
 def mean_probability_logits(paths: Sequence[str], examples: Sequence[tuple[str, ...]],
                             label_names: Sequence[str], max_cells: int = 64 ** 3) -> np.ndarray:
     """log of the mean of the checkpoints' class probabilities [len(examples), C] of the token
-    tuples `examples` (softmax of it is that mean). Column c is the raw label str(c), as `disan task-teacher` writes them; a model
-    names its classes by the raw labels or by the recipe's `label_names` (raw label c's name)."""
+    tuples `examples` (softmax of it is that mean). Column c is the raw label str(c), as `disan
+    task-teacher` writes them; a model names its classes by the raw labels or by the recipe's
+    `label_names` (raw label c's name)."""
     raw = [str(c) for c in range(len(label_names))]
     rows = [D.Example(texts=(tokens,), label=raw[0], where=f"example {i}")
             for i, tokens in enumerate(examples)]
