@@ -36,6 +36,7 @@ def decayed_lr(base: float, kind: str, done: int, total: int) -> float:
     left = max(0.0, 1.0 - done / max(total, 1))
     return base * (left if kind == "linear" else 0.5 * (1.0 - math.cos(math.pi * left)))
 
+
 RECIPES = {
     "nli": {"task": "nli", "train": ["mnli/dev_matched.jsonl.gz", "senteval/SICK/sick_train.jsonl.gz",
                                      "snli/dev.jsonl.gz"],

@@ -194,6 +194,10 @@ def prepare_embeddings(cfg: TrainConfig, train: D.Dataset):
     return vocab, matrix, trainable, info
 
 
+def _flag_list(fields: set[str]) -> str:
+    return ", ".join(f"--{name.replace('_', '-')}" for name in sorted(fields))
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan train`."""
     # torch is imported here, not at the top: `disan train --help` and bad flags answer at once.
@@ -208,10 +212,8 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         fixed = given_flags(args) - RESUME_KNOBS - {"out", "progress"}
         if fixed:  # refused, not ignored: a run resumed with another --lr would not be that run
-            def flags(names):
-                return ", ".join(f"--{name.replace('_', '-')}" for name in sorted(names))
-            raise ValueError(f"--resume goes on with the run's own settings; {flags(fixed)} cannot change "
-                             f"(only {flags(RESUME_KNOBS | {'out'})})")
+            raise ValueError(f"--resume goes on with the run's own settings; {_flag_list(fixed)} cannot "
+                             f"change (only {_flag_list(RESUME_KNOBS | {'out'})})")
         ckpt, model, vocab, labels = resume_model(args.resume)
         cfg = TrainConfig(**ckpt["train_config"])
         # Run-time knobs given on the command line replace the run's (a default value too:
