@@ -6,6 +6,9 @@ in an environment without torch (the service's), and the fixtures skip cleanly t
 
 from __future__ import annotations
 
+import gzip
+import json
+import random
 import socket
 import threading
 import time
@@ -237,6 +240,29 @@ paper = 51.72
 name = "diag"
 train = { mask_kind = "diag" }
 """
+
+
+# ---- a fake staged SST-5 (tests/test_task_teacher.py, test_checkpoint_teacher.py) ----
+def write_fake_sst5(root: Path, words: list[str], sentences: int, more_phrases: int, longest: int) -> Path:
+    """`root`/sst/ with SST-5's four files of random `words` (labels 0..4 in turn); the phrase file
+    holds the sentences and `more_phrases` more. Returns `root`."""
+    rng = random.Random(0)
+
+    def rows(n: int) -> list[dict]:
+        return [{"text": " ".join(rng.choice(words) for _ in range(rng.randint(1, longest))), "label": i % 5}
+                for i in range(n)]
+
+    def write(name: str, rows: list[dict]) -> None:
+        path = root / "sst" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+
+    train = rows(sentences)
+    write("sst5_train.jsonl.gz", train)
+    write("sst5_phrases_train.jsonl.gz", train + rows(more_phrases))
+    write("sst5_dev.jsonl.gz", rows(10))
+    write("sst5_test.jsonl.gz", rows(10))
+    return root
 
 
 # ---- exported tiny bundles (tests/test_export.py, test_verify.py, test_weights.py) ----

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from conftest import write_fake_sst5  # noqa: E402
 
 from disan import data as D  # noqa: E402
 from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
@@ -24,28 +25,12 @@ TINY = ["--init", "random", "--embed-dim", "8", "--glove-extra", "0", "--d-h", "
         "--no-progress", "--threads", "1", "--batch-size", "8"]
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, list[Path]]:
     """A fake staged SST-5 and two tiny models trained on it: one naming its classes by the
     recipe's names, one by the raw labels."""
     tmp = tmp_path_factory.mktemp("ct")
-    rng = random.Random(0)
-
-    def rows(n: int) -> list[dict]:
-        return [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))), "label": i % 5}
-                for i in range(n)]
-
-    root = tmp / "data"
-    sentences = rows(24)
-    _write(root / "sst/sst5_train.jsonl.gz", sentences)
-    _write(root / "sst/sst5_phrases_train.jsonl.gz", sentences + rows(30))
-    _write(root / "sst/sst5_dev.jsonl.gz", rows(10))
-    _write(root / "sst/sst5_test.jsonl.gz", rows(10))
+    root = write_fake_sst5(tmp / "data", WORDS, sentences=24, more_phrases=30, longest=7)
     files = ["--train", str(root / "sst/sst5_phrases_train.jsonl.gz"),
              "--dev", str(root / "sst/sst5_dev.jsonl.gz")]
     models = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 
+from conftest import write_fake_sst5  # noqa: E402
 from test_teacher import _tiny_sentence_transformer  # noqa: E402
 
 from disan import embeddings  # noqa: E402
@@ -31,18 +31,7 @@ def _write(path: Path, rows: list[dict]) -> None:
 @pytest.fixture()
 def staged(tmp_path: Path, monkeypatch) -> Path:
     """A fake staged-data folder (SST-5 sentences, phrases, dev, test) and the tiny teacher as MPNet."""
-    rng = random.Random(0)
-
-    def rows(n: int) -> list[dict]:
-        return [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))), "label": i % 5}
-                for i in range(n)]
-
-    root = tmp_path / "data"
-    sentences = rows(20)
-    _write(root / "sst/sst5_train.jsonl.gz", sentences)
-    _write(root / "sst/sst5_phrases_train.jsonl.gz", sentences + rows(17))
-    _write(root / "sst/sst5_dev.jsonl.gz", rows(10))
-    _write(root / "sst/sst5_test.jsonl.gz", rows(10))
+    root = write_fake_sst5(tmp_path / "data", WORDS, sentences=20, more_phrases=17, longest=6)
     folder = _tiny_sentence_transformer(tmp_path / "teacher")
     monkeypatch.setattr(embeddings, "mpnet_model_dir", lambda: folder)
     return root
