@@ -9,13 +9,18 @@ what `disan train --soft-targets` learns from. No fine-tuning: the checkpoints a
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from disan import data as D
 from disan.checkpoint import load_checkpoint, model_from_checkpoint
+from disan.recipes import RECIPES
+from disan.soft_labels import KEY_SEP, save_soft_labels, training_keys
 from disan.train import predict_logits
 
 
@@ -42,3 +47,24 @@ def mean_probability_logits(paths: Sequence[str], examples: Sequence[tuple[str, 
         probs = torch.softmax(logits.double(), dim=-1).numpy()
         total += probs[:, [labels.index(name) for name in names]]
     return np.log(total / len(paths)).astype(np.float32)
+
+
+def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
+    """--checkpoints: their mean probabilities of every training example -> `soft.npz`."""
+    if args.augment:
+        raise ValueError("--augment labels variants with a fine-tuned teacher, not with --checkpoints")
+    for path in args.checkpoints:  # one line before any slow work
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such checkpoint")
+    label_names = RECIPES[args.recipe]["label_names"]
+    num_classes = len(label_names)
+    keys, _ = training_keys(args)
+    logits = mean_probability_logits(args.checkpoints, [tuple(k.split(KEY_SEP)) for k in keys], label_names)
+    out.mkdir(parents=True, exist_ok=True)
+    save_soft_labels(out / "soft.npz", keys, logits, num_classes)
+    info = {"teacher": "checkpoints", "checkpoints": list(args.checkpoints), "recipe": args.recipe,
+            "examples": len(keys)}
+    (out / "checkpoint_teacher.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"soft targets: {out / 'soft.npz'} ({len(keys)} examples, the mean of "
+          f"{len(args.checkpoints)} checkpoints)")
+    return 0

@@ -33,29 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from disan.augment import MASK, Augmenter
-from disan.data import read_examples
 from disan.manifest import sha256_file
 from disan.recipes import RECIPES
+from disan.soft_labels import KEY_SEP, example_key, labelled, save_soft_labels, training_keys
 from disan.teacher import bf16_autocast
 
-KEY_SEP = " "  # an example's key: its tokens (disan.text.tokenize) joined, as training reads them
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
 SENTENCE_TRAIN = {"sst5": "sst/sst5_train.jsonl.gz", "sst2": "sst/sst2_train.jsonl.gz"}
 
 
-def example_key(tokens: tuple[str, ...]) -> str:
-    return KEY_SEP.join(tokens)
 
-
-def _labelled(path: Path, num_classes: int) -> tuple[list[str], list[int]]:
-    """(texts as the teacher reads them: tokens joined by spaces, integer labels) of a text/label
-    file whose labels are the teacher's classes 0 .. num_classes - 1."""
-    _, examples = read_examples(path)
-    for ex in examples:
-        if ex.label not in {str(c) for c in range(num_classes)}:
-            raise ValueError(f"{ex.where}: label {ex.label!r} is not one of the recipe's {num_classes} "
-                             f"classes 0..{num_classes - 1}")
-    return [example_key(ex.texts[0]) for ex in examples], [int(ex.label) for ex in examples]
 
 
 class Classifier:
@@ -167,9 +154,9 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     recipe = RECIPES[args.recipe]
     data = Path(args.data)
     num_classes = len(recipe["label_names"])
-    train_x, train_y = _labelled(data / args.train_file, num_classes)
-    dev_x, dev_y = _labelled(data / recipe["dev"], num_classes)
-    test_x, test_y = _labelled(data / recipe["test"], num_classes)
+    train_x, train_y = labelled(data / args.train_file, num_classes)
+    dev_x, dev_y = labelled(data / recipe["dev"], num_classes)
+    test_x, test_y = labelled(data / recipe["test"], num_classes)
     torch.manual_seed(args.seed)
     model = Classifier(args.teacher, num_classes, args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -276,38 +263,17 @@ def _label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[
     return np.asarray(logits)
 
 
-def _columns(num_classes: int) -> np.ndarray:
-    # column c is the teacher's class c, which `_labelled` read as the integer label c
-    return np.asarray([str(c) for c in range(num_classes)])
-
-
-def _save(path: Path, keys: list[str], logits: np.ndarray, num_classes: int) -> None:
-    """Keys, logits and columns -> compressed .npz (np.load reads it as it reads np.savez's). The
-    keys are a fixed-width array as wide as the longest phrase, mostly padding: SST-5's 156,811
-    keys took 170 MB stored plain, more than a device reply can bring back."""
-    np.savez_compressed(path, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
-
-
-def training_keys(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """(every distinct training example of the recipe, the fine-tuning sentences), as keys, each
-    file read once for both labelling steps."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
-    data = Path(args.data)
-    keys = [k for name in RECIPES[args.recipe]["train"] for k in _labelled(data / name, num_classes)[0]]
-    return list(dict.fromkeys(keys)), _labelled(data / args.train_file, num_classes)[0]
-
-
 def label(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
     """The kept teacher's logits of every training example of the recipe (`keys`) -> `soft.npz`."""
     num_classes = len(RECIPES[args.recipe]["label_names"])
     logits = _label_chunks(args, out, out / "soft", keys, num_classes)
     target = out / "soft.npz"
-    _save(target, keys, logits, num_classes)
+    save_soft_labels(target, keys, logits, num_classes)
     # the same with NaN (no opinion) for every example that is not a sentence the teacher was
     # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
     fine_tuned = set(sentences)
     only = np.where(np.asarray([k in fine_tuned for k in keys])[:, None], logits, np.nan)
-    _save(out / "soft_sentences.npz", keys, only.astype(np.float32), num_classes)
+    save_soft_labels(out / "soft_sentences.npz", keys, only.astype(np.float32), num_classes)
     return target
 
 
@@ -323,31 +289,8 @@ def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], senten
     logits = _label_chunks(args, out, out / "augmented", new_keys, num_classes,
                            extra={"augment": args.augment, "seed": args.seed})
     target = out / "augmented.npz"
-    _save(target, new_keys, logits, num_classes)
+    save_soft_labels(target, new_keys, logits, num_classes)
     return target
-
-
-def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
-    """--checkpoints: their mean probabilities of every training example -> `soft.npz`."""
-    from disan.checkpoint_teacher import mean_probability_logits  # torch (`train` extra)
-
-    if args.augment:
-        raise ValueError("--augment labels variants with a fine-tuned teacher, not with --checkpoints")
-    for path in args.checkpoints:  # one line before any slow work
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{path}: no such checkpoint")
-    label_names = RECIPES[args.recipe]["label_names"]
-    num_classes = len(label_names)
-    keys, _ = training_keys(args)
-    logits = mean_probability_logits(args.checkpoints, [tuple(k.split(KEY_SEP)) for k in keys], label_names)
-    out.mkdir(parents=True, exist_ok=True)
-    _save(out / "soft.npz", keys, logits, num_classes)
-    info = {"teacher": "checkpoints", "checkpoints": list(args.checkpoints), "recipe": args.recipe,
-            "examples": len(keys)}
-    (out / "checkpoint_teacher.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"soft targets: {out / 'soft.npz'} ({len(keys)} examples, the mean of "
-          f"{len(args.checkpoints)} checkpoints)")
-    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -393,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     if args.checkpoints:
+        from disan.checkpoint_teacher import label_with_checkpoints  # torch (`train` extra)
+
         return label_with_checkpoints(args, out)
     out.mkdir(parents=True, exist_ok=True)
     if (out / "teacher.json").is_file():

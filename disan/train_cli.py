@@ -21,7 +21,7 @@ import numpy as np
 from disan import data as D
 from disan import embeddings as E
 from disan.recipes import RECIPE_VOCAB_FILES, RECIPES, TASK_DEFAULTS
-from disan.task_teacher import KEY_SEP, example_key
+from disan.soft_labels import KEY_SEP, example_key
 from disan.text import Vocab
 from disan.train_config import TrainConfig, add_config_arguments, config_values, given_flags
 

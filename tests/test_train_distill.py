@@ -74,7 +74,7 @@ def test_rows_without_teacher_logits_learn_from_their_gold_label() -> None:
 
 
 def _soft_file(path: Path, texts: list[str], logits: np.ndarray, labels=("0", "1")) -> Path:
-    from disan.task_teacher import example_key
+    from disan.soft_labels import example_key
     from disan.text import tokenize
 
     np.savez(path, keys=np.asarray([example_key(tuple(tokenize(t))) for t in texts]), logits=logits,
