@@ -36,7 +36,7 @@ from disan.augment import MASK, Augmenter
 from disan.manifest import sha256_file
 from disan.recipes import RECIPES
 from disan.soft_labels import KEY_SEP, example_key, labelled, save_soft_labels, training_keys
-from disan.teacher import bf16_autocast
+from disan.teacher import bf16_autocast, resolved_precision
 
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
 SENTENCE_TRAIN = {"sst5": "sst/sst5_train.jsonl.gz", "sst2": "sst/sst2_train.jsonl.gz"}
@@ -134,6 +134,8 @@ def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError) as e:  # truncated, other
         raise ValueError(f"{path}: not a saved fit ({type(e).__name__}); remove it to start again") from e
     ours = _fit_settings(args)
+    if saved.get("precision") == "auto":  # written before the precision was resolved: as then, not checked
+        saved = {**saved, "precision": ours["precision"]}
     if saved != ours:
         diff = ", ".join(f"{k}: {saved.get(k)!r} there, {v!r} now" for k, v in ours.items()
                          if saved.get(k) != v)
@@ -226,8 +228,8 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     test_acc = accuracy(predict(model, test_x, 64, args.precision), test_y)
     info = {"teacher": args.teacher, "recipe": args.recipe, "train_file": args.train_file,
             "train_examples": len(train_x), "epochs": args.epochs, "lr": args.lr,
-            "batch_size": args.batch_size, "seed": args.seed, "best_dev_acc": best,
-            "test_acc_at_best_dev": test_acc, "log": log}
+            "batch_size": args.batch_size, "seed": args.seed, "precision": args.precision,
+            "best_dev_acc": best, "test_acc_at_best_dev": test_acc, "log": log}
     (out / "teacher.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / FIT_STATE).unlink(missing_ok=True)  # the size of the model three times over
     return info
@@ -332,6 +334,9 @@ def run(args: argparse.Namespace) -> int:
     if args.lr <= 0:
         raise ValueError(f"--lr {args.lr}: give a learning rate above 0")
     args.train_file = args.train_file or SENTENCE_TRAIN[args.recipe]
+    # what auto means differs between machines; a fit saved on one and resumed on another must not
+    # change precision halfway, so the settings hold the resolved one
+    args.precision = resolved_precision(args.device, args.precision)
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -109,12 +109,22 @@ def native_bf16(device: str) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def resolved_precision(device: str, precision: str) -> str:
+    """bf16 or fp32: `precision` itself, or for auto bf16 where the device has it natively
+    (`native_bf16`), so a record of the run says what it ran in, not what it asked for."""
+    if precision in ("bf16", "fp32"):
+        return precision
+    if precision != "auto":
+        raise ValueError(f"unknown precision {precision!r} (choose from auto, bf16, fp32)")
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def bf16_autocast(device: str, precision: str):
-    """torch's autocast to bf16 where `precision` is bf16, or auto and the device has native bf16
-    (`native_bf16`); a disabled autocast (fp32) otherwise."""
+    """torch's autocast to bf16 where `resolved_precision` is bf16; a disabled autocast (fp32)
+    otherwise."""
     import torch  # optional (`train` extra)
 
-    enabled = precision == "bf16" or (precision == "auto" and native_bf16(device))
+    enabled = resolved_precision(device, precision) == "bf16"
     return torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16,
                           enabled=enabled)
 
@@ -129,8 +139,7 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
     from disan.embeddings import _sentence_encoder
 
     model = _sentence_encoder(TEACHERS[teacher][0], device)
-    if precision == "auto":  # resolved once, not per call
-        precision = "bf16" if native_bf16(device) else "fp32"
+    precision = resolved_precision(device, precision)  # once, not per call
 
     def encode(texts: list[str]) -> np.ndarray:
         with torch.inference_mode(), bf16_autocast(device, precision):

@@ -166,6 +166,44 @@ def test_a_saved_fit_with_other_settings_is_not_continued(staged: Path, tmp_path
     assert "an interrupted fit with other settings (seed: 0 there, 1 now)" in err, err
 
 
+def test_a_fit_saved_in_bf16_is_not_continued_where_auto_means_fp32(staged: Path, tmp_path: Path,
+                                                                     monkeypatch, capsys) -> None:
+    """`--precision auto` is bf16 on one machine and fp32 on another: the saved settings hold what
+    it meant where the fit ran, so a resume elsewhere does not switch precision halfway."""
+    from disan import teacher
+
+    monkeypatch.setattr(teacher, "native_bf16", lambda device: True)
+    _fit_killed_at_step(staged, tmp_path / "tt", 3, monkeypatch)
+    monkeypatch.setattr(teacher, "native_bf16", lambda device: False)
+    assert _fit_only(staged, tmp_path / "tt") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "other settings (precision: 'bf16' there, 'fp32' now)" in err, err
+
+
+def test_a_fit_saved_with_auto_before_it_was_resolved_goes_on(staged: Path, tmp_path: Path, monkeypatch,
+                                                               capsys) -> None:
+    from disan import task_teacher, teacher
+
+    class Stop(Exception):
+        pass
+
+    def no_labels(*_args, **_kwargs):
+        raise Stop  # only the fit matters here
+
+    monkeypatch.setattr(teacher, "native_bf16", lambda device: False)
+    _fit_killed_at_step(staged, tmp_path / "tt", 3, monkeypatch)
+    path = tmp_path / "tt" / task_teacher.FIT_STATE
+    state = torch.load(path, weights_only=True)
+    assert state["settings"]["precision"] == "fp32"
+    state["settings"]["precision"] = "auto"  # as fit states were written before
+    torch.save(state, path)
+    monkeypatch.setattr(task_teacher, "training_keys", no_labels)
+    with pytest.raises(Stop):
+        _fit_only(staged, tmp_path / "tt")
+    assert '"resumed"' in capsys.readouterr().out
+    assert json.loads((tmp_path / "tt" / "teacher.json").read_text())["precision"] == "fp32"
+
+
 @pytest.mark.parametrize("content", [b"not a checkpoint", b"PK\x03\x04truncated"])
 def test_a_fit_state_that_cannot_be_read_is_a_one_line_error(staged: Path, tmp_path: Path, capsys,
                                                              content: bytes) -> None:
