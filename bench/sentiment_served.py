@@ -7,9 +7,11 @@ sentiment model, from the manifest's `weights`: its own table in `embedding_stor
 a borrowed copy of the encoder's table (`disan borrow-words`) in `embedding_storage.embed`, every
 other parameter in `matrix_storage.sentiment` (`model_export.embed.task_model_as_stored`). A
 checkpoint exported into such a bundle scores here what the bundle serves, in PyTorch.
+`--subsets` also scores every subset of the checkpoints by the mean of their probabilities as
+served (an ensemble of models that each keep their own table).
 
     python -m bench.sentiment_served CKPT... --bundle models/default \
-        --data ../shared/data/sst/sst5_dev.jsonl.gz [--data ...test.jsonl.gz] [--json OUT]
+        --data ../shared/data/sst/sst5_dev.jsonl.gz [--data ...test.jsonl.gz] [--subsets] [--json OUT]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.sentiment_ensembles import subsets
 from disan.checkpoint import load_checkpoint, model_from_checkpoint
 from disan.data import read_jsonl
 from disan.manifest import load_manifest
@@ -65,21 +68,28 @@ def labelled(path: Path) -> tuple[list[str], np.ndarray]:
     return [r["text"] for r in rows], np.array([int(r["label"]) for r in rows])
 
 
-def score(checkpoints: list[Path], bundle: Path, data: list[Path]) -> dict:
-    """{bundle, n: {file: size}, runs: [{checkpoint, file: accuracy %...}]}, each run printed."""
+def score(checkpoints: list[Path], bundle: Path, data: list[Path], with_subsets: bool = False) -> dict:
+    """{bundle, n: {file: size}, runs: [{checkpoint, file: accuracy %...}]}, each run printed; with
+    `with_subsets` also subsets: {file: [{models: [index...], accuracy}]} by mean probability."""
     weights, vocab = read_bundle(bundle)
     sets = {path.name: labelled(path) for path in data}
-    runs = []
+    runs, probs = [], {name: [] for name in sets}
     for checkpoint in checkpoints:
         model = served_model(checkpoint, weights)
         row = {"checkpoint": str(checkpoint)}
         for name, (texts, labels) in sets.items():
-            hit = probabilities(model, vocab, texts).argmax(-1) == labels
-            row[name] = round(100 * float(hit.mean()), 2)
+            probs[name].append(probabilities(model, vocab, texts))
+            row[name] = round(100 * float((probs[name][-1].argmax(-1) == labels).mean()), 2)
         print("  ".join(f"{v}" for v in row.values()), flush=True)
         runs.append(row)
     sizes = {name: len(labels) for name, (_, labels) in sets.items()}
-    return {"bundle": bundle.name, "n": sizes, "runs": runs}
+    report = {"bundle": bundle.name, "n": sizes, "runs": runs}
+    if with_subsets:
+        report["subsets"] = {name: subsets(np.stack(probs[name]), labels)
+                             for name, (_, labels) in sets.items()}
+        for name, rows in report["subsets"].items():
+            print(name, "  ".join(f"{'+'.join(map(str, r['models']))}: {r['accuracy']}" for r in rows))
+    return report
 
 
 def main() -> None:
@@ -89,11 +99,13 @@ def main() -> None:
                     help="the bundle whose vocabulary and storage they are read with")
     ap.add_argument("--data", type=Path, action="append", required=True,
                     help="a JSONL(.gz) file of {text, label}; repeat for more")
+    ap.add_argument("--subsets", action="store_true",
+                    help="also every subset of the checkpoints, by the mean of their probabilities")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
-        report = score(args.checkpoints, args.bundle, args.data)
+        report = score(args.checkpoints, args.bundle, args.data, args.subsets)
     except (OSError, ValueError) as exc:  # a missing file, a checkpoint of another task: one line
         ap.exit(2, f"{ap.prog}: error: {exc}\n")
     if args.json:
