@@ -8,10 +8,12 @@ a borrowed copy of the encoder's table (`disan borrow-words`) in `embedding_stor
 other parameter in `matrix_storage.sentiment` (`model_export.embed.task_model_as_stored`). A
 checkpoint exported into such a bundle scores here what the bundle serves, in PyTorch.
 `--subsets` also scores every subset of the checkpoints by the mean of their probabilities as
-served (an ensemble of models that each keep their own table).
+served (an ensemble of models that each keep their own table); `--probs OUT.npz` keeps the
+probabilities (`FILE/K`: checkpoint K's [N, C] on FILE, `FILE/labels`) for analyses of them.
 
     python -m bench.sentiment_served CKPT... --bundle models/default \
-        --data ../shared/data/sst/sst5_dev.jsonl.gz [--data ...test.jsonl.gz] [--subsets] [--json OUT]
+        --data ../shared/data/sst/sst5_dev.jsonl.gz [--data ...test.jsonl.gz] [--subsets] \
+        [--json OUT] [--probs OUT.npz]
 """
 
 from __future__ import annotations
@@ -68,9 +70,11 @@ def labelled(path: Path) -> tuple[list[str], np.ndarray]:
     return [r["text"] for r in rows], np.array([int(r["label"]) for r in rows])
 
 
-def score(checkpoints: list[Path], bundle: Path, data: list[Path], with_subsets: bool = False) -> dict:
+def score(checkpoints: list[Path], bundle: Path, data: list[Path], with_subsets: bool = False,
+          probs_out: Path | None = None) -> dict:
     """{bundle, n: {file: size}, runs: [{checkpoint, file: accuracy %...}]}, each run printed; with
-    `with_subsets` also subsets: {file: [{models: [index...], accuracy}]} by mean probability."""
+    `with_subsets` also subsets: {file: [{models: [index...], accuracy}]} by mean probability;
+    with `probs_out` the probabilities saved there (see the module docstring)."""
     weights, vocab = read_bundle(bundle)
     sets = {path.name: labelled(path) for path in data}
     runs, probs = [], {name: [] for name in sets}
@@ -84,6 +88,9 @@ def score(checkpoints: list[Path], bundle: Path, data: list[Path], with_subsets:
         runs.append(row)
     sizes = {name: len(labels) for name, (_, labels) in sets.items()}
     report = {"bundle": bundle.name, "n": sizes, "runs": runs}
+    if probs_out is not None:
+        arrays = {f"{name}/{k}": p for name, rows in probs.items() for k, p in enumerate(rows)}
+        np.savez_compressed(probs_out, **arrays, **{f"{name}/labels": y for name, (_, y) in sets.items()})
     if with_subsets:
         report["subsets"] = {name: subsets(np.stack(probs[name]), labels)
                              for name, (_, labels) in sets.items()}
@@ -102,10 +109,11 @@ def main() -> None:
     ap.add_argument("--subsets", action="store_true",
                     help="also every subset of the checkpoints, by the mean of their probabilities")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--probs", type=Path, default=None, help="save the probabilities here (.npz)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     try:
-        report = score(args.checkpoints, args.bundle, args.data, args.subsets)
+        report = score(args.checkpoints, args.bundle, args.data, args.subsets, args.probs)
     except (OSError, ValueError) as exc:  # a missing file, a checkpoint of another task: one line
         ap.exit(2, f"{ap.prog}: error: {exc}\n")
     if args.json:

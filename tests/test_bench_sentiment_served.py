@@ -80,15 +80,19 @@ def test_the_report_gives_each_checkpoint_its_accuracy_on_each_file(setup, tmp_p
     assert str(borrowed) in capsys.readouterr().out
 
 
-def test_subsets_score_the_mean_of_the_checkpoints_probabilities(setup, tiny_checkpoints, tmp_path):
+def test_subsets_score_the_mean_of_the_probabilities_and_probs_keeps_them(setup, tiny_checkpoints, tmp_path):
     borrowed, bundle = setup
     data = tmp_path / "dev.jsonl.gz"
     with gzip.open(data, "wt") as f:
         f.writelines(json.dumps({"text": t, "label": y}) + "\n" for t, y in zip(TEXTS, LABELS, strict=True))
     pair = [borrowed, tiny_checkpoints.sentiment]
-    report = bench.score(pair, bundle, [data], with_subsets=True)
+    report = bench.score(pair, bundle, [data], with_subsets=True, probs_out=tmp_path / "probs.npz")
     weights, vocab = bench.read_bundle(bundle)
     probs = [bench.probabilities(bench.served_model(p, weights), vocab, TEXTS) for p in pair]
+    with np.load(tmp_path / "probs.npz") as saved:
+        assert sorted(saved.files) == ["dev.jsonl.gz/0", "dev.jsonl.gz/1", "dev.jsonl.gz/labels"]
+        np.testing.assert_array_equal(saved["dev.jsonl.gz/1"], probs[1])
+        assert saved["dev.jsonl.gz/labels"].tolist() == LABELS
     mean_hits = (np.mean(probs, axis=0).argmax(-1) == np.array(LABELS)).mean()
     rows = {tuple(r["models"]): r["accuracy"] for r in report["subsets"]["dev.jsonl.gz"]}
     assert rows == {(0,): report["runs"][0]["dev.jsonl.gz"], (1,): report["runs"][1]["dev.jsonl.gz"],
