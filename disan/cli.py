@@ -35,7 +35,8 @@ COMMANDS = {
                  "one that serves the mean of their probabilities", "train"),
     "widen": ("disan.widen", "grow a trained sentence encoder's d_h, serving the same vectors", "train"),
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
-    "eval": ("disan.evaluate", "evaluate an exported bundle on a task, or run transfer tasks", "train"),
+    "eval": ("disan.evaluate", "evaluate a bundle on its tasks, or bundles and checkpoints on STS (--sts) "
+             "and frozen-vector transfer (--transfer)", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
     "serve": ("service.cli", "serve a bundle over HTTP", "serve-cpu"),
