@@ -122,6 +122,12 @@ def _epoch_batches(rng: np.random.Generator, lengths: list[int], batch_size: int
     return batches
 
 
+def eta_seconds(spent: float, taken: int, left: int) -> float:
+    """Seconds until the last of `left` more steps, at the mean rate of the `taken` steps so far
+    (the epochs' dev evaluations not counted)."""
+    return round(spent / max(1, taken) * left, 1)
+
+
 def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     """The saved progress of an interrupted fit with these settings; None without one; a one-line
     error when it was written with other settings (continuing it would mix two fits)."""
@@ -182,6 +188,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
         print(json.dumps({"resumed": str(out / FIT_STATE), "epoch": first_epoch + 1, "step": done}),
               flush=True)
     started = time.monotonic() - spent
+    this_run, taken = time.monotonic(), 0  # this process's own rate gives the progress lines' ETA
 
     def save_state(epoch: int, step: int, epoch_rng: dict) -> None:
         state = {"settings": _fit_settings(args), "model": model.state_dict(),
@@ -208,10 +215,13 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             opt.step()
             sched.step()
             loss_sum += loss.item()
-            if step % args.log_every == 0:  # a fit on every phrase runs for an hour on a CPU
+            taken += 1
+            if step % args.log_every == 0:  # a fit on every phrase runs for hours on a CPU
+                left = len(batches) - step + (args.epochs - epoch - 1) * len(batches)
+                now = time.monotonic()
                 print(json.dumps({"epoch": epoch + 1, "step": step, "of": len(batches),
-                                  "train_loss": loss_sum / step,
-                                  "elapsed_s": round(time.monotonic() - started, 1)}), flush=True)
+                                  "train_loss": loss_sum / step, "elapsed_s": round(now - started, 1),
+                                  "eta_s": eta_seconds(now - this_run, taken, left)}), flush=True)
             if step % args.save_every == 0 and step < len(batches):
                 save_state(epoch, step, epoch_rng)
         dev_acc = accuracy(predict(model, dev_x, 64, args.precision), dev_y)

@@ -48,6 +48,7 @@ def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path, caps
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"epoch"')
              and '"step"' in line]
     assert [(r["epoch"], r["step"], r["of"]) for r in steps] == [(e, s, 5) for e in (1, 2) for s in (2, 4)]
+    assert all(r["eta_s"] >= 0 for r in steps) and steps[-1]["eta_s"] <= steps[0]["eta_s"]  # 1 step left, 8
     info = json.loads((out / "teacher.json").read_text())
     assert [r["epoch"] for r in info["log"]] == [1, 2] and 0.0 <= info["test_acc_at_best_dev"] <= 1.0
     assert info["best_dev_acc"] == max(r["dev_acc"] for r in info["log"])
@@ -97,6 +98,13 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
                "--soft-targets", str(out / "soft.npz"), "--kd-weight", "1", "--out", str(tmp_path / "kd")])
     assert rc == 0
     assert load_checkpoint(tmp_path / "kd" / "best.pt")["train_config"]["kd_weight"] == 1.0
+
+
+def test_the_eta_is_the_mean_rate_times_the_steps_left() -> None:
+    from disan.task_teacher import eta_seconds
+
+    assert eta_seconds(50.0, 10, 100) == 500.0  # 5 s a step, 100 steps to go
+    assert eta_seconds(12.5, 5, 0) == 0.0  # the last step
 
 
 def _fit_only(root: Path, out: Path, *extra: str) -> int:
