@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from bench.sentiment_ensembles import subsets
-from disan.checkpoint import load_checkpoint, model_from_checkpoint
+from disan.checkpoint import load_checkpoint
 from disan.data import read_jsonl
 from disan.manifest import load_manifest
 from disan.text import Vocab
-from model_export.embed import task_model_as_stored
+from model_export.calibrate import stored_task_model
 
 BATCH = 128
 TASK = "sentiment"
@@ -39,12 +39,9 @@ TASK = "sentiment"
 def served_model(checkpoint: Path, weights: dict):
     """The sentiment model of `checkpoint`, rounded as a bundle whose manifest's `weights` are
     `weights` stores its sentiment model."""
-    model = model_from_checkpoint(load_checkpoint(checkpoint))[0].eval()
+    model = stored_task_model(load_checkpoint(checkpoint), weights, str(checkpoint))
     if model.cfg.task != TASK:
         raise ValueError(f"{checkpoint}: a sentiment checkpoint, not task '{model.cfg.task}'")
-    if model.cfg.borrowed_rows and "embed" not in weights["embedding_storage"]:
-        raise ValueError(f"{checkpoint} borrows an encoder's words; the bundle has no encoder (--embed)")
-    task_model_as_stored(model, TASK, weights["embedding_storage"], weights.get("matrix_storage", {}))
     return model
 
 

@@ -22,7 +22,8 @@ CHECKPOINT_VERSION = 1
 # Where a checkpoint came from: rebuilt from a bundle's graphs (`model_export.recover`), given words
 # by `disan extend-vocab`, widened by `disan widen`, given an encoder's words by `disan borrow-words`,
 # or trained further from another checkpoint (`disan pretrain --init-from`).
-PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "widening", "borrowing", "init_from", "ensemble")
+PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "widening", "borrowing", "init_from", "ensemble",
+                   "calibration")
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],

@@ -1,7 +1,7 @@
 """`disan` console script: train, export and serve DiSAN sentence embeddings, one subcommand a step.
 
 Subcommands: train | experiment | corpus | teacher | task-teacher | pretrain | extend-vocab |
-borrow-words | ensemble | widen | slim | eval | export | verify | serve | embed.
+borrow-words | ensemble | widen | slim | eval | calibrate | export | verify | serve | embed.
 
 Benchmarks are scripts run from a checkout: `python -m bench.offline`, `python -m bench.service`.
 
@@ -37,6 +37,8 @@ COMMANDS = {
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
     "eval": ("disan.evaluate", "evaluate a bundle on its tasks, or bundles and checkpoints on STS (--sts) "
              "and frozen-vector transfer (--transfer)", "train"),
+    "calibrate": ("model_export.calibrate", "add class offsets chosen on the recipe's dev set, as a bundle "
+                  "serves the model, to an NLI or two-class sentiment model's head (a prior shift)", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
     "serve": ("service.cli", "serve a bundle over HTTP", "serve-cpu"),
