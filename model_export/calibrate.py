@@ -66,7 +66,10 @@ def dev_set(task: str, num_classes: int, data: Path) -> tuple[str, list[D.Exampl
         _, examples = D.holdout_split(examples, HOLDOUT_SIZE, HOLDOUT_SEED)
         name = f"{recipe['holdout_from']} (the held-out slice disan train selects on)"
     else:
-        name = RECIPES[{2: "sst2", 5: "sst5"}.get(num_classes, "sst2")]["dev"]
+        recipe = {len(RECIPES[r]["label_names"]): r for r in ("sst2", "sst5")}.get(num_classes)
+        if recipe is None:
+            raise ValueError(f"no recipe has a {num_classes}-class sentiment dev set (SST-2: 2, SST-5: 5)")
+        name = RECIPES[recipe]["dev"]
         _, examples = D.read_examples(data / name)
     ids = D.make_dataset(task, examples, D.label_set(task, examples)).label_ids
     return name, examples, list(ids)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS
+from conftest import WORDS, make_tiny_checkpoint
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
@@ -96,6 +96,8 @@ def test_what_it_cannot_calibrate_is_named(staged, tiny_bundle, tiny_checkpoints
         return capsys.readouterr().err.strip().splitlines()[-1]
 
     assert "5 classes; calibrate takes at most 3" in err_of(tiny_checkpoints.sentiment, tmp_path / "s.pt")
+    three = make_tiny_checkpoint(tmp_path / "3.pt", "sentiment", tiny_checkpoints.vocab, list("abc"), seed=3)
+    assert "no recipe has a 3-class sentiment dev set" in err_of(three, tmp_path / "t.pt")
     assert "give a new file" in err_of(tiny_checkpoints.nli, tiny_checkpoints.nli)
     once = tmp_path / "once.pt"
     assert main(["calibrate", str(tiny_checkpoints.nli), "--bundle", str(tiny_bundle), "--data", str(staged),
