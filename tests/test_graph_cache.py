@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -89,4 +90,50 @@ def test_off_without_the_variable(tiny_checkpoints, tmp_path, monkeypatch, trace
     head = NLIHeadGraph(loaded(tiny_checkpoints.nli)[0])
     export_graph(head, tmp_path / "a.onnx", V)
     export_graph(head, tmp_path / "b.onnx", V)
+    assert traces == ["a.onnx", "b.onnx"]
+
+
+def _initializers(path) -> dict:
+    import onnx
+    from onnx import numpy_helper
+
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+
+
+def test_a_module_that_differs_only_in_its_table_gets_the_graph_with_its_own_table(
+        tiny_checkpoints, tmp_path, monkeypatch, traces):
+    """Another --embedding-storage rounds only the tables: the graph is copied, not traced, and holds
+    exactly what a trace of the rounded module holds."""
+    from model_export.storage import round_tables
+
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
+    export_graph(EncoderGraph(loaded(tiny_checkpoints.nli)[0].encoder, "encoder"), tmp_path / "a.onnx", V)
+    model = loaded(tiny_checkpoints.nli)[0]
+    round_tables([model], "int8")
+    copied = export_graph(EncoderGraph(model.encoder, "encoder"), tmp_path / "b.onnx", V)
+    assert traces == ["a.onnx"]
+    monkeypatch.delenv(graph_cache.CACHE_ENV)
+    traced = export_graph(EncoderGraph(model.encoder, "encoder"), tmp_path / "c.onnx", V)
+    got, want = _initializers(copied), _initializers(traced)
+    assert got.keys() == want.keys() and "encoder.embed.weight" in got
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    first = _initializers(tmp_path / "a.onnx")["encoder.embed.weight"]
+    assert not np.array_equal(got["encoder.embed.weight"], first)  # the new table, not the cached one
+
+
+def test_a_table_whose_values_another_tensor_shares_is_kept_with_its_values(tiny_checkpoints, tmp_path,
+                                                                             monkeypatch, traces):
+    """The exporter merges equal initializers, so replacing the table's could change the other
+    tensor's too: such a graph is kept under the key with every value, and a new table is traced."""
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
+    model = loaded(tiny_checkpoints.nli)[0]
+    model.encoder.register_buffer("twin", model.encoder.embed.weight.detach().clone(), persistent=False)
+    graph = EncoderGraph(model.encoder, "encoder")
+    assert graph_cache.table_names(graph) == {"encoder.embed.weight"}
+    export_graph(graph, tmp_path / "a.onnx", V)
+    assert not graph_cache.holds_tables_verbatim(tmp_path / "a.onnx", graph, {"encoder.embed.weight"})
+    with torch.no_grad():
+        model.encoder.embed.weight[5, 0] += 1e-3
+    export_graph(graph, tmp_path / "b.onnx", V)
     assert traces == ["a.onnx", "b.onnx"]
