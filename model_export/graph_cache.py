@@ -33,7 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
 from torch import nn
 
 import disan.model
@@ -130,9 +132,6 @@ def holds_tables_verbatim(path: Path, module: nn.Module, tables: set[str]) -> bo
     its own name, equal to it, and shares no table's values with any other tensor of the module
     (the exporter merges equal initializers): then replacing those initializers gives the graph of
     the module with other tables."""
-    import onnx
-    from onnx import numpy_helper
-
     if not tables:
         return False
     stored = {i.name: i for i in onnx.load(str(path)).graph.initializer}
@@ -148,9 +147,6 @@ def holds_tables_verbatim(path: Path, module: nn.Module, tables: set[str]) -> bo
 
 def replace_tables(path: Path, module: nn.Module, tables: set[str]) -> None:
     """Write `module`'s `tables` into the graph at `path`, over the initializers of their names."""
-    import onnx
-    from onnx import numpy_helper
-
     model = onnx.load(str(path))
     values = _values(module, tables)
     for init in model.graph.initializer:
