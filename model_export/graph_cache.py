@@ -94,7 +94,8 @@ def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
 
 
-def graph_key(module: nn.Module, vocab_size: int, opset: int, without: set[str] = frozenset()) -> str | None:
+def graph_key(module: nn.Module, vocab_size: int, opset: int,
+              without: frozenset[str] | set[str] = frozenset()) -> str | None:
     """Hex key of everything that decides `module`'s traced graph, the values of the tensors named
     in `without` left out (their names, dtypes and shapes still in); None when some attribute has
     no stable form (then the graph is not cached)."""
@@ -145,9 +146,10 @@ def holds_tables_verbatim(path: Path, module: nn.Module, tables: set[str]) -> bo
     return not any(o.shape == v.shape and np.array_equal(o, v) for v in values.values() for o in others)
 
 
-def replace_tables(path: Path, module: nn.Module, tables: set[str]) -> None:
-    """Write `module`'s `tables` into the graph at `path`, over the initializers of their names."""
-    model = onnx.load(str(path))
+def write_with_tables(source: Path, path: Path, module: nn.Module, tables: set[str]) -> None:
+    """Write the graph at `source` to `path` with `module`'s `tables` over the initializers of
+    their names."""
+    model = onnx.load(str(source))
     values = _values(module, tables)
     for init in model.graph.initializer:
         if init.name in values:
@@ -168,9 +170,10 @@ def cached_export(module: nn.Module, path: Path, vocab_size: int, opset: int,
     for kept, swap in ((key, False), (loose, True)):
         hit = folder / f"{kept}.onnx"
         if kept is not None and hit.is_file():
-            shutil.copyfile(hit, path)
             if swap:
-                replace_tables(path, module, tables)
+                write_with_tables(hit, path, module, tables)
+            else:
+                shutil.copyfile(hit, path)
             return path
     export()
     kept = loose if loose is not None and holds_tables_verbatim(path, module, tables) else key
