@@ -202,3 +202,49 @@ def test_groups_of_seeds_train_with_their_own_flags_side_by_side(tmp_path: Path,
                            check=False)
     assert twice.returncode == 2 and "seed 2 is in two groups" in twice.stdout
     assert len(list(kit.glob("sst5-*/sst5-s1"))) == 0  # checked before any run starts
+
+
+PRETRAIN_STUB = """#!/bin/sh
+# python3 for device.sh's pretrain steps: `-m disan.cli pretrain|slim` stand-ins
+case $3 in
+  pretrain)
+    out=; prev=
+    for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+    echo "$*" > "$out/args"
+    echo '{"step": 20}' > "$out/metrics.jsonl"
+    printf '%s' "$out" > "$out/best.pt" ;;
+  slim) cp "$4" "$5" ;;
+esac
+"""
+
+
+def test_a_phase_goes_on_from_the_last_run_on_the_machine(tmp_path: Path, bash: str) -> None:
+    """The 2026-11-30 lease trained a second phase from its scratch run by hand (a symlink to that
+    run's best.pt in place of the kit's student); `phase` does it, and refuses on a fresh machine."""
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(PRETRAIN_STUB)
+    stub.chmod(0o755)
+    kit, out = tmp_path / "kit", tmp_path / "out"
+    kit.mkdir()
+    out.mkdir()
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
+    step = [bash, str(SCRIPTS[1])]
+    first = subprocess.run([*step, "phase", "--lr", "1e-3"], capture_output=True, text=True, cwd=ROOT,
+                           env=env, check=False)
+    assert first.returncode == 2 and "no earlier run" in first.stdout
+    for args in (["scratch", "--d-h", "300"], ["phase", "--lr", "1e-3"], ["phase", "--lr", "3e-4"]):
+        got = subprocess.run([*step, *args], capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+        assert got.returncode == 0, got.stdout + got.stderr
+    runs = sorted(kit.glob("run-*"), key=lambda r: r.stat().st_mtime_ns)
+    argv = {r: (r / "args").read_text().split() for r in runs}
+    scratch = next(r for r in runs if "--d-h" in argv[r])
+    second = next(r for r in runs if "1e-3" in argv[r])
+    third = next(r for r in runs if "3e-4" in argv[r])
+    assert "--init-from" not in argv[scratch]
+    def start(run: Path) -> Path:
+        return Path(argv[run][argv[run].index("--init-from") + 1]).resolve()
+
+    assert start(second) == (scratch / "best.pt").resolve()
+    assert start(third) == (second / "best.pt").resolve()
+    assert (out / "best16.pt.part-0").read_text() == str(third)  # the last phase came back

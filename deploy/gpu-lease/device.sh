@@ -13,6 +13,9 @@
 #   bash .gpurun/run.sh scratch PRETRAIN_ARGS the same for a student from scratch (the args name
 #                                             its size and --init; the kit's cache holds the
 #                                             static word vectors of its vocabulary)
+#   bash .gpurun/run.sh phase PRETRAIN_ARGS   a further phase from the best.pt of this machine's
+#                                             last train/scratch/phase run (a warm machine keeps
+#                                             $kit), so one lease chains phases without a new kit
 #   bash .gpurun/run.sh fetch N...            pieces N... of what train or pieces split last, to $OUT
 #   bash .gpurun/run.sh pieces FILE           FILE in pieces to $OUT, as train ends (tested here)
 #   bash .gpurun/run.sh sentiment "0 1 2" ARGS [-- "3 4" ARGS2]...
@@ -51,6 +54,7 @@ pretrain() {  # disan pretrain into a new run folder, then its best.pt back in f
   python3 -m disan.cli pretrain --corpus "$kit/corpus" --device "$dev" --data "$kit/data" \
     --out "$run" "$@"
   python3 -m disan.cli slim "$run/best.pt" "$kit/best16.pt"
+  ln -sfn "$run" "$kit/last-run"  # what `phase` goes on from
   cp "$run/metrics.jsonl" "$OUT/"
   pieces "$kit/best16.pt"
 }
@@ -130,6 +134,9 @@ case $step in
     pretrain --init-from "$kit/student.pt" "$@" ;;
   scratch)
     pretrain "$@" ;;
+  phase)
+    [ -f "$kit/last-run/best.pt" ] || { echo "no earlier run in $kit to go on from: run train or scratch first"; exit 2; }
+    pretrain --init-from "$(readlink -f "$kit/last-run")/best.pt" "$@" ;;
   fetch)
     for n in "$@"; do cp "$kit"/back/*.part-"$n" "$OUT/"; done ;;
   pieces)
