@@ -149,6 +149,20 @@ def test_the_best_runs_come_back_while_one_reply_holds_them(tmp_path: Path, bash
     assert sums[1::2] == [r.name for r in runs[:3]]
 
 
+def stub_machine(tmp_path: Path, python3: str) -> tuple[Path, Path, dict[str, str]]:
+    """A device machine for device.sh's steps: `python3` replaced by a shell stand-in, an empty kit
+    folder and $OUT; returns them with the environment the script runs in."""
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(python3)
+    stub.chmod(0o755)
+    kit, out = tmp_path / "kit", tmp_path / "out"
+    kit.mkdir()
+    out.mkdir()
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
+    return kit, out, env
+
+
 STUB = """#!/bin/sh
 # python3 for device.sh's sentiment step: `-m disan.cli train|slim` stand-ins, anything else real
 if [ "$1 $2" = "-m disan.cli" ]; then
@@ -175,15 +189,8 @@ exec "REAL" "$@"
 def test_groups_of_seeds_train_with_their_own_flags_side_by_side(tmp_path: Path, bash: str) -> None:
     """`sentiment "SEEDS" ARGS -- "SEEDS" ARGS2`: one lease call compares two recipes (d_h 150 and
     300, say), since a lease's 15 minutes hold one such call; the runs come back ranked together."""
-    stub = tmp_path / "bin" / "python3"
-    stub.parent.mkdir()
-    stub.write_text(STUB.replace("REAL", sys.executable))
-    stub.chmod(0o755)
-    kit, out = tmp_path / "kit", tmp_path / "out"
-    kit.mkdir()
-    out.mkdir()
+    kit, out, env = stub_machine(tmp_path, STUB.replace("REAL", sys.executable))
     (kit / ".unpacked").touch()  # the kit as `unpack` leaves it
-    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
     step = [bash, str(SCRIPTS[1]), "sentiment"]
     got = subprocess.run([*step, "11 13", "--d-h", "150", "--ema", "0.999", "--", "12 14", "--d-h", "300"],
                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
@@ -221,14 +228,7 @@ esac
 def test_a_phase_goes_on_from_the_last_run_on_the_machine(tmp_path: Path, bash: str) -> None:
     """The 2026-11-30 lease trained a second phase from its scratch run by hand (a symlink to that
     run's best.pt in place of the kit's student); `phase` does it, and refuses on a fresh machine."""
-    stub = tmp_path / "bin" / "python3"
-    stub.parent.mkdir()
-    stub.write_text(PRETRAIN_STUB)
-    stub.chmod(0o755)
-    kit, out = tmp_path / "kit", tmp_path / "out"
-    kit.mkdir()
-    out.mkdir()
-    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
+    kit, out, env = stub_machine(tmp_path, PRETRAIN_STUB)
     step = [bash, str(SCRIPTS[1])]
     first = subprocess.run([*step, "phase", "--lr", "1e-3"], capture_output=True, text=True, cwd=ROOT,
                            env=env, check=False)
@@ -236,12 +236,13 @@ def test_a_phase_goes_on_from_the_last_run_on_the_machine(tmp_path: Path, bash: 
     for args in (["scratch", "--d-h", "300"], ["phase", "--lr", "1e-3"], ["phase", "--lr", "3e-4"]):
         got = subprocess.run([*step, *args], capture_output=True, text=True, cwd=ROOT, env=env, check=False)
         assert got.returncode == 0, got.stdout + got.stderr
-    runs = sorted(kit.glob("run-*"), key=lambda r: r.stat().st_mtime_ns)
-    argv = {r: (r / "args").read_text().split() for r in runs}
+    argv = {r: (r / "args").read_text().split() for r in kit.glob("run-*")}
+    runs = list(argv)
     scratch = next(r for r in runs if "--d-h" in argv[r])
     second = next(r for r in runs if "1e-3" in argv[r])
     third = next(r for r in runs if "3e-4" in argv[r])
     assert "--init-from" not in argv[scratch]
+
     def start(run: Path) -> Path:
         return Path(argv[run][argv[run].index("--init-from") + 1]).resolve()
 
