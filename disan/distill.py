@@ -5,7 +5,8 @@ Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch 
 (each student vector must pick its own teacher vector among the batch's), which keeps unrelated
 sentences apart, the property unsupervised STS rewards; with --relational, the squared error
 between the student's and the teacher's cosines of every two sentences of the batch; and, with
---pairs-weight / --nli-weight, the labelled signals of `disan.supervision`. --neighbour-group
+--pairs-weight / --nli-weight, the labelled signals of `disan.supervision`; with --whitened, a
+cosine in the teacher's space with its principal directions evened out (`disan.whitening`). --neighbour-group
 builds each batch from groups of sentences that are neighbours in the teacher's space
 (`disan.neighbours`) instead of at random. The student's vector enters the teacher's space
 through a linear map: inside the encoder (--serve-proj: the served vector is the projected one)
@@ -42,6 +43,7 @@ from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
 from disan.supervision import batch_tensors as _batch
 from disan.text import Vocab, tokenize
 from disan.train import resolve_device
+from disan.whitening import TeacherWhitening
 
 
 def corpus_vocab(texts: list[list[str]], size: int, min_count: int = 2) -> Vocab:
@@ -172,6 +174,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
                           proj_dim=teacher.shape[1] if args.serve_proj else 0)
     torch.manual_seed(args.seed)
     device = resolve_device(args.device)
+    whitening = (TeacherWhitening.fit(teacher, args.whiten_power).to(device)
+                 if args.whitened > 0 else None)
     # On its device before the optimizer exists: loaded optimizer state follows the parameters.
     student = Student(cfg, teacher.shape[1]).to(device)
     optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
@@ -217,6 +221,8 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature,
                                 args.relational, None if second is None else second[train[b]].to(device),
                                 args.relational_mix)
+            if whitening is not None:
+                loss = loss + args.whitened * whitening.loss(pred, target[train[b]].to(device))
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss

@@ -124,6 +124,11 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                              "cosines are mixed into the relational term's target")
     parser.add_argument("--relational-mix", type=float, default=0.5,
                         help="the second teacher's share of the relational target (0 to 1)")
+    parser.add_argument("--whitened", type=float, default=0.0,
+                        help="weight of a cosine to the teacher in its principal coordinates scaled by "
+                             "singular value^-power, so low-variance directions count (0: off)")
+    parser.add_argument("--whiten-power", type=float, default=0.5,
+                        help="the power of that scaling: 1 whitens fully, 0.5 half way")
     parser.add_argument("--neighbour-group", type=int, default=0,
                         help="build batches from groups of this many sentences that are neighbours in "
                              "the teacher's space (0: batches of random sentences of similar length)")
@@ -176,6 +181,8 @@ def run_corpus(args: argparse.Namespace) -> int:
 
     if args.lr_decay != "none" and args.steps >= 10**9:
         raise ValueError(f"--lr-decay {args.lr_decay} needs --steps: the step the rate reaches 0 at")
+    if args.whitened > 0 and not 0.0 < args.whiten_power <= 1.0:
+        raise ValueError(f"--whiten-power must be in (0, 1], got {args.whiten_power}")
     sentences, info = read_corpus(args.corpus)
     if args.word_vectors_only:
         scratch_word_vectors(args, sentences)

@@ -25,7 +25,8 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
-                neighbour_group=0, relational_mix=0.5, lr_decay="none")
+                neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
+                whiten_power=0.5)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -320,3 +321,31 @@ def test_word_vectors_only_refuses_what_it_cannot_prepare(tmp_path: Path, flags:
     argv = [str(corpus) if f == "CORPUS" else f for f in flags]
     with pytest.raises(ValueError, match=message):
         run(_cli_args(*argv, "--out", str(tmp_path / "out"), "--word-vectors-only"))
+
+
+def test_whitened_term_weighs_the_teachers_quiet_directions() -> None:
+    """--whitened: a student that gets the teacher's loud direction right and its quiet one wrong
+    is nearly perfect by the plain cosine, but not in the evened-out space."""
+    from disan.whitening import TeacherWhitening
+
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((2000, 2)) * np.array([10.0, 0.3])  # loud x, quiet y
+    teacher = np.hstack([teacher, np.full((2000, 1), 20.0)])          # a shared offset, as real ones have
+    whiten = TeacherWhitening.fit(teacher, power=1.0)
+    target = torch.tensor(teacher[:64], dtype=torch.float32)
+    wrong_quiet = target * torch.tensor([1.0, -1.0, 1.0])             # the quiet coordinate flipped
+    plain = 1 - torch.nn.functional.cosine_similarity(wrong_quiet, target).mean()
+    assert float(plain) < 0.01
+    assert float(whiten.loss(wrong_quiet, target)) > 0.5
+    assert float(whiten.loss(target, target)) == pytest.approx(0.0, abs=1e-5)
+    # half way: the quiet direction counts, less than fully whitened
+    assert 0.01 < float(TeacherWhitening.fit(teacher, power=0.5).loss(wrong_quiet, target)) < 0.6
+    with pytest.raises(ValueError, match="power"):
+        TeacherWhitening.fit(teacher, power=0.0)
+
+
+def test_trains_with_the_whitened_term(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path, whitened=1.0, steps=3), sentences, lambda: teacher)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 3 and np.isfinite(records[-1]["loss"])
