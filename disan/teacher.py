@@ -54,6 +54,14 @@ class TeacherCache:
             cache._write_done(0)
         return cache
 
+    @classmethod
+    def read(cls, folder: Path) -> TeacherCache:
+        """An existing cache as its progress file describes it (to read its vectors)."""
+        if not (folder / "progress.json").is_file():
+            raise ValueError(f"{folder}: no teacher cache here (run `disan teacher` first)")
+        got = json.loads((folder / "progress.json").read_text())
+        return cls(folder, got["corpus_sha256"], got["teacher"], got["rows"], got["dim"])
+
     @property
     def done(self) -> int:
         """Rows at the start of the corpus whose vectors are on disk."""

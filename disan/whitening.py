@@ -17,6 +17,17 @@ import torch.nn.functional as F
 FIT_ROWS = 50_000  # enough rows for a stable 768 x 768 covariance; the SVD takes seconds
 
 
+def principal_axes(teacher: np.ndarray, rows: int = FIT_ROWS, seed: int = 0):
+    """The mean, singular values and principal directions ([k, D], loudest first) of a seeded
+    sample of at most `rows` of the teacher's vectors, each normalised to length 1."""
+    pick = np.sort(np.random.default_rng(seed).choice(len(teacher), min(rows, len(teacher)), replace=False))
+    x = np.asarray(teacher[pick], dtype=np.float64)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    mean = x.mean(axis=0)
+    _, singular, basis = np.linalg.svd(x - mean, full_matrices=False)
+    return mean, singular, basis
+
+
 class TeacherWhitening:
     """x -> ((normalize(x) - mean) @ basis.T) * scale: the teacher's principal coordinates,
     each scaled by its singular value^-power (normalised so the mean scale is 1)."""
@@ -26,18 +37,12 @@ class TeacherWhitening:
 
     @classmethod
     def fit(cls, teacher: np.ndarray, power: float, rows: int = FIT_ROWS, seed: int = 0) -> TeacherWhitening:
-        """From unit-normalised teacher vectors (a seeded sample of at most `rows`)."""
+        """From the teacher's vectors (a seeded sample of at most `rows`)."""
         if not 0.0 < power <= 1.0:
             raise ValueError(f"whitening power must be in (0, 1], got {power}")
-        n = len(teacher)
-        pick = np.sort(np.random.default_rng(seed).choice(n, min(rows, n), replace=False))
-        x = np.asarray(teacher[pick], dtype=np.float64)
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        mean = x.mean(axis=0)
-        _, singular, basis = np.linalg.svd(x - mean, full_matrices=False)  # basis: [k, D]
+        mean, singular, basis = principal_axes(teacher, rows, seed)
         # Directions with (numerically) no variance would be blown up to noise: floor them.
-        singular = np.maximum(singular, singular[0] * 1e-3)
-        scale = singular ** -power
+        scale = np.maximum(singular, singular[0] * 1e-3) ** -power
         scale /= scale.mean()
         as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
         return cls(as_t(mean), as_t(basis), as_t(scale))

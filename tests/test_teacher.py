@@ -195,3 +195,13 @@ def test_derive_appends_another_corpus_without_the_kept_rows(tmp_path: Path) -> 
     assert got == sentences[:3] + ["thanks for the patch ."]
     assert derived["derived_from"]["append"] == f"corpus {mail['sha256']}"
     assert derived["derived_from"]["appended"] == 1
+
+
+def test_a_reader_opens_an_existing_cache_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    cache = TeacherCache.open(tmp_path / "c", "abc", "fake", 4, 3)
+    cache.write(0, np.ones((2, 3)))
+    read = TeacherCache.read(tmp_path / "c")
+    assert (read.teacher, read.rows, read.dim, read.done) == ("fake", 4, 3, 2)
+    assert read.vectors().shape == (2, 3)
+    with pytest.raises(ValueError, match="no teacher cache"):
+        TeacherCache.read(tmp_path / "none")
