@@ -237,6 +237,15 @@ def test_lr_decay_needs_steps(tmp_path: Path) -> None:
         run_corpus(args)
 
 
+@pytest.mark.parametrize("power", [0.0, -1.0, 1.5])
+def test_a_whiten_power_out_of_range_is_refused_before_the_corpus_is_read(tmp_path: Path, power) -> None:
+    from disan.pretrain_cli import run_corpus
+
+    args = _args(tmp_path, corpus=tmp_path / "missing", whitened=1.0, whiten_power=power)
+    with pytest.raises(ValueError, match=r"--whiten-power must be in \(0, 1\]"):
+        run_corpus(args)
+
+
 def test_neighbour_batches_train(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path, neighbour_group=4), sentences, lambda: teacher)
