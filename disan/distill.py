@@ -217,12 +217,12 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         else:
             batches = length_batches(lengths, args.batch_size, rng)
         for b in batches:
-            pred = student(*_batch(rows, train[b], device))
-            loss = distill_loss(pred, target[train[b]].to(device), args.contrastive, args.temperature,
+            pred, wanted = student(*_batch(rows, train[b], device)), target[train[b]].to(device)
+            loss = distill_loss(pred, wanted, args.contrastive, args.temperature,
                                 args.relational, None if second is None else second[train[b]].to(device),
                                 args.relational_mix)
             if whitening is not None:
-                loss = loss + args.whitened * whitening.loss(pred, target[train[b]].to(device))
+                loss = loss + args.whitened * whitening.loss(pred, wanted)
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss
