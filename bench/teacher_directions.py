@@ -46,10 +46,13 @@ def band_r2(student: np.ndarray, coords: np.ndarray, n_train: int, bands=BANDS) 
 def run(args: argparse.Namespace) -> dict:
     if args.teacher not in BASELINES:
         raise SystemExit(f"--teacher {args.teacher}: one of {', '.join(BASELINES)}")
-    cache = TeacherCache.read(args.corpus / f"teacher-{args.teacher}").vectors()
-    mean, singular, basis = principal_axes(cache)
     trec = args.data / "senteval" / "TREC"
-    train, test = (read_jsonl(trec / f"trec_{split}.jsonl.gz") for split in ("train", "test"))
+    try:
+        cache = TeacherCache.read(args.corpus / f"teacher-{args.teacher}").vectors()
+        train, test = (read_jsonl(trec / f"trec_{split}.jsonl.gz") for split in ("train", "test"))
+    except (ValueError, FileNotFoundError) as e:  # a missing cache or data: one line, not a traceback
+        raise SystemExit(str(e)) from None
+    mean, singular, basis = principal_axes(cache)
     texts, n = [r["text"] for r in train + test], len(train)
     y = np.array([r["label"] for r in train + test])
     teacher = BASELINES[args.teacher][1]()(texts)

@@ -64,3 +64,12 @@ def test_the_class_lives_in_the_quiet_directions(tmp_path, monkeypatch) -> None:
 def test_an_unknown_teacher_is_one_line(tmp_path) -> None:
     with pytest.raises(SystemExit, match="--teacher nope"):
         bench.main(["--corpus", str(tmp_path), "--teacher", "nope", "--json", str(tmp_path / "o.json")])
+
+
+def test_a_missing_cache_or_data_is_one_line(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="no teacher cache"):
+        bench.main(["--corpus", str(tmp_path), "--json", str(tmp_path / "o.json")])
+    TeacherCache.open(tmp_path / "teacher-mpnet", "sha", "mpnet", 4, 3)
+    with pytest.raises(SystemExit, match="trec_train"):
+        bench.main(["--corpus", str(tmp_path), "--data", str(tmp_path / "none"),
+                    "--json", str(tmp_path / "o.json")])
