@@ -5,8 +5,8 @@ Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch 
 (each student vector must pick its own teacher vector among the batch's), which keeps unrelated
 sentences apart, the property unsupervised STS rewards; with --relational, the squared error
 between the student's and the teacher's cosines of every two sentences of the batch; and, with
---pairs-weight / --nli-weight, the labelled signals of `disan.supervision`; with --whitened, a
-cosine in the teacher's space with its principal directions evened out (`disan.whitening`).
+--pairs-weight / --nli-weight / --sentiment-weight, the labelled signals of `disan.supervision`;
+with --whitened, a cosine in the teacher's space with its principal directions evened out (`disan.whitening`).
 --neighbour-group builds each batch from groups of sentences that are neighbours in the
 teacher's space (`disan.neighbours`) instead of at random. The student's vector enters the teacher's space
 through a linear map: inside the encoder (--serve-proj: the served vector is the projected one)
@@ -39,7 +39,14 @@ from disan.model import DiSANConfig, DiSANEncoder
 from disan.neighbours import neighbour_batches
 from disan.recipes import decayed_lr
 from disan.sts import sts_scores
-from disan.supervision import MAX_TOKENS, NLITriples, ScoredPairs, device_of
+from disan.supervision import (
+    MAX_TOKENS,
+    SENTIMENT_CLASSES,
+    NLITriples,
+    ScoredPairs,
+    SentimentPhrases,
+    device_of,
+)
 from disan.supervision import batch_tensors as _batch
 from disan.text import Vocab, tokenize
 from disan.train import resolve_device
@@ -71,12 +78,14 @@ def scratch_word_vectors(args: argparse.Namespace, sentences: list[str]) -> Path
 
 class Student(torch.nn.Module):
     """The encoder plus, unless the encoder ends in its own projection, a training-only map into
-    the teacher's space."""
+    the teacher's space; with `sentiment`, a training-only sentiment head on the served vector
+    (--sentiment-weight). Neither is exported: only `encoder` is."""
 
-    def __init__(self, cfg: DiSANConfig, teacher_dim: int):
+    def __init__(self, cfg: DiSANConfig, teacher_dim: int, sentiment: bool = False):
         super().__init__()
         self.encoder = DiSANEncoder(cfg)
         self.map = None if cfg.proj_dim else torch.nn.Linear(self.encoder.out_dim, teacher_dim)
+        self.sentiment = torch.nn.Linear(self.encoder.out_dim, SENTIMENT_CLASSES) if sentiment else None
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         served = self.encoder(ids, mask)
@@ -177,7 +186,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     whitening = (TeacherWhitening.fit(teacher, args.whiten_power).to(device)
                  if args.whitened > 0 else None)
     # On its device before the optimizer exists: loaded optimizer state follows the parameters.
-    student = Student(cfg, teacher.shape[1]).to(device)
+    student = Student(cfg, teacher.shape[1], sentiment=args.sentiment_weight > 0).to(device)
     optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
     step, best = 0, {"stsb": -1.0}
     if resume:
@@ -198,6 +207,10 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     rng = np.random.default_rng(args.seed + step)
     pairs = ScoredPairs(args.data, vocab) if args.pairs_weight > 0 else None
     triples = NLITriples(args.data, vocab) if args.nli_weight > 0 else None
+    phrases = SentimentPhrases(args.data, vocab) if args.sentiment_weight > 0 else None
+    if phrases is not None:
+        print(f"sentiment: {len(phrases)} SST-5 train phrases "
+              f"({phrases.excluded} left out as evaluation text)")
     first_step = step  # --lr-decay runs over this invocation's steps (a resume decays afresh)
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)
@@ -229,6 +242,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             if triples is not None:
                 nli_loss = triples.loss(student.encoder, rng, args.batch_size // 4, args.temperature)
                 loss = loss + args.nli_weight * nli_loss
+            if phrases is not None:
+                sentiment_loss = phrases.loss(student.encoder, student.sentiment, rng, args.batch_size // 4)
+                loss = loss + args.sentiment_weight * sentiment_loss
             for group in optimizer.param_groups:
                 group["lr"] = decayed_lr(args.lr, args.lr_decay, step - first_step, args.steps - first_step)
             optimizer.zero_grad()

@@ -138,6 +138,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mse: cosine against the score; cosent: the cosines must rank as the scores")
     parser.add_argument("--nli-weight", type=float, default=0.0,
                         help="weight of a ranking loss on NLI (premise, entailed, contradicting) triples")
+    parser.add_argument("--sentiment-weight", type=float, default=0.0,
+                        help="weight of a cross-entropy loss of a training-only head reading SST-5 "
+                             "train phrases' sentiment from the served vector")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a trained student's best.pt (its vocabulary and shape)")
     parser.add_argument("--keep-prob", type=float, default=0.9)

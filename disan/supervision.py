@@ -5,10 +5,14 @@
   (CosineSimilarityLoss) or CoSENT's ranking loss (a pair scored higher must have the higher
   cosine), which optimises the order that the Spearman measure reads;
 - NLI triples (premise, an entailed hypothesis, a contradicting one) from the NLI training files,
-  with in-batch negatives (MultipleNegativesRankingLoss with a hard negative).
+  with in-batch negatives (MultipleNegativesRankingLoss with a hard negative);
+- SST-5 train phrases and their sentiment (0-4), through a training-only linear head on the
+  normalised served vector (cross-entropy), so the vector itself carries the sentiment a frozen
+  probe reads.
 
 Never a dev or test pair: the NLI triples leave out the held-out SNLI dev slice that NLI model
-selection uses, as the corpus does.
+selection uses, as the corpus does, and the sentiment phrases every evaluation text the corpus
+excludes (`disan.corpus.eval_keys`, by exact match).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from disan.data import holdout_split, read_examples
+from disan.corpus import eval_keys, key
+from disan.data import holdout_split, read_examples, read_jsonl
 from disan.model import DiSANEncoder
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
 from disan.sts import train_pairs
@@ -109,3 +114,35 @@ class NLITriples:
                                 encoder(*batch_tensors(self.neg, idx, device))])
         logits = a @ F.normalize(candidates, dim=-1).T / temperature      # [B, 2B]
         return F.cross_entropy(logits, torch.arange(len(idx), device=device))
+
+
+SENTIMENT_CLASSES = 5
+
+
+class SentimentPhrases:
+    """SST-5 train phrases of at least `min_tokens` tokens as ids, with their labels; single words
+    and pairs are left out (mostly neutral, they would teach the head word polarity, not the
+    sentence's)."""
+
+    def __init__(self, data: Path, vocab: Vocab, min_tokens: int = 3):
+        excluded = eval_keys(data)
+        rows = [r for rel in RECIPES["sst5"]["train"] for r in read_jsonl(data / rel)]
+        kept = [r for r in rows if len(r["text"].split()) >= min_tokens and key(r["text"]) not in excluded]
+        if not kept:
+            raise ValueError(f"{data}: no SST-5 training phrases of {min_tokens}+ tokens found")
+        self.excluded = sum(len(r["text"].split()) >= min_tokens for r in rows) - len(kept)
+        self.rows = [vocab.text_ids(r["text"], MAX_TOKENS) or [1] for r in kept]
+        self.labels = torch.tensor([int(r["label"]) for r in kept])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def loss(self, encoder: DiSANEncoder, head: torch.nn.Linear, rng: np.random.Generator,
+             size: int) -> torch.Tensor:
+        idx = rng.integers(0, len(self), size=max(size, 2))
+        device = device_of(encoder)
+        served = F.normalize(encoder(*batch_tensors(self.rows, idx, device)), dim=-1)
+        # Scaled to unit size per coordinate, as a probe's standardised features are, so a head
+        # starting small reaches useful logits at a distillation phase's low learning rate.
+        served = served * served.shape[-1] ** 0.5
+        return F.cross_entropy(head(served), self.labels[idx].to(device))

@@ -26,7 +26,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
-                whiten_power=0.5)
+                whiten_power=0.5, sentiment_weight=0.0)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -358,3 +358,24 @@ def test_trains_with_the_whitened_term(tmp_path: Path) -> None:
     distill.distill(_args(tmp_path, whitened=1.0, steps=3), sentences, lambda: teacher)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["step"] == 3 and np.isfinite(records[-1]["loss"])
+
+
+def test_sentiment_phrases_join_the_loss_and_their_head_is_not_exported(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
+    data = tmp_path / "data"
+    (data / "sst").mkdir(parents=True)
+    rows = [{"text": "the cat sat on a mat", "label": 4}, {"text": "a dog ran fast", "label": 0}]
+    (data / "sst" / "sst5_phrases_train.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    sentences, teacher = _corpus()
+    out = tmp_path / "run"
+    distill.distill(_args(out, sentiment_weight=1.0, data=data, steps=3), sentences, lambda: teacher)
+    best, last = load_checkpoint(out / "best.pt"), load_checkpoint(out / "last.pt")
+    assert best["train_config"]["sentiment_weight"] == 1.0
+    assert not any(k.startswith("sentiment") for k in best["model_state"])
+    assert any(k.startswith("sentiment.") for k in last["student_state"])  # kept for --resume
+    again = _args(out, sentiment_weight=1.0, data=data, steps=6, resume=True)
+    distill.distill(again, sentences, lambda: teacher)
+    assert load_checkpoint(out / "last.pt")["step"] == 6

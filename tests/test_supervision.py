@@ -56,3 +56,54 @@ def test_nli_triples_leave_out_the_held_out_slice() -> None:
     from_dev = [t for t in triples if (t[0], t[1]) in labels]
     assert from_dev and all(labels[(p, pos)] == "entailment" and labels[(p, neg)] == "contradiction"
                             for p, pos, neg in from_dev)
+
+
+def _phrases(root: Path, rows: list[tuple[str, int]]) -> Path:
+    import gzip
+    import json
+
+    path = root / RECIPES["sst5"]["train"][0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows)
+    path.write_bytes(gzip.compress(lines.encode()))
+    return root
+
+
+def test_sentiment_phrases_leave_out_short_and_evaluation_text(tmp_path: Path, monkeypatch) -> None:
+    from disan.text import Vocab
+
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: {"a dev sentence here"})
+    data = _phrases(tmp_path, [("good", 3), ("very good", 4), ("a good film", 4),
+                               ("A dev sentence here", 1), ("a bad film", 0)])
+    phrases = supervision.SentimentPhrases(data, Vocab("a good bad film".split()))
+    assert len(phrases) == 2 and phrases.excluded == 1
+    assert phrases.labels.tolist() == [4, 0]
+
+
+def test_sentiment_head_learns_what_the_vector_carries(tmp_path: Path, monkeypatch) -> None:
+    from disan.text import Vocab
+
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
+    data = _phrases(tmp_path, [("a good film", 4), ("a bad film", 0)] * 8)
+    phrases = supervision.SentimentPhrases(data, Vocab("a good bad film".split()))
+    encoder = torch.nn.Embedding(6, 8)
+    encoder.forward = lambda ids, mask: torch.nn.functional.embedding(ids, encoder.weight).mean(1)
+    head = torch.nn.Linear(8, supervision.SENTIMENT_CLASSES)
+    optimizer = torch.optim.Adam([*encoder.parameters(), *head.parameters()], lr=0.05)
+    rng = np.random.default_rng(0)
+    first = float(phrases.loss(encoder, head, rng, 8))
+    for _ in range(60):
+        optimizer.zero_grad()
+        loss = phrases.loss(encoder, head, rng, 8)
+        loss.backward()
+        optimizer.step()
+    assert first > 1.0 and float(loss) < 0.1  # the two labels are told apart from the vector
+
+
+def test_no_sentiment_phrases_is_named(tmp_path: Path, monkeypatch) -> None:
+    from disan.text import Vocab
+
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
+    data = _phrases(tmp_path, [("good", 3), ("very good", 4)])
+    with pytest.raises(ValueError, match="no SST-5 training phrases"):
+        supervision.SentimentPhrases(data, Vocab(["good"]))
