@@ -23,7 +23,7 @@ CHECKPOINT_VERSION = 1
 # by `disan extend-vocab`, widened by `disan widen`, given an encoder's words by `disan borrow-words`,
 # or trained further from another checkpoint (`disan pretrain --init-from`).
 PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "widening", "borrowing", "init_from", "ensemble",
-                   "calibration")
+                   "calibration", "merge")
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],

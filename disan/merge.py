@@ -1,0 +1,83 @@
+"""`disan merge START PHASE --control CONTROL --scale S --out OUT`: a student's weights plus the
+change a further phase made to them, less the change a control phase made (task arithmetic,
+Ilharco et al. 2023):
+
+    out = start + S * (phase - control)        (without --control: start + S * (phase - start))
+
+Why: every further phase from a trained student drifts on what it was selected on (STS-B dev),
+with or without a new loss, so the new loss's gain arrives with the drift. A control phase run
+with the same flags, seed and batches but without the new loss makes the same drift; the
+difference of the two is what the new loss changed. Without a control, S below 1 interpolates
+between the start and the phase (WiSE-FT).
+
+`--keep-words` keeps the start's word table as it is: a bundle's NLI and sentiment models read
+the embedding encoder's table (`disan borrow-words`), so with it they stay byte-identical. The
+three checkpoints must share the start's config and vocabulary; the result names all of them
+(`merge`, with sha256), so a bundle exported from it says where its weights came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from disan.checkpoint import load_checkpoint, provenance, write_checkpoint
+
+WORD_TABLE = "embed.weight"
+TRAINING_STATE = ("student_state", "optimizer_state", "best", "train_config")
+
+
+def _same_shape(start: dict, other: dict, name: str) -> None:
+    if other["config"] != start["config"]:
+        raise ValueError(f"{name}: another model shape than the start's "
+                         f"({other['config']} vs {start['config']})")
+    if other["vocab"] != start["vocab"]:
+        raise ValueError(f"{name}: another vocabulary than the start's")
+
+
+def merge(start: Path, phase: Path, out: Path, control: Path | None = None, scale: float = 1.0,
+          keep_words: bool = False) -> dict:
+    """Write the merged checkpoint to `out`; returns its `merge` record."""
+    if out.resolve() in {p.resolve() for p in (start, phase, control) if p}:
+        raise ValueError(f"{out} is one of the inputs; name another file")
+    base, moved = load_checkpoint(start), load_checkpoint(phase)
+    _same_shape(base, moved, str(phase))
+    ref = base
+    if control is not None:
+        ref = load_checkpoint(control)
+        _same_shape(base, ref, str(control))
+    state = {}
+    for key, value in base["model_state"].items():
+        if not value.is_floating_point() or (keep_words and key == WORD_TABLE):
+            state[key] = value
+            continue
+        delta = moved["model_state"][key].float() - ref["model_state"][key].float()
+        state[key] = (value.float() + scale * delta).to(value.dtype)
+    record = {"start": provenance(start, base), "phase": provenance(phase, moved),
+              "control": provenance(control, ref) if control else None, "scale": scale,
+              "keep_words": keep_words}
+    payload = {k: v for k, v in base.items() if k not in TRAINING_STATE}
+    write_checkpoint(out, payload | {"model_state": state, "merge": record})
+    return record
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("start", type=Path,
+                        help="the student both phases went on from (its encoder checkpoint)")
+    parser.add_argument("phase", type=Path, help="the phase with the change to keep")
+    parser.add_argument("--control", type=Path, default=None,
+                        help="the same phase without that change (same flags and seed); "
+                             "without it the start is the reference")
+    parser.add_argument("--scale", type=float, default=1.0, help="how much of the difference to add")
+    parser.add_argument("--keep-words", action="store_true",
+                        help="keep the start's word table (task models that borrow it stay the same)")
+    parser.add_argument("--out", type=Path, required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.scale <= 4:
+        raise ValueError(f"--scale must be in (0, 4], not {args.scale}")
+    record = merge(args.start, args.phase, args.out, args.control, args.scale, args.keep_words)
+    against = f" - {args.control}" if record["control"] else f" - {args.start}"
+    print(f"{args.out}: {args.start} + {args.scale} x ({args.phase}{against})")
+    return 0
