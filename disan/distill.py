@@ -186,7 +186,11 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     whitening = (TeacherWhitening.fit(teacher, args.whiten_power).to(device)
                  if args.whitened > 0 else None)
     # On its device before the optimizer exists: loaded optimizer state follows the parameters.
-    student = Student(cfg, teacher.shape[1], sentiment=args.sentiment_weight > 0).to(device)
+    sentiment = args.sentiment_weight > 0
+    if resume and any(k.startswith("sentiment.") for k in resume["student_state"]) != sentiment:
+        trained = "without" if sentiment else "with"
+        raise ValueError(f"{out / 'last.pt'}: trained {trained} --sentiment-weight; resume it the same way")
+    student = Student(cfg, teacher.shape[1], sentiment=sentiment).to(device)
     optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
     step, best = 0, {"stsb": -1.0}
     if resume:

@@ -379,3 +379,6 @@ def test_sentiment_phrases_join_the_loss_and_their_head_is_not_exported(tmp_path
     again = _args(out, sentiment_weight=1.0, data=data, steps=6, resume=True)
     distill.distill(again, sentences, lambda: teacher)
     assert load_checkpoint(out / "last.pt")["step"] == 6
+    # A resume without the term would meet a head it has no place for: refused in one line.
+    with pytest.raises(ValueError, match="trained with --sentiment-weight"):
+        distill.distill(_args(out, data=data, steps=9, resume=True), sentences, lambda: teacher)
