@@ -6,11 +6,11 @@ Loss: 1 - cosine(student, teacher) plus, with weight --contrastive, an in-batch 
 sentences apart, the property unsupervised STS rewards; with --relational, the squared error
 between the student's and the teacher's cosines of every two sentences of the batch; and, with
 --pairs-weight / --nli-weight / --sentiment-weight, the labelled signals of `disan.supervision`;
-with --whitened, a cosine in the teacher's space with its principal directions evened out (`disan.whitening`).
---neighbour-group builds each batch from groups of sentences that are neighbours in the
-teacher's space (`disan.neighbours`) instead of at random. The student's vector enters the teacher's space
-through a linear map: inside the encoder (--serve-proj: the served vector is the projected one)
-or beside it (the served vector is DiSAN's own 2*d_h vector).
+with --whitened, a cosine in the teacher's space with its principal directions evened out
+(`disan.whitening`). --neighbour-group builds each batch from groups of sentences that are
+neighbours in the teacher's space (`disan.neighbours`) instead of at random. The student's
+vector enters the teacher's space through a linear map: inside the encoder (--serve-proj: the
+served vector is the projected one) or beside it (the served vector is DiSAN's own 2*d_h vector).
 
 Model selection: cosine Spearman on STS-B dev (`disan.sts`); SICK dev and the mean cosine to the
 teacher on a held-out slice of the corpus are logged beside it. Writes to --out: vocab.json,

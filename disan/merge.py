@@ -22,9 +22,12 @@ import argparse
 from pathlib import Path
 
 from disan.checkpoint import load_checkpoint, provenance, write_checkpoint
+from disan.slim import DROPPED
 
 WORD_TABLE = "embed.weight"
-TRAINING_STATE = ("student_state", "optimizer_state", "best", "train_config")
+# What the merged weights were not trained with: the start's resume state (as `disan slim` drops
+# it), its best record and its flags.
+TRAINING_STATE = (*DROPPED, "best", "train_config")
 
 
 def _same_shape(start: dict, other: dict, name: str) -> None:

@@ -126,11 +126,12 @@ class SentimentPhrases:
 
     def __init__(self, data: Path, vocab: Vocab, min_tokens: int = 3):
         excluded = eval_keys(data)
-        rows = [r for rel in RECIPES["sst5"]["train"] for r in read_jsonl(data / rel)]
-        kept = [r for r in rows if len(r["text"].split()) >= min_tokens and key(r["text"]) not in excluded]
+        long = [r for rel in RECIPES["sst5"]["train"] for r in read_jsonl(data / rel)
+                if len(r["text"].split()) >= min_tokens]
+        kept = [r for r in long if key(r["text"]) not in excluded]
         if not kept:
             raise ValueError(f"{data}: no SST-5 training phrases of {min_tokens}+ tokens found")
-        self.excluded = sum(len(r["text"].split()) >= min_tokens for r in rows) - len(kept)
+        self.excluded = len(long) - len(kept)
         self.rows = [vocab.text_ids(r["text"], MAX_TOKENS) or [1] for r in kept]
         self.labels = torch.tensor([int(r["label"]) for r in kept])
 
