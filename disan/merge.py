@@ -26,8 +26,9 @@ from disan.slim import DROPPED
 
 WORD_TABLE = "embed.weight"
 # What the merged weights were not trained with: the start's resume state (as `disan slim` drops
-# it), its best record and its flags.
-TRAINING_STATE = (*DROPPED, "best", "train_config")
+# it), its best record, its flags, and its as-trained metrics and step, which describe the start's
+# weights, not the merge's (a bundle's manifest would show them as the served model's).
+TRAINING_STATE = (*DROPPED, "best", "train_config", "metrics", "step", "epoch")
 
 
 def _same_shape(start: dict, other: dict, name: str) -> None:

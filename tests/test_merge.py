@@ -21,7 +21,8 @@ def _student(path: Path, seed: int, words=WORDS, d_h: int = 4) -> dict:
     vocab = Vocab(words)
     cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=6, d_h=d_h, task="encoder", proj_dim=5)
     encoder = DiSANEncoder(cfg)
-    save_checkpoint(path, encoder, vocab, [], train_config={"lr": 1e-3})
+    save_checkpoint(path, encoder, vocab, [], train_config={"lr": 1e-3},
+                    metrics={"stsb": 0.5}, step=7, epoch=1)
     return load_checkpoint(path)["model_state"]
 
 
@@ -36,6 +37,8 @@ def test_adds_the_phase_change_less_the_control_change(tmp_path: Path) -> None:
     assert record["scale"] == 0.5 and record["control"]["file"] == "c.pt"
     assert len(record["phase"]["sha256"]) == 64
     assert merged["merge"] == record and "train_config" not in merged
+    # The start's as-trained record does not describe the merged weights.
+    assert not {"metrics", "step", "epoch"} & merged.keys()
     # The result loads as an encoder of the start's shape.
     DiSANEncoder(DiSANConfig.from_dict(merged["config"])).load_state_dict(merged["model_state"])
 
