@@ -7,8 +7,11 @@ sentences apart, the property unsupervised STS rewards; with --relational, the s
 between the student's and the teacher's cosines of every two sentences of the batch; and, with
 --pairs-weight / --nli-weight / --sentiment-weight, the labelled signals of `disan.supervision`;
 with --whitened, a cosine in the teacher's space with its principal directions evened out
-(`disan.whitening`). --neighbour-group builds each batch from groups of sentences that are
-neighbours in the teacher's space (`disan.neighbours`) instead of at random. The student's
+(`disan.whitening`); with --anchor, 1 - cosine between the student's served vector and that of the
+--init-from student it started as (frozen): a further phase adds its new term's change while the
+rest of the function stays where it was selected. --neighbour-group builds each batch from
+groups of sentences that are neighbours in the teacher's space (`disan.neighbours`) instead of at
+random. The student's
 vector enters the teacher's space through a linear map: inside the encoder (--serve-proj: the
 served vector is the projected one) or beside it (the served vector is DiSAN's own 2*d_h vector).
 
@@ -208,6 +211,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         with torch.no_grad():
             student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
         print(f"vocab {len(vocab)} ({found} from {args.init})")
+    anchor = _anchor(args, cfg, device) if args.anchor > 0 else None
     rng = np.random.default_rng(args.seed + step)
     pairs = ScoredPairs(args.data, vocab) if args.pairs_weight > 0 else None
     triples = NLITriples(args.data, vocab) if args.nli_weight > 0 else None
@@ -234,12 +238,19 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         else:
             batches = length_batches(lengths, args.batch_size, rng)
         for b in batches:
-            pred, wanted = student(*_batch(rows, train[b], device)), target[train[b]].to(device)
+            ids, mask = _batch(rows, train[b], device)
+            served = student.encoder(ids, mask)
+            pred = served if student.map is None else student.map(served)
+            wanted = target[train[b]].to(device)
             loss = distill_loss(pred, wanted, args.contrastive, args.temperature,
                                 args.relational, None if second is None else second[train[b]].to(device),
                                 args.relational_mix)
             if whitening is not None:
                 loss = loss + args.whitened * whitening.loss(pred, wanted)
+            if anchor is not None:
+                with torch.no_grad():
+                    kept = anchor(ids, mask)
+                loss = loss + args.anchor * (1.0 - F.cosine_similarity(served, kept, dim=-1).mean())
             if pairs is not None:
                 pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
                 loss = loss + args.pairs_weight * pair_loss
@@ -264,6 +275,18 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
                 break
     log.close()
     return best
+
+
+def _anchor(args: argparse.Namespace, cfg: DiSANConfig, device: torch.device) -> DiSANEncoder:
+    """The --init-from student, frozen: what --anchor keeps the phase near (also on --resume)."""
+    if not args.init_from:
+        raise ValueError("--anchor needs --init-from: the student whose vectors the phase stays near")
+    start = load_checkpoint(args.init_from)
+    if start["config"] != cfg.to_dict():
+        raise ValueError(f"--anchor: {args.init_from} has another shape than the student trained here")
+    anchor = DiSANEncoder(cfg)
+    anchor.load_state_dict(start["model_state"])
+    return anchor.to(device).eval().requires_grad_(False)
 
 
 def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log,

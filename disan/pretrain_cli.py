@@ -141,6 +141,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentiment-weight", type=float, default=0.0,
                         help="weight of a cross-entropy loss of a training-only head reading SST-5 "
                              "train phrases' sentiment from the served vector")
+    parser.add_argument("--anchor", type=float, default=0.0,
+                        help="weight of 1 - cosine between the served vector and the --init-from "
+                             "student's (frozen) vector of the same sentence (0: off)")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a trained student's best.pt (its vocabulary and shape)")
     parser.add_argument("--keep-prob", type=float, default=0.9)

@@ -26,7 +26,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
-                whiten_power=0.5, sentiment_weight=0.0)
+                whiten_power=0.5, sentiment_weight=0.0, anchor=0.0)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -382,3 +382,26 @@ def test_sentiment_phrases_join_the_loss_and_their_head_is_not_exported(tmp_path
     # A resume without the term would meet a head it has no place for: refused in one line.
     with pytest.raises(ValueError, match="trained with --sentiment-weight"):
         distill.distill(_args(out, data=data, steps=9, resume=True), sentences, lambda: teacher)
+
+
+def _mean_cosine_to(start: Path, path: Path, texts: list[str]) -> float:
+    a, b = distill.checkpoint_encoder(start)(texts), distill.checkpoint_encoder(path)(texts)
+    return float(np.mean(np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
+
+
+def test_anchor_keeps_a_phase_near_the_student_it_started_from(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    start = tmp_path / "a" / "best.pt"
+    phase = dict(steps=12, keep_prob=1.0, init_from=start)
+    distill.distill(_args(tmp_path / "free", **phase), sentences, lambda: teacher)
+    distill.distill(_args(tmp_path / "held", anchor=20.0, **phase), sentences, lambda: teacher)
+    free, held = (_mean_cosine_to(start, tmp_path / n / "last.pt", sentences) for n in ("free", "held"))
+    assert 1.0 - held < 0.5 * (1.0 - free)  # the vectors moved less than half as far
+    assert load_checkpoint(tmp_path / "held" / "best.pt")["train_config"]["anchor"] == 20.0
+
+
+def test_anchor_needs_a_student_to_stay_near(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    with pytest.raises(ValueError, match="--anchor needs --init-from"):
+        distill.distill(_args(tmp_path, anchor=1.0), sentences, lambda: teacher)
