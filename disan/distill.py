@@ -11,9 +11,9 @@ with --whitened, a cosine in the teacher's space with its principal directions e
 --init-from student it started as (frozen): a further phase adds its new term's change while the
 rest of the function stays where it was selected. --neighbour-group builds each batch from
 groups of sentences that are neighbours in the teacher's space (`disan.neighbours`) instead of at
-random. The student's
-vector enters the teacher's space through a linear map: inside the encoder (--serve-proj: the
-served vector is the projected one) or beside it (the served vector is DiSAN's own 2*d_h vector).
+random. The student's vector enters the teacher's space through a linear map: inside the encoder
+(--serve-proj: the served vector is the projected one) or beside it (the served vector is DiSAN's
+own 2*d_h vector).
 
 Model selection: cosine Spearman on STS-B dev (`disan.sts`); SICK dev and the mean cosine to the
 teacher on a held-out slice of the corpus are logged beside it. Writes to --out: vocab.json,
