@@ -9,7 +9,8 @@ between the student's and the teacher's cosines of every two sentences of the ba
 with --whitened, a cosine in the teacher's space with its principal directions evened out
 (`disan.whitening`); with --anchor, 1 - cosine between the student's served vector and that of the
 --init-from student it started as (frozen): a further phase adds its new term's change while the
-rest of the function stays where it was selected. --neighbour-group builds each batch from
+rest of the function stays where it was selected (with --distill-weight 0 the teacher's terms are
+off and the anchor alone holds the phase). --neighbour-group builds each batch from
 groups of sentences that are neighbours in the teacher's space (`disan.neighbours`) instead of at
 random. The student's vector enters the teacher's space through a linear map: inside the encoder
 (--serve-proj: the served vector is the projected one) or beside it (the served vector is DiSAN's
@@ -242,9 +243,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             served = student.encoder(ids, mask)
             pred = served if student.map is None else student.map(served)
             wanted = target[train[b]].to(device)
-            loss = distill_loss(pred, wanted, args.contrastive, args.temperature,
-                                args.relational, None if second is None else second[train[b]].to(device),
-                                args.relational_mix)
+            loss = args.distill_weight * distill_loss(
+                pred, wanted, args.contrastive, args.temperature, args.relational,
+                None if second is None else second[train[b]].to(device), args.relational_mix)
             if whitening is not None:
                 loss = loss + args.whitened * whitening.loss(pred, wanted)
             if anchor is not None:

@@ -144,6 +144,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--anchor", type=float, default=0.0,
                         help="weight of 1 - cosine between the served vector and the --init-from "
                              "student's (frozen) vector of the same sentence (0: off)")
+    parser.add_argument("--distill-weight", type=float, default=1.0,
+                        help="weight of the teacher's terms (cosine, --contrastive, --relational); 0 "
+                             "with --anchor: a phase held by its start alone")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from a trained student's best.pt (its vocabulary and shape)")
     parser.add_argument("--keep-prob", type=float, default=0.9)
@@ -187,6 +190,8 @@ def run_corpus(args: argparse.Namespace) -> int:
 
     if args.lr_decay != "none" and args.steps >= 10**9:
         raise ValueError(f"--lr-decay {args.lr_decay} needs --steps: the step the rate reaches 0 at")
+    if args.distill_weight < 0 or (args.distill_weight == 0 and args.anchor <= 0):
+        raise ValueError("--distill-weight must be positive, or 0 with an --anchor to hold the phase")
     if args.whitened > 0 and not 0.0 < args.whiten_power <= 1.0:
         raise ValueError(f"--whiten-power must be in (0, 1], got {args.whiten_power}")
     sentences, info = read_corpus(args.corpus)

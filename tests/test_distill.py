@@ -26,7 +26,8 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
-                whiten_power=0.5, sentiment_weight=0.0, anchor=0.0)
+                whiten_power=0.5, sentiment_weight=0.0, anchor=0.0,
+                distill_weight=1.0)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -246,6 +247,15 @@ def test_a_whiten_power_out_of_range_is_refused_before_the_corpus_is_read(tmp_pa
         run_corpus(args)
 
 
+@pytest.mark.parametrize("over", [{"distill_weight": -1.0}, {"distill_weight": 0.0}])
+def test_a_phase_without_the_teacher_needs_an_anchor(tmp_path: Path, over: dict) -> None:
+    from disan.pretrain_cli import run_corpus
+
+    args = _args(tmp_path, corpus=tmp_path / "missing", **over)
+    with pytest.raises(ValueError, match="--distill-weight must be positive, or 0 with an --anchor"):
+        run_corpus(args)
+
+
 def test_neighbour_batches_train(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path, neighbour_group=4), sentences, lambda: teacher)
@@ -399,6 +409,21 @@ def test_anchor_keeps_a_phase_near_the_student_it_started_from(tmp_path: Path) -
     free, held = (_mean_cosine_to(start, tmp_path / n / "last.pt", sentences) for n in ("free", "held"))
     assert 1.0 - held < 0.5 * (1.0 - free)  # the vectors moved less than half as far
     assert load_checkpoint(tmp_path / "held" / "best.pt")["train_config"]["anchor"] == 20.0
+
+
+def test_distill_weight_scales_the_teachers_terms(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    phase = dict(steps=3, eval_every=3, lr=0.0, keep_prob=1.0, anchor=1.0,
+                 init_from=tmp_path / "a" / "best.pt")
+
+    def last_loss(name: str, weight: float) -> float:
+        distill.distill(_args(tmp_path / name, distill_weight=weight, **phase), sentences, lambda: teacher)
+        return json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
+
+    # lr 0: the student is its start, so the anchor adds nothing and only the teacher's terms remain.
+    assert last_loss("off", 0.0) < 1e-4
+    assert last_loss("on", 1.0) > 0.1
 
 
 def test_anchor_needs_a_student_to_stay_near(tmp_path: Path) -> None:
