@@ -38,7 +38,13 @@ import torch.nn.functional as F
 
 from disan import embeddings as E
 from disan.batching import length_batches, sorted_batches
-from disan.checkpoint import checkpoint_vocab, load_checkpoint, provenance, save_checkpoint
+from disan.checkpoint import (
+    checkpoint_vocab,
+    load_checkpoint,
+    model_from_checkpoint,
+    provenance,
+    save_checkpoint,
+)
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.neighbours import neighbour_batches
 from disan.recipes import decayed_lr
@@ -91,9 +97,12 @@ class Student(torch.nn.Module):
         self.map = None if cfg.proj_dim else torch.nn.Linear(self.encoder.out_dim, teacher_dim)
         self.sentiment = torch.nn.Linear(self.encoder.out_dim, SENTIMENT_CLASSES) if sentiment else None
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        served = self.encoder(ids, mask)
+    def to_teacher(self, served: torch.Tensor) -> torch.Tensor:
+        """The served vector in the teacher's space."""
         return served if self.map is None else self.map(served)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.to_teacher(self.encoder(ids, mask))
 
 
 def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, temperature: float,
@@ -212,7 +221,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         with torch.no_grad():
             student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
         print(f"vocab {len(vocab)} ({found} from {args.init})")
-    anchor = _anchor(args, cfg, device) if args.anchor > 0 else None
+    anchor = _anchor(args, cfg, start).to(device) if args.anchor > 0 else None
     rng = np.random.default_rng(args.seed + step)
     pairs = ScoredPairs(args.data, vocab) if args.pairs_weight > 0 else None
     triples = NLITriples(args.data, vocab) if args.nli_weight > 0 else None
@@ -241,7 +250,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         for b in batches:
             ids, mask = _batch(rows, train[b], device)
             served = student.encoder(ids, mask)
-            pred = served if student.map is None else student.map(served)
+            pred = student.to_teacher(served)
             wanted = target[train[b]].to(device)
             loss = args.distill_weight * distill_loss(
                 pred, wanted, args.contrastive, args.temperature, args.relational,
@@ -278,16 +287,16 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     return best
 
 
-def _anchor(args: argparse.Namespace, cfg: DiSANConfig, device: torch.device) -> DiSANEncoder:
-    """The --init-from student, frozen: what --anchor keeps the phase near (also on --resume)."""
+def _anchor(args: argparse.Namespace, cfg: DiSANConfig, start: dict | None) -> torch.nn.Module:
+    """The --init-from student, frozen: what --anchor keeps the phase near. `start` is that
+    checkpoint where this run loaded it already; a --resume reads it again."""
     if not args.init_from:
         raise ValueError("--anchor needs --init-from: the student whose vectors the phase stays near")
-    start = load_checkpoint(args.init_from)
+    start = start or load_checkpoint(args.init_from)
     if start["config"] != cfg.to_dict():
         raise ValueError(f"--anchor: {args.init_from} has another shape than the student trained here")
-    anchor = DiSANEncoder(cfg)
-    anchor.load_state_dict(start["model_state"])
-    return anchor.to(device).eval().requires_grad_(False)
+    anchor, _, _ = model_from_checkpoint(start)  # eval mode
+    return anchor.requires_grad_(False)
 
 
 def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log,
