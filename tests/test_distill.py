@@ -323,3 +323,12 @@ def test_anchor_needs_a_student_to_stay_near(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     with pytest.raises(ValueError, match="--anchor needs --init-from"):
         distill.distill(_args(tmp_path, anchor=1.0), sentences, lambda: teacher)
+
+
+def test_a_resumed_anchor_must_have_the_students_shape(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    distill.distill(_args(tmp_path / "wide", steps=3, d_h=6), sentences, lambda: teacher)
+    phase = _args(tmp_path / "a", steps=6, resume=True, anchor=1.0, init_from=tmp_path / "wide" / "best.pt")
+    with pytest.raises(ValueError, match=r"--anchor: .*wide.best\.pt has another shape"):
+        distill.distill(phase, sentences, lambda: teacher)
