@@ -229,6 +229,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     if phrases is not None:
         print(f"sentiment: {len(phrases)} SST-5 train phrases "
               f"({phrases.excluded} left out as evaluation text)")
+        if args.probe_first and not resume:
+            accuracy = phrases.probe(student.encoder, student.sentiment)
+            print(f"sentiment head probed on the start's vectors: training accuracy {accuracy:.4f}")
     first_step = step  # --lr-decay runs over this invocation's steps (a resume decays afresh)
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)

@@ -141,6 +141,9 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentiment-weight", type=float, default=0.0,
                         help="weight of a cross-entropy loss of a training-only head reading SST-5 "
                              "train phrases' sentiment from the served vector")
+    parser.add_argument("--probe-first", action="store_true",
+                        help="start the sentiment head at a logistic regression on the start's frozen "
+                             "vectors, not at random (linear probing, then fine-tuning)")
     parser.add_argument("--anchor", type=float, default=0.0,
                         help="weight of 1 - cosine between the served vector and the --init-from "
                              "student's (frozen) vector of the same sentence (0: off)")
@@ -192,6 +195,8 @@ def run_corpus(args: argparse.Namespace) -> int:
         raise ValueError(f"--lr-decay {args.lr_decay} needs --steps: the step the rate reaches 0 at")
     if args.distill_weight < 0 or (args.distill_weight == 0 and args.anchor <= 0):
         raise ValueError("--distill-weight must be positive, or 0 with an --anchor to hold the phase")
+    if args.probe_first and args.sentiment_weight <= 0:
+        raise ValueError("--probe-first fits the sentiment head: it needs --sentiment-weight")
     if args.whitened > 0 and not 0.0 < args.whiten_power <= 1.0:
         raise ValueError(f"--whiten-power must be in (0, 1], got {args.whiten_power}")
     sentences, info = read_corpus(args.corpus)

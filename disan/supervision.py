@@ -138,12 +138,42 @@ class SentimentPhrases:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _served(self, encoder: DiSANEncoder, idx) -> torch.Tensor:
+        """What the head reads: the normalised served vectors of rows[idx], scaled to unit size per
+        coordinate, as a probe's standardised features are, so a head starting small reaches
+        useful logits at a distillation phase's low learning rate."""
+        served = F.normalize(encoder(*batch_tensors(self.rows, idx, device_of(encoder))), dim=-1)
+        return served * served.shape[-1] ** 0.5
+
     def loss(self, encoder: DiSANEncoder, head: torch.nn.Linear, rng: np.random.Generator,
              size: int) -> torch.Tensor:
         idx = rng.integers(0, len(self), size=max(size, 2))
-        device = device_of(encoder)
-        served = F.normalize(encoder(*batch_tensors(self.rows, idx, device)), dim=-1)
-        # Scaled to unit size per coordinate, as a probe's standardised features are, so a head
-        # starting small reaches useful logits at a distillation phase's low learning rate.
-        served = served * served.shape[-1] ** 0.5
-        return F.cross_entropy(head(served), self.labels[idx].to(device))
+        return F.cross_entropy(head(self._served(encoder, idx)), self.labels[idx].to(device_of(encoder)))
+
+    def probe(self, encoder: DiSANEncoder, head: torch.nn.Linear, batch: int = 256) -> float:
+        """Set `head` to the logistic regression fitted on the frozen encoder's vectors of every
+        phrase, and return its training accuracy. A phase that starts from a trained student with
+        a random head first moves the encoder to suit that head; probing first, then fine-tuning
+        (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features") starts the phase at a
+        head that already reads the vector."""
+        from sklearn.linear_model import LogisticRegression  # the `train` extra
+
+        training = encoder.training
+        encoder.eval()  # no dropout: the vectors the start serves
+        with torch.no_grad():
+            x = torch.cat([self._served(encoder, np.arange(i, min(i + batch, len(self))))
+                           for i in range(0, len(self), batch)]).cpu().numpy()
+        encoder.train(training)
+        y = self.labels.numpy()
+        fit = LogisticRegression(max_iter=1000).fit(x, y)
+        # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
+        # a logit far below the others.
+        coef = fit.coef_ if len(fit.classes_) > 2 else np.vstack([np.zeros_like(fit.coef_), fit.coef_])
+        bias = fit.intercept_ if len(fit.classes_) > 2 else np.array([0.0, fit.intercept_[0]])
+        weight = np.zeros((head.out_features, x.shape[1]), dtype=np.float32)
+        offset = np.full(head.out_features, bias.min() - 20.0, dtype=np.float32)
+        weight[fit.classes_], offset[fit.classes_] = coef, bias
+        with torch.no_grad():
+            head.weight.copy_(torch.from_numpy(weight))
+            head.bias.copy_(torch.from_numpy(offset))
+        return float(fit.score(x, y))

@@ -24,7 +24,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
-                whiten_power=0.5, sentiment_weight=0.0, anchor=0.0,
+                whiten_power=0.5, sentiment_weight=0.0, anchor=0.0, probe_first=False,
                 distill_weight=1.0)
     return argparse.Namespace(**{**base, **over})
 
@@ -279,8 +279,15 @@ def test_sentiment_phrases_join_the_loss_and_their_head_is_not_exported(tmp_path
     assert best["train_config"]["sentiment_weight"] == 1.0
     assert not any(k.startswith("sentiment") for k in best["model_state"])
     assert any(k.startswith("sentiment.") for k in last["student_state"])  # kept for --resume
-    again = _args(out, sentiment_weight=1.0, data=data, steps=6, resume=True)
+    probed = []
+    monkeypatch.setattr(supervision.SentimentPhrases, "probe",
+                        lambda self, enc, head: probed.append(1) or 1.0)
+    again = _args(out, sentiment_weight=1.0, data=data, steps=6, resume=True, probe_first=True)
     distill.distill(again, sentences, lambda: teacher)
+    assert not probed  # a resume keeps the head it trained; only a fresh phase probes
+    distill.distill(_args(tmp_path / "fresh", sentiment_weight=1.0, data=data, steps=1, probe_first=True),
+                    sentences, lambda: teacher)
+    assert probed == [1]
     assert load_checkpoint(out / "last.pt")["step"] == 6
     # A resume without the term would meet a head it has no place for: refused in one line.
     with pytest.raises(ValueError, match="trained with --sentiment-weight"):

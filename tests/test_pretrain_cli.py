@@ -38,6 +38,12 @@ def test_a_phase_without_the_teacher_needs_an_anchor(tmp_path: Path, over: dict)
         run_corpus(args)
 
 
+def test_probe_first_without_the_sentiment_term_is_refused(tmp_path: Path) -> None:
+    args = _args(tmp_path, corpus=tmp_path / "missing", probe_first=True)
+    with pytest.raises(ValueError, match="--probe-first fits the sentiment head: it needs"):
+        run_corpus(args)
+
+
 @pytest.mark.parametrize("over, message", [
     ({"relational_teacher": "mpnet"}, "other than --teacher mpnet"),
     ({"relational_teacher": "glove"}, "one of minilm, mpnet"),

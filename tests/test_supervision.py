@@ -100,6 +100,43 @@ def test_sentiment_head_learns_what_the_vector_carries(tmp_path: Path, monkeypat
     assert first > 1.0 and float(loss) < 0.1  # the two labels are told apart from the vector
 
 
+class _MeanEncoder(torch.nn.Module):
+    """Mean of word vectors, with a dropout that shows whether the probe reads in eval mode."""
+
+    def __init__(self, rows: int, dim: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(rows, dim)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, ids, mask):
+        return self.drop(self.embed(ids)).mean(1)
+
+
+@pytest.mark.parametrize("labels", [(4, 0), (4, 0, 2)])
+def test_probe_starts_the_head_where_it_reads_the_vector(tmp_path: Path, monkeypatch, labels) -> None:
+    from disan.text import Vocab
+
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
+    words = ["good", "bad", "dull"][: len(labels)]
+    data = _phrases(tmp_path, [(f"a {w} film", y) for w, y in zip(words, labels, strict=True)] * 8)
+    phrases = supervision.SentimentPhrases(data, Vocab(["a", "film", *words]))
+    torch.manual_seed(0)
+    encoder = _MeanEncoder(8, 16).train()
+    head = torch.nn.Linear(16, supervision.SENTIMENT_CLASSES)
+    rng = np.random.default_rng(0)
+    encoder.drop.p = 0.0
+    at_random = float(phrases.loss(encoder, head, rng, 16))
+    encoder.drop.p = 0.5
+    accuracy = phrases.probe(encoder, head)
+    encoder.drop.p = 0.0
+    probed = float(phrases.loss(encoder, head, rng, 16))
+    assert accuracy == 1.0 and encoder.training  # read without dropout; the mode is given back
+    assert at_random > 1.0 and probed < 0.5 * at_random
+    with torch.no_grad():  # a class no phrase has is never the head's answer
+        served = torch.randn(4, 16)
+        assert set(head(served).argmax(-1).tolist()) <= set(labels)
+
+
 def test_no_sentiment_phrases_is_named(tmp_path: Path, monkeypatch) -> None:
     from disan.text import Vocab
 
