@@ -158,13 +158,14 @@ class SentimentPhrases:
         head that already reads the vector."""
         from sklearn.linear_model import LogisticRegression  # the `train` extra
 
+        order = np.argsort([len(r) for r in self.rows], kind="stable")  # batches of like lengths pad little
         training = encoder.training
         encoder.eval()  # no dropout: the vectors the start serves
         with torch.no_grad():
-            x = torch.cat([self._served(encoder, np.arange(i, min(i + batch, len(self))))
+            x = torch.cat([self._served(encoder, order[i:i + batch])
                            for i in range(0, len(self), batch)]).cpu().numpy()
         encoder.train(training)
-        y = self.labels.numpy()
+        y = self.labels.numpy()[order]
         fit = LogisticRegression(max_iter=1000).fit(x, y)
         # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
         # a logit far below the others.
