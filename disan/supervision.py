@@ -23,9 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from disan.batching import sorted_batches
 from disan.corpus import eval_keys, key
 from disan.data import holdout_split, read_examples, read_jsonl
 from disan.model import DiSANEncoder
+from disan.optional import require
 from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
 from disan.sts import train_pairs
 from disan.text import Vocab
@@ -156,17 +158,15 @@ class SentimentPhrases:
         a random head first moves the encoder to suit that head; probing first, then fine-tuning
         (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features") starts the phase at a
         head that already reads the vector."""
-        from sklearn.linear_model import LogisticRegression  # the `train` extra
-
-        order = np.argsort([len(r) for r in self.rows], kind="stable")  # batches of like lengths pad little
+        linear_model = require("sklearn.linear_model", "train")
+        batches = sorted_batches([len(r) for r in self.rows], batch)  # like lengths pad little
         training = encoder.training
         encoder.eval()  # no dropout: the vectors the start serves
         with torch.no_grad():
-            x = torch.cat([self._served(encoder, order[i:i + batch])
-                           for i in range(0, len(self), batch)]).cpu().numpy()
+            x = torch.cat([self._served(encoder, idx) for idx in batches]).cpu().numpy()
         encoder.train(training)
-        y = self.labels.numpy()[order]
-        fit = LogisticRegression(max_iter=1000).fit(x, y)
+        y = self.labels.numpy()[np.concatenate(batches)]
+        fit = linear_model.LogisticRegression(max_iter=1000).fit(x, y)
         # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
         # a logit far below the others.
         coef = fit.coef_ if len(fit.classes_) > 2 else np.vstack([np.zeros_like(fit.coef_), fit.coef_])
