@@ -204,7 +204,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         trained = "without" if sentiment else "with"
         raise ValueError(f"{out / 'last.pt'}: trained {trained} --sentiment-weight; resume it the same way")
     student = Student(cfg, teacher.shape[1], sentiment=sentiment).to(device)
-    optimizer = torch.optim.Adam(student.parameters(), lr=args.lr)
+    if args.freeze_words:  # before the optimizer: Adam then keeps no state for it
+        student.encoder.embed.weight.requires_grad_(False)
+    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=args.lr)
     step, best = 0, {"stsb": -1.0}
     if resume:
         student.load_state_dict(resume["student_state"])

@@ -147,6 +147,11 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--anchor", type=float, default=0.0,
                         help="weight of 1 - cosine between the served vector and the --init-from "
                              "student's (frozen) vector of the same sentence (0: off)")
+    parser.add_argument("--freeze-words", action="store_true",
+                        help="keep the --init-from student's word table as it is and train the rest: a "
+                             "table already stored as a bundle stores it (`model_export.recover`) "
+                             "exports the same again, and the NLI and sentiment models that share it "
+                             "stay valid")
     parser.add_argument("--distill-weight", type=float, default=1.0,
                         help="weight of the teacher's terms (cosine, --contrastive, --relational); 0 "
                              "with --anchor: a phase held by its start alone")
@@ -197,6 +202,8 @@ def run_corpus(args: argparse.Namespace) -> int:
         raise ValueError("--distill-weight must be positive, or 0 with an --anchor to hold the phase")
     if args.probe_first and args.sentiment_weight <= 0:
         raise ValueError("--probe-first fits the sentiment head: it needs --sentiment-weight")
+    if args.freeze_words and not args.init_from:
+        raise ValueError("--freeze-words keeps a start's word table: it needs --init-from")
     if args.whitened > 0 and not 0.0 < args.whiten_power <= 1.0:
         raise ValueError(f"--whiten-power must be in (0, 1], got {args.whiten_power}")
     sentences, info = read_corpus(args.corpus)

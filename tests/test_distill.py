@@ -25,7 +25,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 data=Path("unused"), pair_loss="mse", nli_weight=0.0, init_from=None, device="cpu",
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
                 whiten_power=0.5, sentiment_weight=0.0, anchor=0.0, probe_first=False,
-                distill_weight=1.0)
+                distill_weight=1.0, freeze_words=False)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -324,6 +324,25 @@ def test_distill_weight_scales_the_teachers_terms(tmp_path: Path) -> None:
     # lr 0: the student is its start, so the anchor adds nothing and only the teacher's terms remain.
     assert last_loss("off", 0.0) < 1e-4
     assert last_loss("on", 1.0) > 0.1
+
+
+def test_freeze_words_keeps_the_starts_table_and_trains_the_rest(tmp_path: Path) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    start = load_checkpoint(tmp_path / "a" / "best.pt")["model_state"]
+    phase = dict(steps=6, lr=5e-2, init_from=tmp_path / "a" / "best.pt")
+    distill.distill(_args(tmp_path / "free", **phase), sentences, lambda: teacher)
+    distill.distill(_args(tmp_path / "frozen", freeze_words=True, **phase), sentences, lambda: teacher)
+    free, frozen = (load_checkpoint(tmp_path / n / "last.pt")["model_state"] for n in ("free", "frozen"))
+    assert not torch.equal(free["embed.weight"], start["embed.weight"])
+    assert torch.equal(frozen["embed.weight"], start["embed.weight"])
+    moved = [n for n, w in frozen.items() if n != "embed.weight" and not torch.equal(w, start[n])]
+    assert moved  # the rest of the encoder trained
+    # A resume keeps the table frozen as well (the flag is given again, as every resume's flags are).
+    distill.distill(_args(tmp_path / "frozen", freeze_words=True, resume=True, **{**phase, "steps": 9}),
+                    sentences, lambda: teacher)
+    again = load_checkpoint(tmp_path / "frozen" / "last.pt")["model_state"]
+    assert torch.equal(again["embed.weight"], start["embed.weight"])
 
 
 def test_anchor_needs_a_student_to_stay_near(tmp_path: Path) -> None:

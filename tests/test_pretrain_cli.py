@@ -44,6 +44,12 @@ def test_probe_first_without_the_sentiment_term_is_refused(tmp_path: Path) -> No
         run_corpus(args)
 
 
+def test_freeze_words_without_a_start_is_refused(tmp_path: Path) -> None:
+    args = _args(tmp_path, corpus=tmp_path / "missing", freeze_words=True)
+    with pytest.raises(ValueError, match="--freeze-words keeps a start's word table: it needs --init-from"):
+        run_corpus(args)
+
+
 @pytest.mark.parametrize("over, message", [
     ({"relational_teacher": "mpnet"}, "other than --teacher mpnet"),
     ({"relational_teacher": "glove"}, "one of minilm, mpnet"),
