@@ -10,7 +10,8 @@ with --whitened, a cosine in the teacher's space with its principal directions e
 (`disan.whitening`); with --anchor, 1 - cosine between the student's served vector and that of the
 --init-from student it started as (frozen): a further phase adds its new term's change while the
 rest of the function stays where it was selected (with --distill-weight 0 the teacher's terms are
-off and the anchor alone holds the phase). --neighbour-group builds each batch from
+off and the anchor alone holds the phase, over every corpus sentence, encoded by the teacher or
+not). --neighbour-group builds each batch from
 groups of sentences that are neighbours in the teacher's space (`disan.neighbours`) instead of at
 random. The student's vector enters the teacher's space through a linear map: inside the encoder
 (--serve-proj: the served vector is the projected one) or beside it (the served vector is DiSAN's
@@ -234,6 +235,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         if args.probe_first and not resume:
             accuracy = phrases.probe(student.encoder, student.sentiment)
             print(f"sentiment head probed on the start's vectors: training accuracy {accuracy:.4f}")
+    teacher_free = args.distill_weight == 0 and args.whitened <= 0 and not args.neighbour_group
     first_step = step  # --lr-decay runs over this invocation's steps (a resume decays afresh)
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)
@@ -245,7 +247,9 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         target = torch.from_numpy(np.asarray(teacher, dtype=np.float32))
         second = (torch.from_numpy(np.asarray(second_prefix()[: len(teacher)], dtype=np.float32))
                   if second_prefix else None)
-        train = np.arange(n_val, len(teacher))
+        # A phase held by its start alone reads no teacher vector while it trains: every corpus
+        # sentence can hold the anchor, not only the rows the teacher has encoded so far.
+        train = np.arange(n_val, len(rows) if teacher_free else len(teacher))
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
         lengths = [len(rows[i]) for i in train]
         if args.neighbour_group:
@@ -255,13 +259,15 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         for b in batches:
             ids, mask = _batch(rows, train[b], device)
             served = student.encoder(ids, mask)
-            pred = student.to_teacher(served)
-            wanted = target[train[b]].to(device)
-            loss = args.distill_weight * distill_loss(
-                pred, wanted, args.contrastive, args.temperature, args.relational,
-                None if second is None else second[train[b]].to(device), args.relational_mix)
-            if whitening is not None:
-                loss = loss + args.whitened * whitening.loss(pred, wanted)
+            loss = served.new_zeros(())
+            if not teacher_free:
+                pred = student.to_teacher(served)
+                wanted = target[train[b]].to(device)
+                loss = args.distill_weight * distill_loss(
+                    pred, wanted, args.contrastive, args.temperature, args.relational,
+                    None if second is None else second[train[b]].to(device), args.relational_mix)
+                if whitening is not None:
+                    loss = loss + args.whitened * whitening.loss(pred, wanted)
             if anchor is not None:
                 with torch.no_grad():
                     kept = anchor(ids, mask)

@@ -345,6 +345,18 @@ def test_freeze_words_keeps_the_starts_table_and_trains_the_rest(tmp_path: Path)
     assert torch.equal(again["embed.weight"], start["embed.weight"])
 
 
+def test_a_phase_held_by_its_anchor_alone_trains_on_sentences_the_teacher_has_not_encoded(
+        tmp_path: Path, capsys) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    capsys.readouterr()
+    phase = dict(steps=3, anchor=1.0, init_from=tmp_path / "a" / "best.pt")
+    distill.distill(_args(tmp_path / "held", distill_weight=0.0, **phase), sentences, lambda: teacher[:20])
+    assert "train 78, val 2 sentences" in capsys.readouterr().out  # all 80 rows but the val slice
+    distill.distill(_args(tmp_path / "taught", **phase), sentences, lambda: teacher[:20])
+    assert "train 18, val 2 sentences" in capsys.readouterr().out  # only the encoded rows
+
+
 def test_anchor_needs_a_student_to_stay_near(tmp_path: Path) -> None:
     sentences, teacher = _corpus()
     with pytest.raises(ValueError, match="--anchor needs --init-from"):
