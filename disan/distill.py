@@ -204,6 +204,10 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     if resume and any(k.startswith("sentiment.") for k in resume["student_state"]) != sentiment:
         trained = "without" if sentiment else "with"
         raise ValueError(f"{out / 'last.pt'}: trained {trained} --sentiment-weight; resume it the same way")
+    if resume and resume["train_config"].get("freeze_words", False) != args.freeze_words:
+        # The optimizer's state holds the table's moments or not: it loads only into the same set.
+        trained = "without" if args.freeze_words else "with"
+        raise ValueError(f"{out / 'last.pt'}: trained {trained} --freeze-words; resume it the same way")
     student = Student(cfg, teacher.shape[1], sentiment=sentiment).to(device)
     if args.freeze_words:  # before the optimizer: Adam then keeps no state for it
         student.encoder.embed.weight.requires_grad_(False)
@@ -235,7 +239,7 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         if args.probe_first and not resume:
             accuracy = phrases.probe(student.encoder, student.sentiment)
             print(f"sentiment head probed on the start's vectors: training accuracy {accuracy:.4f}")
-    teacher_free = args.distill_weight == 0 and args.whitened <= 0 and not args.neighbour_group
+    teacher_free = args.distill_weight == 0 and whitening is None and not args.neighbour_group
     first_step = step  # --lr-decay runs over this invocation's steps (a resume decays afresh)
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)

@@ -345,6 +345,18 @@ def test_freeze_words_keeps_the_starts_table_and_trains_the_rest(tmp_path: Path)
     assert torch.equal(again["embed.weight"], start["embed.weight"])
 
 
+@pytest.mark.parametrize("first, again", [(True, False), (False, True)])
+def test_a_resume_must_freeze_the_words_as_its_run_did(tmp_path: Path, first: bool, again: bool) -> None:
+    sentences, teacher = _corpus()
+    distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
+    phase = dict(steps=3, init_from=tmp_path / "a" / "best.pt")
+    distill.distill(_args(tmp_path / "b", freeze_words=first, **phase), sentences, lambda: teacher)
+    done = "with" if first else "without"
+    with pytest.raises(ValueError, match=rf"last\.pt: trained {done} --freeze-words; resume it the same way"):
+        distill.distill(_args(tmp_path / "b", freeze_words=again, resume=True, **{**phase, "steps": 6}),
+                        sentences, lambda: teacher)
+
+
 def test_a_phase_held_by_its_anchor_alone_trains_on_sentences_the_teacher_has_not_encoded(
         tmp_path: Path, capsys) -> None:
     sentences, teacher = _corpus()
