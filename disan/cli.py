@@ -34,8 +34,8 @@ COMMANDS = {
     "ensemble": ("disan.ensemble", "join sentiment models trained over one frozen word table into "
                  "one that serves the mean of their probabilities", "train"),
     "widen": ("disan.widen", "grow a trained sentence encoder's d_h, serving the same vectors", "train"),
-    "merge": ("disan.merge", "add a further phase's change to a student, less a control phase's "
-              "(task arithmetic)", "train"),
+    "merge": ("disan.merge", "add a further phase's change (or the mean of several seeds') to a "
+              "student, less a control phase's (task arithmetic)", "train"),
     "slim": ("disan.slim", "copy a checkpoint without its training state, in fp16 (to carry it)", "train"),
     "eval": ("disan.evaluate", "evaluate a bundle on its tasks, or bundles and checkpoints on STS (--sts) "
              "and frozen-vector transfer (--transfer)", "train"),

@@ -1,8 +1,13 @@
-"""`disan merge START PHASE --control CONTROL --scale S --out OUT`: a student's weights plus the
-change a further phase made to them, less the change a control phase made (task arithmetic,
-Ilharco et al. 2023):
+"""`disan merge START PHASE [PHASE ...] --control CONTROL --scale S --out OUT`: a student's
+weights plus the change a further phase made to them, less the change a control phase made (task
+arithmetic, Ilharco et al. 2023):
 
     out = start + S * (phase - control)        (without --control: start + S * (phase - start))
+
+With several phases, `phase` is their mean: seeds of one phase from the same start, averaged (a
+uniform model soup, Wortsman et al. 2022). Why: a phase's lead on a dev set can be its seed's luck;
+the mean of every seed's weights is not picked among them, and it usually scores at least the mean
+of its members.
 
 Why: every further phase from a trained student drifts on what it was selected on (STS-B dev),
 with or without a new loss, so the new loss's gain arrives with the drift. A control phase run
@@ -39,13 +44,19 @@ def _same_shape(start: dict, other: dict, name: str) -> None:
         raise ValueError(f"{name}: another vocabulary than the start's")
 
 
-def merge(start: Path, phase: Path, out: Path, control: Path | None = None, scale: float = 1.0,
-          keep_words: bool = False) -> dict:
-    """Write the merged checkpoint to `out`; returns its `merge` record."""
-    if out.resolve() in {p.resolve() for p in (start, phase, control) if p}:
+def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None = None,
+          scale: float = 1.0, keep_words: bool = False) -> dict:
+    """Write the merged checkpoint to `out`; returns its `merge` record. `phase`: one checkpoint,
+    or several whose weights are averaged (the record's `phase` is then a list)."""
+    phases = phase if isinstance(phase, list) else [phase]
+    if not phases:
+        raise ValueError("name at least one phase")
+    if out.resolve() in {p.resolve() for p in (start, *phases, control) if p}:
         raise ValueError(f"{out} is one of the inputs; name another file")
-    base, moved = load_checkpoint(start), load_checkpoint(phase)
-    _same_shape(base, moved, str(phase))
+    base = load_checkpoint(start)
+    moved = [load_checkpoint(p) for p in phases]
+    for path, ckpt in zip(phases, moved, strict=True):
+        _same_shape(base, ckpt, str(path))
     ref = base
     if control is not None:
         ref = load_checkpoint(control)
@@ -55,9 +66,11 @@ def merge(start: Path, phase: Path, out: Path, control: Path | None = None, scal
         if not value.is_floating_point() or (keep_words and key == WORD_TABLE):
             state[key] = value
             continue
-        delta = moved["model_state"][key].float() - ref["model_state"][key].float()
+        mean = sum(m["model_state"][key].float() for m in moved) / len(moved)
+        delta = mean - ref["model_state"][key].float()
         state[key] = (value.float() + scale * delta).to(value.dtype)
-    record = {"start": provenance(start, base), "phase": provenance(phase, moved),
+    named = [provenance(p, m) for p, m in zip(phases, moved, strict=True)]
+    record = {"start": provenance(start, base), "phase": named if isinstance(phase, list) else named[0],
               "control": provenance(control, ref) if control else None, "scale": scale,
               "keep_words": keep_words}
     payload = {k: v for k, v in base.items() if k not in TRAINING_STATE}
@@ -68,7 +81,9 @@ def merge(start: Path, phase: Path, out: Path, control: Path | None = None, scal
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("start", type=Path,
                         help="the student both phases went on from (its encoder checkpoint)")
-    parser.add_argument("phase", type=Path, help="the phase with the change to keep")
+    parser.add_argument("phase", type=Path, nargs="+",
+                        help="the phase with the change to keep; several (seeds of one phase from "
+                             "the same start) are averaged")
     parser.add_argument("--control", type=Path, default=None,
                         help="the same phase without that change (same flags and seed); "
                              "without it the start is the reference")
@@ -81,7 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.scale <= 4:
         raise ValueError(f"--scale must be in (0, 4], not {args.scale}")
-    record = merge(args.start, args.phase, args.out, args.control, args.scale, args.keep_words)
+    phases = args.phase if len(args.phase) > 1 else args.phase[0]
+    record = merge(args.start, phases, args.out, args.control, args.scale, args.keep_words)
     against = f" - {args.control}" if record["control"] else f" - {args.start}"
-    print(f"{args.out}: {args.start} + {args.scale} x ({args.phase}{against})")
+    moved = f"mean({', '.join(map(str, args.phase))})" if len(args.phase) > 1 else str(args.phase[0])
+    print(f"{args.out}: {args.start} + {args.scale} x ({moved}{against})")
     return 0

@@ -71,3 +71,21 @@ def test_cli_refuses_a_scale_out_of_range(tmp_path: Path, capsys) -> None:
                      "--out", str(tmp_path / "m.pt")]) != 0
     assert "--scale must be in (0, 4]" in capsys.readouterr().err
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_several_phases_are_averaged_and_all_named(tmp_path: Path, capsys) -> None:
+    """Seeds of one phase merge as their mean (a uniform soup), not as the first or last one."""
+    start = _student(tmp_path / "s.pt", 0)
+    seeds = [_student(tmp_path / f"p{i}.pt", i + 1) for i in range(3)]
+    paths = [tmp_path / f"p{i}.pt" for i in range(3)]
+    record = merge.merge(tmp_path / "s.pt", paths, tmp_path / "m.pt", keep_words=True)
+    merged = load_checkpoint(tmp_path / "m.pt")["model_state"]
+    key = "proj.weight"
+    torch.testing.assert_close(merged[key], sum(s[key] for s in seeds) / 3)
+    assert torch.equal(merged[merge.WORD_TABLE], start[merge.WORD_TABLE])
+    assert [r["file"] for r in record["phase"]] == ["p0.pt", "p1.pt", "p2.pt"]
+    # The command line takes them the same way and says it averaged.
+    assert cli.main(["merge", str(tmp_path / "s.pt"), *map(str, paths), "--keep-words",
+                     "--out", str(tmp_path / "c.pt")]) == 0
+    assert "mean(" in capsys.readouterr().out
+    torch.testing.assert_close(load_checkpoint(tmp_path / "c.pt")["model_state"][key], merged[key])
