@@ -44,6 +44,22 @@ def _same_shape(start: dict, other: dict, name: str) -> None:
         raise ValueError(f"{name}: another vocabulary than the start's")
 
 
+def _mean_state(base: dict, phases: list[Path]) -> tuple[dict, list[dict]]:
+    """The phases' floating-point weights averaged, and each phase's provenance. One phase is
+    loaded at a time, so the memory does not grow with the number of seeds."""
+    total: dict = {}
+    named = []
+    for path in phases:
+        ckpt = load_checkpoint(path)
+        _same_shape(base, ckpt, str(path))
+        named.append(provenance(path, ckpt))
+        for key, value in ckpt["model_state"].items():
+            if value.is_floating_point():
+                total[key] = total[key] + value.float() if key in total else value.float()
+        del ckpt
+    return {key: value / len(phases) for key, value in total.items()}, named
+
+
 def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None = None,
           scale: float = 1.0, keep_words: bool = False) -> dict:
     """Write the merged checkpoint to `out`; returns its `merge` record. `phase`: one checkpoint,
@@ -54,9 +70,7 @@ def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None
     if out.resolve() in {p.resolve() for p in (start, *phases, control) if p}:
         raise ValueError(f"{out} is one of the inputs; name another file")
     base = load_checkpoint(start)
-    moved = [load_checkpoint(p) for p in phases]
-    for path, ckpt in zip(phases, moved, strict=True):
-        _same_shape(base, ckpt, str(path))
+    mean, named = _mean_state(base, phases)
     ref = base
     if control is not None:
         ref = load_checkpoint(control)
@@ -66,10 +80,8 @@ def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None
         if not value.is_floating_point() or (keep_words and key == WORD_TABLE):
             state[key] = value
             continue
-        mean = sum(m["model_state"][key].float() for m in moved) / len(moved)
-        delta = mean - ref["model_state"][key].float()
+        delta = mean[key] - ref["model_state"][key].float()
         state[key] = (value.float() + scale * delta).to(value.dtype)
-    named = [provenance(p, m) for p, m in zip(phases, moved, strict=True)]
     record = {"start": provenance(start, base), "phase": named if isinstance(phase, list) else named[0],
               "control": provenance(control, ref) if control else None, "scale": scale,
               "keep_words": keep_words}

@@ -84,6 +84,8 @@ def test_several_phases_are_averaged_and_all_named(tmp_path: Path, capsys) -> No
     torch.testing.assert_close(merged[key], sum(s[key] for s in seeds) / 3)
     assert torch.equal(merged[merge.WORD_TABLE], start[merge.WORD_TABLE])
     assert [r["file"] for r in record["phase"]] == ["p0.pt", "p1.pt", "p2.pt"]
+    with pytest.raises(ValueError, match="at least one phase"):
+        merge.merge(tmp_path / "s.pt", [], tmp_path / "e.pt")
     # The command line takes them the same way and says it averaged.
     assert cli.main(["merge", str(tmp_path / "s.pt"), *map(str, paths), "--keep-words",
                      "--out", str(tmp_path / "c.pt")]) == 0
