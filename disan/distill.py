@@ -160,6 +160,12 @@ def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
     return total / len(idx)
 
 
+def _same_on_resume(out: Path, flag: str, asked: bool, trained: bool) -> None:
+    if asked != trained:
+        done = "with" if trained else "without"
+        raise ValueError(f"{out / 'last.pt'}: trained {done} {flag}; resume it the same way")
+
+
 def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Callable[[], np.ndarray],
             second_prefix: Callable[[], np.ndarray] | None = None) -> dict:
     """Train on the sentences whose teacher vectors are cached; returns the best record.
@@ -199,15 +205,15 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
     device = resolve_device(args.device)
     whitening = (TeacherWhitening.fit(teacher, args.whiten_power).to(device)
                  if args.whitened > 0 else None)
-    # On its device before the optimizer exists: loaded optimizer state follows the parameters.
     sentiment = args.sentiment_weight > 0
-    if resume and any(k.startswith("sentiment.") for k in resume["student_state"]) != sentiment:
-        trained = "without" if sentiment else "with"
-        raise ValueError(f"{out / 'last.pt'}: trained {trained} --sentiment-weight; resume it the same way")
-    if resume and resume["train_config"].get("freeze_words", False) != args.freeze_words:
-        # The optimizer's state holds the table's moments or not: it loads only into the same set.
-        trained = "without" if args.freeze_words else "with"
-        raise ValueError(f"{out / 'last.pt'}: trained {trained} --freeze-words; resume it the same way")
+    if resume:
+        # The saved state has the sentiment head, and the optimizer the table's moments, or not:
+        # each loads only into a student and optimizer built the same way.
+        _same_on_resume(out, "--sentiment-weight", sentiment,
+                        any(k.startswith("sentiment.") for k in resume["student_state"]))
+        _same_on_resume(out, "--freeze-words", args.freeze_words,
+                        resume["train_config"].get("freeze_words", False))
+    # On its device before the optimizer exists: loaded optimizer state follows the parameters.
     student = Student(cfg, teacher.shape[1], sentiment=sentiment).to(device)
     if args.freeze_words:  # before the optimizer: Adam then keeps no state for it
         student.encoder.embed.weight.requires_grad_(False)

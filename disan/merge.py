@@ -63,7 +63,7 @@ def _mean_state(base: dict, phases: list[Path]) -> tuple[dict, list[dict]]:
 def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None = None,
           scale: float = 1.0, keep_words: bool = False) -> dict:
     """Write the merged checkpoint to `out`; returns its `merge` record. `phase`: one checkpoint,
-    or several whose weights are averaged (the record's `phase` is then a list)."""
+    or several whose weights are averaged (the record's `phase` then lists them all)."""
     phases = phase if isinstance(phase, list) else [phase]
     if not phases:
         raise ValueError("name at least one phase")
@@ -82,7 +82,7 @@ def merge(start: Path, phase: Path | list[Path], out: Path, control: Path | None
             continue
         delta = mean[key] - ref["model_state"][key].float()
         state[key] = (value.float() + scale * delta).to(value.dtype)
-    record = {"start": provenance(start, base), "phase": named if isinstance(phase, list) else named[0],
+    record = {"start": provenance(start, base), "phase": named[0] if len(named) == 1 else named,
               "control": provenance(control, ref) if control else None, "scale": scale,
               "keep_words": keep_words}
     payload = {k: v for k, v in base.items() if k not in TRAINING_STATE}
@@ -108,8 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.scale <= 4:
         raise ValueError(f"--scale must be in (0, 4], not {args.scale}")
-    phases = args.phase if len(args.phase) > 1 else args.phase[0]
-    record = merge(args.start, phases, args.out, args.control, args.scale, args.keep_words)
+    record = merge(args.start, args.phase, args.out, args.control, args.scale, args.keep_words)
     against = f" - {args.control}" if record["control"] else f" - {args.start}"
     moved = f"mean({', '.join(map(str, args.phase))})" if len(args.phase) > 1 else str(args.phase[0])
     print(f"{args.out}: {args.start} + {args.scale} x ({moved}{against})")
