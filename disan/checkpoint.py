@@ -68,7 +68,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt / foreign files
-        raise ValueError(f"{path}: cannot read checkpoint ({exc.__class__.__name__}: {exc})") from exc
+        # The first line names the problem; torch's own advice on weights_only follows on later ones.
+        first = next(iter(str(exc).splitlines()), "")
+        raise ValueError(f"{path}: cannot read checkpoint ({exc.__class__.__name__}: {first})") from exc
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a disan checkpoint")
     return payload
