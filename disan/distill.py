@@ -141,11 +141,11 @@ def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.nd
 
 
 def checkpoint_encoder(path: Path):
-    """`encode(texts)` of an `encoder` checkpoint's served vectors (eval mode)."""
-    ckpt = load_checkpoint(path)
-    encoder = DiSANEncoder(DiSANConfig.from_dict(ckpt["config"]))
-    encoder.load_state_dict(ckpt["model_state"])
-    vocab = checkpoint_vocab(ckpt)
+    """`encode(texts)` of a checkpoint's sentence vectors (eval mode): an `encoder` checkpoint's
+    served vectors, or the encoder of an NLI or sentiment model (an ensemble's first member), which
+    is what a bundle exported without `--embed` serves at /embed."""
+    model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
+    encoder = getattr(model, "encoder", model)
     return lambda texts: encode_texts(encoder, vocab, texts)
 
 

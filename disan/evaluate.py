@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="unsupervised STS (cosine Spearman) of /embed vectors: STS-B dev, SICK dev")
     parser.add_argument("--sts-baselines", default="minilm,mpnet", help="--sts: comma list or ''")
     parser.add_argument("--checkpoint", type=Path, nargs="*", default=[],
-                        help="--sts, --transfer: encoder checkpoints (a student best.pt) instead of --bundle")
+                        help="--sts, --transfer: checkpoints instead of --bundle: a student (best.pt), "
+                             "or an NLI or sentiment model, whose encoder is read")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"),
                         help="a data file, or the staged data directory (the task's test file is used)")
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")

@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import loaded, run_texts  # noqa: E402
+
 from disan import distill, supervision  # noqa: E402
 from disan.checkpoint import load_checkpoint  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
@@ -207,6 +209,17 @@ def test_checkpoint_encoder_gives_the_trained_vectors(tmp_path: Path) -> None:
     ids = vocab.text_ids("the cat sat")
     want = enc(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool)).detach().numpy()[0]
     np.testing.assert_allclose(encode(["the cat sat"])[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["nli", "sentiment"])
+def test_checkpoint_encoder_reads_a_task_models_encoder(tiny_checkpoints, task: str) -> None:
+    # `disan eval --sts --checkpoint nli.pt` once died in load_state_dict: the task model's
+    # weights are named encoder.*, and a bare DiSANEncoder was built for them.
+    path = getattr(tiny_checkpoints, task)
+    model, vocab = loaded(path)
+    texts = ["the cat sits", "a dog runs in the park"]
+    got = distill.checkpoint_encoder(path)(texts)
+    np.testing.assert_allclose(got, run_texts(model.encoder, vocab, texts), rtol=1e-5, atol=1e-6)
 
 
 def test_resume_takes_the_new_learning_rate(tmp_path: Path) -> None:
