@@ -42,7 +42,8 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     "routes": {route: graph}                    optional (see Routes above)
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
-    never paths), versions, verification, sizes. `weights.embedding_storage` says how the
+    never paths; each checkpoint a source was made from named once, under its sha256, in
+    "lineage": `disan.lineage`), versions, verification, sizes. `weights.embedding_storage` says how the
     word-vector tables are stored, one storage or {model: storage}: fp32, fp16 (`/half`), int8
     (`/int8` per-row symmetric int8 plus `/scale`, an fp32 scale per row; dequantised by a Cast
     and a Mul inside the graphs) or "int8+int4:N" (int8 but for the table's last N rows, stored

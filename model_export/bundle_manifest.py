@@ -1,6 +1,6 @@
 """What an exported bundle's manifest says before its hashes and verification are added: its
 graphs and routes, graph sets, weights, models (configs, labels, training metrics), sources (by
-file name and sha256, with their provenance) and the library versions (`disan export`)."""
+file name and sha256, with their provenance and its lineage) and the library versions (`disan export`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from disan.lineage import flat
 from disan.manifest import GRAPH_SETS, GRAPHS, ROUTES
 
 # Routes of a bundle with a distilled sentence encoder: /nli keeps the NLI model's own encoder.
@@ -68,10 +69,12 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                           "metrics": payloads[task].get("metrics", {}),
                           "step": payloads[task].get("step"), "epoch": payloads[task].get("epoch")}
                    for task in loaded},
-        # each source named by file name and sha256 (never a path), with the provenance it carries
-        "sources": {task: provenance(path, payloads[task]) for task, path in paths.items()},
         "versions": versions(),
     })
+    # each source named by file name and sha256 (never a path), with the provenance it carries:
+    # every checkpoint it names once, in the lineage (disan.lineage)
+    manifest["sources"], manifest["lineage"] = flat(
+        {task: provenance(path, payloads[task]) for task, path in paths.items()})
     if has_embed:
         own = loaded["embed"][1]
         manifest["models"]["embed"]["vocab"] = {

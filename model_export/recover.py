@@ -32,6 +32,7 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from disan.checkpoint import save_checkpoint
+from disan.lineage import nested
 from disan.manifest import (
     GRAPHS,
     available_variants,
@@ -156,7 +157,7 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
     written: dict[str, Path] = {}
     for task, (model, labels, recovered_from) in rebuilt.items():
         info = manifest["models"][task]
-        source = (manifest.get("sources") or {}).get(task) or {}
+        source = nested((manifest.get("sources") or {}).get(task) or {}, manifest.get("lineage") or {})
         recovered_from["original_checkpoint"] = {
             **source, "file": Path(str(source.get("path") or source.get("file") or "?")).name}
         recovered_from["original_checkpoint"].pop("path", None)  # format 1 recorded paths

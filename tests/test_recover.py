@@ -123,3 +123,35 @@ def test_recover_refuses_an_unknown_format(tiny_bundle, tmp_path):
     with pytest.raises(ValueError, match="reads versions 1 and 2"):
         recover(bundle, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_later_generations_keep_the_whole_provenance(tiny_bundle, tiny_checkpoints, tmp_path):
+    """Recover a bundle, export the recovered models again, and again: each manifest names every
+    checkpoint once (a source's history is references into `lineage`, not copies), and the
+    checkpoints recovered last still carry the whole chain back to the first sources."""
+    from model_export.export import build_bundle
+
+    bundle, made = tiny_bundle, {t: getattr(tiny_checkpoints, t) for t in ("nli", "sentiment")}
+    for generation in (1, 2):
+        recovered = recover(bundle, tmp_path / f"r{generation}", log=lambda *_: None)
+        bundle = tmp_path / f"b{generation}"
+        build_bundle(recovered["nli"], recovered["sentiment"], bundle, max_len=128, fp16=False,
+                     int8=False, log=lambda *_: None, name="tiny-disan")
+        manifest = load_manifest(bundle)
+        for task in ("nli", "sentiment"):
+            source = manifest["sources"][task]
+            assert source["sha256"] == sha256_file(recovered[task])
+            original = source["recovered_from"]["original_checkpoint"]
+            assert original == {"file": f"{task}.pt", "sha256": sha256_file(made[task])}
+            if generation == 2:  # the checkpoint it came from has a history: stored once, apart
+                assert manifest["lineage"][original["sha256"]]["recovered_from"]
+        assert str(tmp_path) not in json.dumps(manifest)  # file names, never paths
+        made = recovered
+
+    last = recover(bundle, tmp_path / "r3", log=lambda *_: None)
+    for task, path in last.items():
+        origin = load_checkpoint(path)["recovered_from"]["original_checkpoint"]
+        history = load_checkpoint(made[task])["recovered_from"]
+        assert origin == {"file": f"{task}.pt", "sha256": sha256_file(made[task]), "recovered_from": history}
+        assert history["original_checkpoint"]["recovered_from"]["original_checkpoint"]["sha256"] == \
+            sha256_file(getattr(tiny_checkpoints, task))

@@ -35,8 +35,11 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     # the gpu set's default (fp16) was measured against fp32 on the labelled dev sets
     fp16 = manifest["sets"]["gpu"]["variants"]["fp16"]
     assert fp16["meets_bars"] and fp16["agreement_vs_fp32"]["data"].startswith("dev sets")
-    # sources by file name and hash, never a path of the machine that built it
-    assert all("/" not in s["file"] for s in manifest["sources"].values())
+    # sources and every checkpoint they came from by file name and hash, never a path of the
+    # machine that built it
+    names = [v for k, v in leaves(manifest["sources"]) + leaves(manifest.get("lineage") or {})
+             if k in ("file", "path")]
+    assert names and all(isinstance(n, str) and "/" not in n for n in names)
     # nor the exporter's per-node stacks, which name the build machine's files
     for graph in sorted(BUNDLE.glob("*.onnx")):
         assert b"pkg.torch.onnx.stack_trace" not in graph.read_bytes(), graph.name
@@ -52,3 +55,12 @@ def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
     # measured by export on this bundle with the same code: only a changed graph, vocabulary or
     # tokenizer moves it (0.1 points: two of 2,210 sentences, for float noise across CPUs)
     assert abs(report["accuracy"] - served["accuracy"]) <= 0.1, (report["accuracy"], served)
+
+
+def leaves(value, key: str = "") -> list[tuple[str, object]]:
+    """(key, value) of every value in a JSON tree that is not a dict or list."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in leaves(v, k)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in leaves(v, key)]
+    return [(key, value)]
