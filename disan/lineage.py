@@ -25,8 +25,9 @@ def is_entry(value: Any) -> bool:
 def flat(sources: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """(sources, lineage): each source entry with the checkpoints its records name replaced by
     references, and those checkpoints' entries by sha256. An entry whose sha256 is already in the
-    lineage with other records (which a file's own provenance cannot give) stays nested, so
-    `nested` always gives back what was flattened."""
+    lineage with other records stays nested, and if a file is named both with records and
+    without (neither of which a file's own provenance can give), the sources stay as they are
+    with an empty lineage: `nested` always gives back exactly what was flattened."""
     lineage: dict[str, dict[str, Any]] = {}
 
     def cut(value: Any) -> Any:
@@ -47,6 +48,8 @@ def flat(sources: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]],
 
     top = {name: {k: (v if k in REFERENCE_KEYS else cut(v)) for k, v in entry.items()}
            for name, entry in sources.items()}
+    if {name: nested(entry, lineage) for name, entry in top.items()} != sources:
+        return sources, {}
     return top, lineage
 
 

@@ -71,6 +71,16 @@ def test_one_sha256_with_two_histories_stays_nested() -> None:
     assert top["sentiment"]["init_from"]["note"] == "2"
 
 
+def test_a_file_named_with_and_without_its_history_stays_nested() -> None:
+    # Only a hand-edited provenance can name one file both ways; its reference-only mention
+    # must not come back with the other mention's history.
+    full = entry("x.pt", "a", init_from=entry("s.pt", "b", note="1"))
+    sources = {"nli": entry("n.pt", "1", init_from=full),
+               "sentiment": entry("s.pt", "2", init_from={"file": "x.pt", "sha256": "a" * 64})}
+    top, lineage = flat(sources)
+    assert (top, lineage) == (sources, {})
+
+
 def test_a_manifest_without_a_lineage_reads_as_it_is() -> None:
     old = {"file": "nli.pt", "sha256": "a" * 64, "init_from": chain(3)}
     assert nested(old, {}) == old
