@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from disan.manifest import sha256_file
 from service.main import create_app
 from service.settings import Settings
 
@@ -199,6 +200,13 @@ def test_openai_dimensions_must_match(client):
     assert client.post("/v1/embeddings", json={"input": "a", "dimensions": dim}).status_code == 200
     r = client.post("/v1/embeddings", json={"input": "a", "dimensions": dim + 1})
     assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+
+
+def test_info_names_the_checkpoints_being_served(client, tiny_checkpoints):
+    # An operator tells two deployments of one bundle name apart by what they serve.
+    sources = client.get("/info").json()["bundle"]["sources"]
+    assert sources == {task: {"file": f"{task}.pt", "sha256": sha256_file(getattr(tiny_checkpoints, task))}
+                       for task in ("nli", "sentiment")}
 
 
 def test_info_reports_the_live_session_provider(client):

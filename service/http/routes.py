@@ -178,6 +178,13 @@ def ensemble_members(manifest: dict) -> dict[str, int]:
     return {task: n for task, n in counts.items() if n > 1}
 
 
+def sources(manifest: dict) -> dict[str, dict[str, str]]:
+    """{model: {file, sha256}}: the checkpoint each model was exported from, which names the
+    weights being served (their history is the manifest's `sources` and `lineage`)."""
+    return {task: {k: str(s[k]) for k in ("file", "sha256") if k in s}
+            for task, s in (manifest.get("sources") or {}).items() if isinstance(s, dict)}
+
+
 @inference.get("/info", response_model=Info, summary="Model, provider in use, limits")
 async def info(engine: EngineDep) -> dict:
     """What is being served and how: the provider is the one the live session reports."""
@@ -202,7 +209,7 @@ async def info(engine: EngineDep) -> dict:
                     if isinstance(v, dict)},
         "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
                    "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m),
-                   "ensemble_members": ensemble_members(m)},
+                   "ensemble_members": ensemble_members(m), "sources": sources(m)},
         "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
                               **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }

@@ -291,7 +291,8 @@ class Info(BaseModel):
                                       "borrowed_words: per NLI/sentiment model that reads the words past "
                                       "its own table through the embedding encoder's, how many; "
                                       "ensemble_members: per model that averages several (disan "
-                                      "ensemble), how many")
+                                      "ensemble), how many; sources: per model, the checkpoint it "
+                                      "was exported from (file name and sha256)")
     inference_process: dict[str, object] = Field(
         description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
         "process all workers feed; its `pid`), and `source`: why")
