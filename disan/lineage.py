@@ -30,9 +30,12 @@ def flat(sources: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]],
     with an empty lineage: `nested` always gives back exactly what was flattened."""
     lineage: dict[str, dict[str, Any]] = {}
 
+    def shallow(entry: dict[str, Any]) -> dict[str, Any]:  # its name kept, its records cut
+        return {k: (v if k in REFERENCE_KEYS else cut(v)) for k, v in entry.items()}
+
     def cut(value: Any) -> Any:
         if is_entry(value) and _records(value):  # one without records is its own reference
-            entry = {k: (v if k in REFERENCE_KEYS else cut(v)) for k, v in value.items()}
+            entry = shallow(value)
             known = lineage.setdefault(value["sha256"], entry)
             if _records(known) != _records(entry):
                 return entry
@@ -46,8 +49,7 @@ def flat(sources: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]],
             return [cut(v) for v in value]
         return value
 
-    top = {name: {k: (v if k in REFERENCE_KEYS else cut(v)) for k, v in entry.items()}
-           for name, entry in sources.items()}
+    top = {name: shallow(entry) for name, entry in sources.items()}
     if {name: nested(entry, lineage) for name, entry in top.items()} != sources:
         return sources, {}
     return top, lineage
