@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from bench import teacher_directions as bench  # noqa: E402
 from disan.teacher import TeacherCache  # noqa: E402
 
 DIM = 17  # 16 loud coordinates and one quiet one: the band 16-64 is that one alone
+SALT = ""  # one draw of the fake teacher's coordinates; other salts are other draws
 
 
 def _write(path, rows) -> None:
@@ -24,10 +26,13 @@ def _write(path, rows) -> None:
 
 
 def _vectors(texts: list[str]) -> np.ndarray:
-    """A fake teacher: loud random coordinates; the class is only in one quiet coordinate."""
+    """A fake teacher: loud random coordinates; the class is only in one quiet coordinate.
+
+    Seeded by a checksum of the text, not hash(): hash() changes with PYTHONHASHSEED, so each run
+    drew other coordinates and, in some draws, the student without the class predicted it by chance."""
     out = np.zeros((len(texts), DIM))
     for i, t in enumerate(texts):
-        rng = np.random.default_rng(abs(hash(t)) % 2**32)
+        rng = np.random.default_rng(zlib.crc32((SALT + t).encode()))
         out[i, :-1] = rng.standard_normal(DIM - 1) * 5
         out[i, -1] = 0.5 if t.startswith("who") else -0.5
     return out
@@ -36,12 +41,12 @@ def _vectors(texts: list[str]) -> np.ndarray:
 def test_the_class_lives_in_the_quiet_directions(tmp_path, monkeypatch) -> None:
     data, corpus = tmp_path / "data", tmp_path / "corpus"
     questions = [{"text": f"{w} thing {i} ?", "label": "HUM" if w == "who" else "NUM"}
-                 for i in range(120) for w in ("who", "how many")]
-    _write(data / "senteval/TREC/trec_train.jsonl.gz", questions[:200])
-    _write(data / "senteval/TREC/trec_test.jsonl.gz", questions[200:])
-    cache = TeacherCache.open(corpus / "teacher-fake", "sha", "fake", 600, DIM)
-    cache.write(0, _vectors([f"corpus sentence {i}" for i in range(300)]
-                            + [f"who else {i}" for i in range(150)] + [f"how much {i}" for i in range(150)]))
+                 for i in range(300) for w in ("who", "how many")]
+    _write(data / "senteval/TREC/trec_train.jsonl.gz", questions[:500])
+    _write(data / "senteval/TREC/trec_test.jsonl.gz", questions[500:])
+    cache = TeacherCache.open(corpus / "teacher-fake", "sha", "fake", 2400, DIM)
+    cache.write(0, _vectors([f"corpus sentence {i}" for i in range(1200)]
+                            + [f"who else {i}" for i in range(600)] + [f"how much {i}" for i in range(600)]))
     monkeypatch.setitem(bench.BASELINES, "fake", ("fake", lambda: _vectors))
     # students: one that keeps the quiet coordinate, one that keeps only the loud ones
     keeps = lambda texts: _vectors(texts)[:, -8:]  # noqa: E731
