@@ -325,7 +325,7 @@ def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimize
     sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), args.data)
     val_cosine = round(_val_cosine(student, rows, target, val), 4)
     record = {"step": step, "loss": round(loss, 4), "val_cosine": val_cosine,
-              "stsb": sts["STS-B dev"], "sick": sts["SICK dev"]}
+              "stsb": round(sts["STS-B dev"], 4), "sick": round(sts["SICK dev"], 4)}
     log.write(json.dumps(record) + "\n")
     log.flush()
     print(json.dumps(record), flush=True)

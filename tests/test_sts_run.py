@@ -55,3 +55,30 @@ def test_sts_scores_each_genre_from_the_same_vectors(tmp_path: Path) -> None:
     assert scores["STS-B dev: main-news"] == pytest.approx(-1.0)   # larger angle, lower cosine
     assert scores["STS-B dev: main-forums"] == pytest.approx(1.0)
     assert sts_scores(encode, tmp_path, ["STS-B dev"]).keys() == {"STS-B dev"}
+
+
+def test_sts_scores_are_not_rounded(tmp_path: Path) -> None:
+    """The embedding goal was won by 0.0005 and six seeds differed in the fifth decimal: the scores
+    (and `disan eval --sts`'s JSON) keep every digit; only the markdown table rounds."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from disan.sts import cosine_spearman, read_pairs, sts_scores
+
+    rng = np.random.default_rng(0)
+    rows = [{"genre": "main-news", "sentence1": f"a {i}", "sentence2": f"b {i}",
+             "score": float(rng.uniform(0, 5))} for i in range(40)]
+    (tmp_path / "stsb").mkdir()
+    with gzip.open(tmp_path / "stsb" / "dev.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    table = {t: rng.standard_normal(8) for r in rows for t in (r["sentence1"], r["sentence2"])}
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return np.stack([table[t] for t in texts])
+
+    got = sts_scores(encode, tmp_path, ["STS-B dev"])["STS-B dev"]
+    a, b, gold = read_pairs(tmp_path, "STS-B dev")
+    assert got == cosine_spearman(encode(a), encode(b), gold)
+    assert got != round(got, 4)
