@@ -1,7 +1,8 @@
 """How fast can the teacher (all-mpnet-base-v2) encode the corpus on this CPU, and at what fidelity?
 
-`disan teacher` runs the teacher in PyTorch (sentence-transformers). This compares, in one run on
-the same corpus sentences and threads, onnxruntime with the teacher exported to ONNX, in fp32 and
+`disan teacher` runs the teacher in PyTorch (sentence-transformers), in fp32 or under bf16 autocast
+(`--precision auto` picks one per machine; the run records which). This compares, in one run on
+the same corpus sentences and threads, both and onnxruntime with the teacher exported to ONNX, in fp32 and
 with its weights quantised to int8 (onnxruntime's dynamic quantisation, as `model_export` does for
 DiSAN). Fidelity is the cosine of each sentence's vector to PyTorch fp32's (min and mean): a teacher
 that is faster but points elsewhere teaches the student something else.
@@ -26,7 +27,7 @@ from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dyna
 from bench.report import run_and_report
 from disan.corpus import read_corpus
 from disan.embeddings import _sentence_encoder
-from disan.teacher import TEACHERS, native_bf16
+from disan.teacher import TEACHERS, bf16_autocast, native_bf16, resolved_precision
 
 # name -> quantize_dynamic keyword arguments (None: the fp32 graph as exported)
 VARIANTS: dict[str, dict | None] = {
@@ -114,9 +115,17 @@ def run(args: argparse.Namespace) -> dict:
             return model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True,
                                 convert_to_numpy=True, show_progress_bar=False)
 
+    def torch_bf16(texts: list[str]) -> np.ndarray:
+        with torch.inference_mode(), bf16_autocast("cpu", "bf16"):
+            return torch_fp32(texts)
+
     reference, seconds = timed(torch_fp32, sentences, warm, args.repeats)
-    rows = [{"backend": "PyTorch fp32 (disan teacher)", "sentences_per_s": len(sentences) / seconds,
+    rows = [{"backend": "PyTorch fp32", "sentences_per_s": len(sentences) / seconds,
              "cos_min": 1.0, "cos_mean": 1.0}]
+    vectors, seconds = timed(torch_bf16, sentences, warm, args.repeats)
+    cos = (vectors * reference).sum(axis=1)
+    rows.append({"backend": "PyTorch bf16 autocast", "sentences_per_s": len(sentences) / seconds,
+                 "cos_min": float(cos.min()), "cos_mean": float(cos.mean())})
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "mpnet.onnx"
         export_teacher(model, plain, sentences[:4])
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> dict:
             rows.append({"backend": name, "sentences_per_s": len(sentences) / seconds,
                          "cos_min": float(cos.min()), "cos_mean": float(cos.mean())})
     return {"machine": platform.processor() or platform.machine(), "cpu_flags_bf16": native_bf16("cpu"),
+            "auto_precision": resolved_precision("cpu", "auto"),  # what `disan teacher` runs in here
             "threads": args.threads, "sentences": len(sentences), "start_row": args.start,
             "batch_size": args.batch_size, "repeats": args.repeats, "rows": rows}
 
@@ -149,7 +159,8 @@ def markdown(results: dict) -> str:
     base = results["rows"][0]["sentences_per_s"]
     lines = [f"{results['sentences']} corpus sentences, {results['threads']} threads, batch "
              f"{results['batch_size']}, best of {results['repeats']}; "
-             f"native bf16: {results['cpu_flags_bf16']}",
+             f"native bf16: {results['cpu_flags_bf16']}; `--precision auto` runs "
+             f"{results.get('auto_precision', 'not recorded')}",
              "", "| backend | sentences/s | x PyTorch fp32 | cosine to PyTorch fp32 (min / mean) |",
              "| --- | ---: | ---: | --- |"]
     for row in results["rows"]:

@@ -320,7 +320,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=500,
                         help="fine-tuning steps between saves of the whole fit (fit_state.pt), so a "
                         "rerun goes on from the last one")
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="auto: bf16 where the device runs it natively and faster (a CPU is timed "
+                             "once), else fp32; the fit records which")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)

@@ -11,6 +11,7 @@ student can train on it while the rest is still being encoded.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -117,14 +118,41 @@ def native_bf16(device: str) -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+@functools.cache
+def bf16_faster_on_cpu() -> bool:
+    """Whether a bf16 matrix product of a teacher layer's shape beats fp32 on this CPU, timed
+    once per process (best of five, a few milliseconds each). The CPU flag says bf16 instructions
+    exist, not that torch's kernels make them pay: on some CPUs with AVX-512 BF16 and no AMX,
+    bf16 is slower than fp32 (docs/distillation.md). A margin keeps near-ties in fp32, which is
+    exact."""
+    import torch  # optional (`train` extra)
+
+    weight, rows = torch.randn(768, 768), torch.randn(512, 768)
+
+    def best_seconds(dtype) -> float:
+        w, x = weight.to(dtype), rows.to(dtype)
+        x @ w  # the first product sets up the kernel
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            x @ w
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best_seconds(torch.bfloat16) < 0.8 * best_seconds(torch.float32)
+
+
 def resolved_precision(device: str, precision: str) -> str:
     """bf16 or fp32: `precision` itself, or for auto bf16 where the device has it natively
-    (`native_bf16`), so a record of the run says what it ran in, not what it asked for."""
+    (`native_bf16`) and, on a CPU, where it is also faster (`bf16_faster_on_cpu`), so a record of
+    the run says what it ran in, not what it asked for."""
     if precision in ("bf16", "fp32"):
         return precision
     if precision != "auto":
         raise ValueError(f"unknown precision {precision!r} (choose from auto, bf16, fp32)")
-    return "bf16" if native_bf16(device) else "fp32"
+    if not native_bf16(device):
+        return "fp32"
+    return "bf16" if device.startswith("cuda") or bf16_faster_on_cpu() else "fp32"
 
 
 def bf16_autocast(device: str, precision: str):
@@ -140,8 +168,8 @@ def bf16_autocast(device: str, precision: str):
 def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_size: int = 64,
                                  device: str = "cpu"):
     """`encode(texts)` of an offline teacher: L2-normalised vectors, under bf16 autocast where
-    `precision` is bf16, or auto and the device has native bf16 (`native_bf16`): there it more
-    than doubles MPNet's speed for a cosine to the fp32 vectors above 0.9999."""
+    `precision` is bf16, or auto and bf16 is native there and faster (`resolved_precision`): there
+    it can more than double MPNet's speed for a cosine to the fp32 vectors above 0.9999."""
     import torch  # optional (`train` extra): a cached teacher needs no torch
 
     from disan.embeddings import _sentence_encoder
@@ -205,7 +233,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                        help="auto: bf16 where the device runs it natively, else fp32")
+                        help="auto: bf16 where the device runs it natively and faster (a CPU is timed once), "
+                             "else fp32")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda where PyTorch has a GPU")
     parser.add_argument("--max-minutes", type=float, default=None)

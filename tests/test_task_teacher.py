@@ -181,6 +181,7 @@ def test_a_fit_saved_in_bf16_is_not_continued_where_auto_means_fp32(staged: Path
     from disan import teacher
 
     monkeypatch.setattr(teacher, "native_bf16", lambda device: True)
+    monkeypatch.setattr(teacher, "bf16_faster_on_cpu", lambda: True)
     _fit_killed_at_step(staged, tmp_path / "tt", 3, monkeypatch)
     monkeypatch.setattr(teacher, "native_bf16", lambda device: False)
     assert _fit_only(staged, tmp_path / "tt") == 2

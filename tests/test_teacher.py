@@ -66,25 +66,40 @@ class _RecordingModel:
         return np.ones((len(texts), 3), dtype=np.float32)
 
 
-@pytest.mark.parametrize(("has_bf16", "precision", "want"), [
-    (False, None, False),  # emulated bf16 is slower than fp32 there: the default must not pick it
-    (True, None, True),
-    (False, "auto", False),
-    (False, "bf16", True),   # asked for explicitly
-    (True, "fp32", False),
+@pytest.mark.parametrize(("has_bf16", "faster", "precision", "want"), [
+    (False, True, None, False),  # emulated bf16 is slower than fp32 there: the default must not pick it
+    (True, True, None, True),
+    # the flag without the speed (an Intel Xeon with AVX-512 BF16 and no AMX: MPNet 1.5x slower)
+    (True, False, None, False),
+    (True, False, "auto", False),
+    (False, True, "auto", False),
+    (False, False, "bf16", True),   # asked for explicitly
+    (True, True, "fp32", False),
 ])
-def test_cpu_autocast_only_where_bf16_is_native(monkeypatch, has_bf16, precision, want) -> None:
+def test_cpu_autocast_only_where_bf16_is_native_and_faster(monkeypatch, has_bf16, faster, precision,
+                                                           want) -> None:
     torch = pytest.importorskip("torch")
     from disan import embeddings, teacher
 
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, name, lambda: has_bf16, raising=False)
+    monkeypatch.setattr(teacher, "bf16_faster_on_cpu", lambda: faster)
     model = _RecordingModel()
     monkeypatch.setattr(embeddings, "_sentence_encoder", lambda name, device: model)
     kwargs = {} if precision is None else {"precision": precision}
     teacher.sentence_transformer_encoder("minilm", **kwargs)(["a b c"])
     assert model.autocast == [want]
     assert teacher.native_bf16("cuda:0")
+    assert teacher.resolved_precision("cuda:0", "auto") == "bf16"  # no CPU timing on a GPU
+
+
+def test_the_cpu_bf16_timing_is_a_cached_answer() -> None:
+    pytest.importorskip("torch")
+    from disan import teacher
+
+    answer = teacher.bf16_faster_on_cpu()
+    assert isinstance(answer, bool)
+    assert teacher.bf16_faster_on_cpu() is answer and teacher.bf16_faster_on_cpu.cache_info().hits >= 1
 
 
 def _tiny_sentence_transformer(folder: Path) -> Path:
