@@ -93,11 +93,16 @@ def test_cpu_autocast_only_where_bf16_is_native_and_faster(monkeypatch, has_bf16
     assert teacher.resolved_precision("cuda:0", "auto") == "bf16"  # no CPU timing on a GPU
 
 
-def test_the_cpu_bf16_timing_is_a_cached_answer() -> None:
-    pytest.importorskip("torch")
+def test_the_cpu_bf16_timing_is_a_cached_answer_that_draws_nothing_from_torch() -> None:
+    torch = pytest.importorskip("torch")
     from disan import teacher
 
+    teacher.bf16_faster_on_cpu.cache_clear()
+    torch.manual_seed(3)
     answer = teacher.bf16_faster_on_cpu()
+    drawn = torch.rand(1)
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(1), drawn)  # a seeded fit draws the same with or without the timing
     assert isinstance(answer, bool)
     assert teacher.bf16_faster_on_cpu() is answer and teacher.bf16_faster_on_cpu.cache_info().hits >= 1
 
