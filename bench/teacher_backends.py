@@ -1,9 +1,9 @@
 """How fast can the teacher (all-mpnet-base-v2) encode the corpus on this CPU, and at what fidelity?
 
 `disan teacher` runs the teacher in PyTorch (sentence-transformers), in fp32 or under bf16 autocast
-(`--precision auto` picks one per machine; the run records which). This compares, in one run on
-the same corpus sentences and threads, both and onnxruntime with the teacher exported to ONNX, in fp32 and
-with its weights quantised to int8 (onnxruntime's dynamic quantisation, as `model_export` does for
+(`--precision auto` picks one per machine; the run records which). This compares both with
+onnxruntime, in one run on the same corpus sentences and threads: the teacher exported to ONNX, in
+fp32 and with its weights quantised to int8 (onnxruntime's dynamic quantisation, as `model_export` does for
 DiSAN). Fidelity is the cosine of each sentence's vector to PyTorch fp32's (min and mean): a teacher
 that is faster but points elsewhere teaches the student something else.
 
