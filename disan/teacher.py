@@ -266,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     encode = sentence_transformer_encoder(args.teacher, args.precision, args.batch_size, args.device)
-    print(f"{args.teacher}: {cache.done}/{len(sentences)} rows cached, resuming -> {out}")
+    ran_in = resolved_precision(args.device, args.precision)  # what auto chose here, for the log
+    print(f"{args.teacher} ({ran_in}): {cache.done}/{len(sentences)} rows cached, resuming -> {out}")
     done = encode_corpus(sentences, cache, encode, args.chunk, args.max_minutes)
     print(f"{done}/{len(sentences)} rows cached in {out}")
     return 0
