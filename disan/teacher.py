@@ -265,9 +265,9 @@ def run(args: argparse.Namespace) -> int:
         import torch  # optional, as above
 
         torch.set_num_threads(args.threads)
-    encode = sentence_transformer_encoder(args.teacher, args.precision, args.batch_size, args.device)
-    ran_in = resolved_precision(args.device, args.precision)  # what auto chose here, for the log
-    print(f"{args.teacher} ({ran_in}): {cache.done}/{len(sentences)} rows cached, resuming -> {out}")
+    precision = resolved_precision(args.device, args.precision)  # what auto chose here, for the log too
+    encode = sentence_transformer_encoder(args.teacher, precision, args.batch_size, args.device)
+    print(f"{args.teacher} ({precision}): {cache.done}/{len(sentences)} rows cached, resuming -> {out}")
     done = encode_corpus(sentences, cache, encode, args.chunk, args.max_minutes)
     print(f"{done}/{len(sentences)} rows cached in {out}")
     return 0

@@ -16,7 +16,6 @@ from bench import teacher_directions as bench  # noqa: E402
 from disan.teacher import TeacherCache  # noqa: E402
 
 DIM = 17  # 16 loud coordinates and one quiet one: the band 16-64 is that one alone
-SALT = ""  # one draw of the fake teacher's coordinates; other salts are other draws
 
 
 def _write(path, rows) -> None:
@@ -32,7 +31,7 @@ def _vectors(texts: list[str]) -> np.ndarray:
     drew other coordinates and, in some draws, the student without the class predicted it by chance."""
     out = np.zeros((len(texts), DIM))
     for i, t in enumerate(texts):
-        rng = np.random.default_rng(zlib.crc32((SALT + t).encode()))
+        rng = np.random.default_rng(zlib.crc32(t.encode()))
         out[i, :-1] = rng.standard_normal(DIM - 1) * 5
         out[i, -1] = 0.5 if t.startswith("who") else -0.5
     return out

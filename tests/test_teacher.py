@@ -230,13 +230,12 @@ def test_a_reader_opens_an_existing_cache_and_refuses_a_missing_one(tmp_path: Pa
 @pytest.mark.parametrize(("faster", "want"), [(False, "fp32"), (True, "bf16")])
 def test_disan_teacher_says_what_auto_ran_in(tmp_path: Path, monkeypatch, capsys, faster, want) -> None:
     """`auto` depends on the machine (a flag and a timing), so the log says what it chose."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from disan import teacher
     from disan.cli import main
 
     write_corpus_folder(tmp_path / "c", ["a cat sat .", "dogs run ."])
-    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        monkeypatch.setattr(torch.cpu, name, lambda: True, raising=False)
+    monkeypatch.setattr(teacher, "native_bf16", lambda device: True)
     monkeypatch.setattr(teacher, "bf16_faster_on_cpu", lambda: faster)
     monkeypatch.setattr(teacher, "sentence_transformer_encoder",
                         lambda *_a, **_k: lambda texts: np.ones((len(texts), 384), dtype=np.float32))
