@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +250,20 @@ def _trivia_variants(root: Path) -> Iterator[str]:
     yield from with_variants(list(_trivia(root)))
 
 
+_NLTK_DATA = "https://github.com/nltk/nltk_data@5db857e6f7df11eabb5e5665836db9ec8df07e28"
+
+
+def _movie_reviews(root: Path) -> Iterator[str]:
+    """The sentences of Pang and Lee's 2,000 movie reviews (NLTK's `movie_reviews`: one sentence a
+    line, lowercased and tokenized by the authors). The reviews' pos/neg labels are not read."""
+    with zipfile.ZipFile(root / "packages/corpora/movie_reviews.zip") as archive:
+        for name in sorted(archive.namelist()):
+            if name.endswith(".txt"):
+                for line in archive.read(name).decode("utf-8", errors="replace").splitlines():
+                    if line.strip():
+                        yield " ".join(line.split())
+
+
 # --- staged training text (never dev/test files) ----------------------------------------------
 _PTB = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "``": '"', "''": '"', "\\/": "/"}
 
@@ -312,6 +327,11 @@ SOURCES = [
     Source("trivia-question-variants", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions "
            "and their head-swapped rewrites, disan.question_variants)", "CC BY-SA 4.0", _trivia_variants,
            default=False, git=_OPEN_TRIVIA_QA),
+    # Movie-review sentences for the sentiment teacher to label (`disan task-teacher --unlabelled`):
+    # text from SST's domain, not part of the embedding corpus.
+    Source("movie-reviews", "github.com/nltk/nltk_data at 5db857e (movie_reviews.zip: Pang and Lee's "
+           "Sentiment Polarity Dataset v2.0, 2,000 IMDb reviews)", "CC BY 4.0 (Pang and Lee, 2004)",
+           _movie_reviews, default=False, git=_NLTK_DATA),
 ]
 
 

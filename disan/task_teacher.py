@@ -19,6 +19,10 @@ goes on where it stopped:
 3. with `--augment N`: N new variants of each fine-tuning sentence (`disan.augment`: masked and
    swapped words, n-grams), none of them a training example, and the teacher's logits of them,
    in chunks to `augmented/`; then `augmented.npz`, extra examples for `disan train --augmented`.
+4. with `--unlabelled CORPUS`: the sentences of a `disan corpus` folder (text from the task's
+   domain, every evaluation text already left out), none of them a training example, and the
+   teacher's logits of them, in chunks to `unlabelled_<folder name>/`; then
+   `unlabelled_<folder name>.npz`, read the same way (`disan train --augmented`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from disan.augment import MASK, Augmenter
+from disan.corpus import read_corpus
 from disan.manifest import sha256_file
 from disan.recipes import RECIPES
 from disan.soft_labels import KEY_SEP, example_key, labelled, save_soft_labels, training_keys
 from disan.teacher import bf16_autocast, resolved_precision
+from disan.text import tokenize
 
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
 SENTENCE_TRAIN = {"sst5": "sst/sst5_train.jsonl.gz", "sst2": "sst/sst2_train.jsonl.gz"}
@@ -305,6 +311,24 @@ def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], senten
     return target
 
 
+def label_unlabelled(args: argparse.Namespace, out: Path, keys: list[str]) -> Path:
+    """The sentences of the `disan corpus` folder `--unlabelled` that are not training examples
+    (`keys`), each once, and the kept teacher's logits of them -> `unlabelled_<folder>.npz`, extra
+    examples that `disan train --augmented` learns from the teacher alone."""
+    num_classes = len(RECIPES[args.recipe]["label_names"])
+    folder = Path(args.unlabelled)
+    sentences, info = read_corpus(folder)
+    taken = set(keys)
+    new_keys = [k for k in dict.fromkeys(example_key(tuple(tokenize(s))) for s in sentences)
+                if k and k not in taken]
+    name = f"unlabelled_{folder.resolve().name}"
+    logits = _label_chunks(args, out, out / name, new_keys, num_classes,
+                           extra={"corpus_sha256": info["sha256"]})
+    target = out / f"{name}.npz"
+    save_soft_labels(target, new_keys, logits, num_classes)
+    return target
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", choices=["sst5", "sst2"], default="sst5")
     parser.add_argument("--data", default="../shared/data", help="the staged data folder")
@@ -333,6 +357,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also label N new variants of each fine-tuning sentence (masked words, "
                         "swapped words, n-grams: Tang et al., 2019) -> augmented.npz, for `disan "
                         "train --augmented`")
+    parser.add_argument("--unlabelled", metavar="CORPUS",
+                        help="also label the sentences of this `disan corpus` folder that are not "
+                        "training examples (e.g. `--sources movie-reviews`) -> unlabelled_<folder>.npz, "
+                        "for `disan train --augmented`")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -345,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--augment {args.augment}: give 0 or more variants per sentence")
     if args.lr <= 0:
         raise ValueError(f"--lr {args.lr}: give a learning rate above 0")
+    if args.unlabelled and not (Path(args.unlabelled) / "corpus.json").is_file():
+        raise ValueError(f"--unlabelled {args.unlabelled}: not a `disan corpus` folder (no corpus.json)")
     args.train_file = args.train_file or SENTENCE_TRAIN[args.recipe]
     # what auto means differs between machines; a fit saved on one and resumed on another must not
     # change precision halfway, so the settings hold the resolved one
@@ -368,4 +398,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"soft targets: {label(args, out, keys, sentences)}")
     if args.augment:
         print(f"teacher-labelled variants: {label_augmented(args, out, keys, sentences)}")
+    if args.unlabelled:
+        print(f"teacher-labelled corpus sentences: {label_unlabelled(args, out, keys)}")
     return 0

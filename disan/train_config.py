@@ -116,7 +116,8 @@ class TrainConfig:
                                  "optimisation")
     augmented: str | None = flag(None, "more training examples that learn from a teacher's logits alone, "
                                  "T^2 * KL at --kd-temperature (`disan task-teacher --augment N`'s "
-                                 "augmented.npz)", "optimisation", metavar="NPZ")
+                                 "augmented.npz, or --unlabelled's unlabelled_<corpus>.npz)",
+                                 "optimisation", metavar="NPZ")
     batch_size: int = flag(64, "sentences (pairs) per optimizer step", "optimisation")
     epochs: int = flag(30, "epochs at most", "optimisation")
     eval_every: int = flag(500, "evaluate on dev every N steps (0 = per epoch)", "optimisation")

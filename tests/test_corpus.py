@@ -155,3 +155,22 @@ def test_git_sources_read_their_recorded_commit(tmp_path: Path, monkeypatch) -> 
     # A commit the checkout cannot reach is a one-line OSError, not a traceback.
     with pytest.raises(OSError, match="failed"):
         corpus_sources.fetch_git(tmp_path / "git", f"{upstream}@{'0' * 40}")
+
+
+def test_movie_reviews_are_the_review_sentences_alone(tmp_path: Path) -> None:
+    """NLTK's movie_reviews.zip: every line of every review is a sentence; the README is not read,
+    and neither is the pos/neg folder a review sits in (the source is text to label, not labels)."""
+    import zipfile
+
+    from disan.corpus_sources import SOURCES
+
+    reviews = next(s for s in SOURCES if s.name == "movie-reviews")
+    assert not reviews.default and reviews.git.endswith("@5db857e6f7df11eabb5e5665836db9ec8df07e28")
+    archive = tmp_path / "packages/corpora/movie_reviews.zip"
+    archive.parent.mkdir(parents=True)
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("movie_reviews/README", "Sentiment Polarity Dataset Version 2.0\n")
+        z.writestr("movie_reviews/pos/cv000_1.txt", "a fine film , it is .\n\nthe  cast shines .\n")
+        z.writestr("movie_reviews/neg/cv001_2.txt", "it drags on and on .\n")
+    assert list(reviews.read(tmp_path)) == ["it drags on and on .", "a fine film , it is .",
+                                            "the cast shines ."]

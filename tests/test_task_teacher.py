@@ -233,6 +233,7 @@ def test_a_fit_state_that_cannot_be_read_is_a_one_line_error(staged: Path, tmp_p
     (["--augment", "-1"], "--augment -1: give 0 or more"),
     (["--log-every", "0"], "--log-every 0: give at least 1"),
     (["--save-every", "0"], "--save-every 0: give at least 1"),
+    (["--unlabelled", "."], "--unlabelled .: not a `disan corpus` folder"),  # before an hour's fit
 ])
 def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, flags, message) -> None:
     for split in ("dev", "test"):
@@ -289,6 +290,52 @@ def test_augment_labels_new_variants_resumably_and_train_reads_them(staged: Path
                "--out", str(tmp_path / "kd")])
     assert rc == 0
     phrases = gzip.decompress((staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()
+    assert load_checkpoint(tmp_path / "kd" / "best.pt")["sizes"]["train"] == len(phrases) + len(keys)
+
+
+def test_unlabelled_labels_a_corpus_resumably_and_train_reads_it(staged: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """`--unlabelled CORPUS`: a `disan corpus` folder's sentences, each once by its tokens and none
+    of them a training example, labelled in chunks (resumable) into unlabelled_<folder>.npz, which
+    `disan train --augmented` adds to the training set."""
+    from disan import corpus
+    from disan.checkpoint import load_checkpoint
+    from disan.corpus_sources import Source
+
+    phrases = [json.loads(r)["text"] for r in gzip.decompress(
+        (staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()]
+    training = max(phrases, key=len)  # a training example, which the student already has
+    new = [f"the {a} plays the {b} again ." for a in WORDS for b in WORDS[:3]]  # 21 new sentences
+    text = [training, *new, new[0].upper()]  # .upper(): the same tokens, so the same sentence
+    monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
+    corpus.build([Source("reviews", "test", "CC0", lambda _root: iter(text), staged=True)], staged,
+                 None, tmp_path / "reviews", min_tokens=1)
+    out = tmp_path / "tt"
+    args = ["task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1", "--batch-size", "4",
+            "--chunk", "8", "--threads", "1", "--unlabelled", str(tmp_path / "reviews")]
+    assert main(args) == 0
+    target = out / "unlabelled_reviews.npz"
+    with np.load(target) as z:
+        keys, logits, labels = list(z["keys"]), z["logits"], list(z["labels"])
+    assert sorted(keys) == sorted(new)
+    assert logits.shape == (len(keys), 5) and np.isfinite(logits).all() and labels == list("01234")
+
+    store = np.load(out / "unlabelled_reviews" / "logits.f32.npy", mmap_mode="r+")
+    store[8:] = 0.0
+    store.flush()
+    progress = json.loads((out / "unlabelled_reviews" / "progress.json").read_text())
+    (out / "unlabelled_reviews" / "progress.json").write_text(json.dumps({**progress, "done": 8}))
+    assert main(args) == 0
+    with np.load(target) as z:
+        assert list(z["keys"]) == keys
+        np.testing.assert_allclose(z["logits"], logits, rtol=1e-4, atol=1e-4)
+
+    rc = main(["train", "--task", "sentiment", "--train", str(staged / "sst/sst5_phrases_train.jsonl.gz"),
+               "--dev", str(staged / "sst/sst5_dev.jsonl.gz"), "--init", "random", "--embed-dim", "8",
+               "--glove-extra", "0", "--d-h", "8", "--epochs", "1", "--no-progress", "--threads", "1",
+               "--soft-targets", str(out / "soft.npz"), "--augmented", str(target),
+               "--out", str(tmp_path / "kd")])
+    assert rc == 0
     assert load_checkpoint(tmp_path / "kd" / "best.pt")["sizes"]["train"] == len(phrases) + len(keys)
 
 
