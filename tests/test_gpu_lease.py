@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -109,6 +110,17 @@ def test_the_sentiment_packer_names_a_missing_file_in_one_line(tmp_path: Path, b
         assert "Traceback" not in got.stderr
 
 
+def test_a_missing_augmented_file_is_named_before_any_work(tmp_path: Path, bash: str) -> None:
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{}")
+    (tmp_path / "data" / "sst").mkdir(parents=True)
+    (tmp_path / "data" / "sst" / "sst5_dev.jsonl.gz").touch()
+    got = subprocess.run([bash, str(SCRIPTS[2]), str(vocab), "-", str(tmp_path / "data")],
+                         capture_output=True, text=True, cwd=tmp_path, check=False,
+                         env={**os.environ, "AUGMENTED": str(tmp_path / "reviews.npz")})
+    assert got.returncode == 2 and got.stderr.strip().endswith("reviews.npz: not found"), got.stderr
+
+
 def test_a_sentiment_kit_may_carry_the_teacher_instead_of_its_logits(tmp_path: Path, bash: str) -> None:
     """`mpnet` in place of SOFT.npz asks for MPNet in the kit (device.sh's task-teacher step);
     the arguments are checked before any work, and a missing file is still named."""
@@ -192,7 +204,8 @@ def test_groups_of_seeds_train_with_their_own_flags_side_by_side(tmp_path: Path,
     kit, out, env = stub_machine(tmp_path, STUB.replace("REAL", sys.executable))
     (kit / ".unpacked").touch()  # the kit as `unpack` leaves it
     step = [bash, str(SCRIPTS[1]), "sentiment"]
-    got = subprocess.run([*step, "11 13", "--d-h", "150", "--ema", "0.999", "--", "12 14", "--d-h", "300"],
+    got = subprocess.run([*step, "11 13", "--d-h", "150", "--ema", "0.999", "--", "12 14", "--d-h", "300",
+                          "--augmented", "KIT/augmented.npz"],
                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
     assert got.returncode == 0, got.stdout + got.stderr
     runs = {p.parent.name: p.read_text().split() for p in kit.glob("sst5-*/sst5-s*/args")}
@@ -201,6 +214,7 @@ def test_groups_of_seeds_train_with_their_own_flags_side_by_side(tmp_path: Path,
         wide = name in ("sst5-s12", "sst5-s14")
         assert args[args.index("--d-h") + 1] == ("300" if wide else "150")
         assert ("--ema" in args) != wide and "--" not in args
+        assert (f"{kit}/augmented.npz" in args) == wide and "KIT/augmented.npz" not in args  # the kit's file
     assert "by dev, best first: " + " ".join(str(kit / "slim" / f"sst5-s{s}.pt") for s in (14, 13, 12, 11)) \
         in got.stdout
     assert (out / "sentiment.sha256").read_text().split()[1::2] == ["sst5-s14.pt", "sst5-s13.pt",

@@ -23,7 +23,8 @@
 #                                             one `disan train --recipe sst5 ARGS` a seed, side by
 #                                             side, a group of seeds a set of flags; all runs'
 #                                             metrics and, best dev first, as many runs in fp16
-#                                             pieces as the reply holds
+#                                             pieces as the reply holds; KIT/FILE in ARGS is
+#                                             a file of the kit (KIT/augmented.npz)
 #   bash .gpurun/run.sh back FILE...          FILEs in pieces to $OUT while the reply holds them
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
@@ -102,7 +103,8 @@ sentiment() {  # "SEEDS" TRAIN_ARGS [-- "SEEDS" TRAIN_ARGS]...: one `disan train
   done
   while [ $# -gt 0 ]; do
     seeds=$1; shift; args=()
-    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    # KIT/... in a flag's value is a file of the kit (e.g. --augmented KIT/augmented.npz)
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("${1/#KIT\//$kit/}"); shift; done
     [ $# -gt 0 ] && shift  # the --
     for s in $seeds; do
       python3 -m disan.cli train --recipe sst5 --data "$kit/data" --vocab "$kit/vocab.json" \

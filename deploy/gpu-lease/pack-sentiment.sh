@@ -10,6 +10,8 @@
 #                 `task-teacher` step fine-tunes it there and writes them (an hour here, minutes there)
 #     DATA_DIR    staged data (default ../shared/data): its sst/sst5_*.jsonl.gz travel
 #
+# AUGMENTED=FILE.npz also packs teacher-labelled extra examples (`disan task-teacher --augment` or
+# `--unlabelled`) as the kit's augmented.npz, which a run reads with `--augmented KIT/augmented.npz`.
 # INIT (default minilm) and DIM (default 300) name the static word vectors (`--init`,
 # `--embed-dim`); they are computed here if not cached yet, so the device needs neither the word
 # encoder nor scikit-learn. Writes .gpurun/ as pack.sh does; device.sh's `sentiment` step runs it.
@@ -17,7 +19,7 @@ set -euo pipefail
 . "$(dirname "$0")/kit-lib.sh"
 vocab=${1:?usage: deploy/gpu-lease/pack-sentiment.sh VOCAB.json [SOFT.npz|-|mpnet] [DATA_DIR]}
 soft=${2:--}; data=${3:-../shared/data}
-for f in "$vocab" "$soft" "$data/sst/sst5_dev.jsonl.gz"; do  # one line, before any work
+for f in "$vocab" "$soft" "$data/sst/sst5_dev.jsonl.gz" ${AUGMENTED:+"$AUGMENTED"}; do  # one line, before any work
   [ "$f" = - ] || [ "$f" = mpnet ] || [ -f "$f" ] || { echo "$f: not found" >&2; exit 2; }
 done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -36,5 +38,6 @@ case $soft in
   mpnet) add_teacher "$kit/cache" ;;
   *) cp "$soft" "$kit/soft.npz" ;;
 esac
+[ -z "${AUGMENTED:-}" ] || cp "$AUGMENTED" "$kit/augmented.npz"
 cp "$data"/sst/sst5_{phrases_train,dev,test}.jsonl.gz "$kit/data/sst/"
 split_kit "$work"
