@@ -53,6 +53,8 @@ def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
     """--checkpoints: their mean probabilities of every training example -> `soft.npz`."""
     if args.augment:
         raise ValueError("--augment labels variants with a fine-tuned teacher, not with --checkpoints")
+    if args.unlabelled:
+        raise ValueError("--unlabelled labels a corpus with a fine-tuned teacher, not with --checkpoints")
     for path in args.checkpoints:  # one line before any slow work
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such checkpoint")

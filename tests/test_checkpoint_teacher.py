@@ -76,7 +76,7 @@ def test_the_soft_labels_are_the_mean_of_the_models_and_train_reads_them(trained
     assert rc == 0
 
 
-@pytest.mark.parametrize("case", ["missing", "nli", "augment"])
+@pytest.mark.parametrize("case", ["missing", "nli", "augment", "unlabelled"])
 def test_bad_input_is_a_one_line_error(trained, tmp_path: Path, capsys, case: str) -> None:
     root, models = trained
     ckpt, extra, message = str(models[0]), [], ""
@@ -87,8 +87,12 @@ def test_bad_input_is_a_one_line_error(trained, tmp_path: Path, capsys, case: st
         payload["config"]["task"] = "nli"
         torch.save(payload, tmp_path / "nli.pt")
         ckpt, message = str(tmp_path / "nli.pt"), "not a sentiment checkpoint"
-    else:
+    elif case == "augment":
         extra, message = ["--augment", "2"], "--augment"
+    else:  # a corpus folder, which --checkpoints would otherwise leave unlabelled without a word
+        (tmp_path / "corpus").mkdir()
+        (tmp_path / "corpus" / "corpus.json").write_text("{}")
+        extra, message = ["--unlabelled", str(tmp_path / "corpus")], "--unlabelled"
     capsys.readouterr()
     rc = main(["task-teacher", "--data", str(root), "--checkpoints", ckpt, *extra,
                "--out", str(tmp_path / "tt")])
