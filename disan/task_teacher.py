@@ -4,8 +4,8 @@ whose class probabilities a DiSAN model then learns from (`disan train --soft-ta
 Knowledge distillation of a fine-tuned transformer into a small network (Tang et al., 2019,
 "Distilling Task-Specific Knowledge from BERT into Simple Neural Networks"): the teacher sees the
 task's labelled sentences; the student learns from its soft labels on every training example
-(for SST, every phrase), where the gold labels alone say less. Two steps; rerunning the command
-goes on where it stopped:
+(for SST, every phrase), where the gold labels alone say less. Up to four steps; rerunning the
+command goes on where it stopped (the fit is here; the labels, steps 2 to 4, in `disan.task_labels`):
 
 1. `fit`: the teacher's transformer + mean pooling + a linear head, fine-tuned end to end on the
    recipe's sentence-level training file; the epoch with the best dev accuracy is kept
@@ -36,77 +36,14 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.augment import MASK, Augmenter
-from disan.corpus import read_corpus
-from disan.manifest import sha256_file
 from disan.recipes import RECIPES
-from disan.soft_labels import KEY_SEP, example_key, labelled, save_soft_labels, training_keys
+from disan.soft_labels import labelled, training_keys
+from disan.task_classifier import Classifier, accuracy, predict
+from disan.task_labels import label, label_augmented, label_unlabelled
 from disan.teacher import bf16_autocast, resolved_precision
-from disan.text import tokenize
 
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
 SENTENCE_TRAIN = {"sst5": "sst/sst5_train.jsonl.gz", "sst2": "sst/sst2_train.jsonl.gz"}
-
-
-
-
-
-class Classifier:
-    """A sentence-transformer's transformer and pooling, and a linear head on the pooled vector."""
-
-    def __init__(self, source: str, num_classes: int, device: str = "cpu", max_seq_length: int = 128):
-        import torch  # optional (`train` extra): the module loads without it
-
-        from disan.embeddings import _sentence_encoder  # imports sentence-transformers (the mpnet extra)
-
-        st = _sentence_encoder(source, device)
-        st.max_seq_length = max_seq_length
-        self.body = torch.nn.Sequential(st[0], st[1])  # transformer, mean pooling (no normalisation)
-        dim = st[0].auto_model.config.hidden_size  # mean pooling keeps the transformer's width
-        self.head = torch.nn.Linear(dim, num_classes).to(device)
-        self.tokenizer = st.tokenizer
-        self.max_seq_length = max_seq_length
-        self.device = device
-
-    def parameters(self):
-        return [*self.body.parameters(), *self.head.parameters()]
-
-    def train(self, on: bool) -> None:
-        self.body.train(on)
-        self.head.train(on)
-
-    def logits(self, texts: list[str]):
-        feats = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
-                               return_tensors="pt")
-        feats = {k: v.to(self.device) for k, v in feats.items()}
-        pooled = self.body(feats)["sentence_embedding"]
-        return self.head(pooled.float())
-
-    def state_dict(self) -> dict:
-        return {"body": self.body.state_dict(), "head": self.head.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.body.load_state_dict(state["body"])
-        self.head.load_state_dict(state["head"])
-
-
-def predict(model: Classifier, texts: list[str], batch_size: int, precision: str) -> np.ndarray:
-    """Logits [N, C] (float32), batches of similar length for speed, in `texts` order."""
-    import torch  # optional (`train` extra)
-
-    model.train(False)
-    order = np.argsort([len(t) for t in texts], kind="stable")
-    out = np.zeros((len(texts), model.head.out_features), dtype=np.float32)
-    with torch.inference_mode(), bf16_autocast(model.device, precision):
-        for i in range(0, len(order), batch_size):
-            idx = order[i:i + batch_size]
-            out[idx] = model.logits([texts[j] for j in idx]).float().cpu().numpy()
-    return out
-
-
-def accuracy(logits: np.ndarray, labels: list[int]) -> float:
-    return float((logits.argmax(-1) == np.asarray(labels)).mean())
-
 
 FIT_STATE = "fit_state.pt"  # the interrupted fit's progress; removed once teacher.json is written
 # the settings a saved fit state must share with this run to be continued
@@ -249,84 +186,6 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     (out / "teacher.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / FIT_STATE).unlink(missing_ok=True)  # the size of the model three times over
     return info
-
-
-def _label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[str],
-                  num_classes: int, extra: dict | None = None) -> np.ndarray:
-    """The kept teacher's logits [N, C] of `keys`, written in chunks to `folder` (resumable: the
-    rows on disk count only for the same examples, teacher weights and `extra` settings)."""
-    import torch  # optional (`train` extra)
-
-    folder.mkdir(exist_ok=True)
-    progress = folder / "progress.json"
-    store = folder / "logits.f32.npy"
-    state = {"rows": len(keys), "teacher_sha256": sha256_file(out / "teacher.pt"), **(extra or {})}
-    recorded = json.loads(progress.read_text()) if progress.is_file() else {}
-    if {k: recorded.get(k) for k in state} != state:
-        np.lib.format.open_memmap(store, "w+", np.float32, (len(keys), num_classes)).flush()
-        progress.write_text(json.dumps({**state, "done": 0}))
-    done = json.loads(progress.read_text())["done"]
-    logits = np.load(store, mmap_mode="r+")
-    if done < len(keys):
-        model = Classifier(args.teacher, num_classes, args.device)
-        model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
-        texts = [k.replace(MASK, model.tokenizer.mask_token) for k in keys]  # MPNet's is MASK itself
-    while done < len(keys):
-        end = min(done + args.chunk, len(keys))
-        logits[done:end] = predict(model, texts[done:end], args.batch_size * 4, args.precision)
-        logits.flush()
-        done = end
-        progress.write_text(json.dumps({**state, "done": done}))
-        print(json.dumps({"labelled": done, "of": len(keys), "in": folder.name}), flush=True)
-    return np.asarray(logits)
-
-
-def label(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
-    """The kept teacher's logits of every training example of the recipe (`keys`) -> `soft.npz`."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
-    logits = _label_chunks(args, out, out / "soft", keys, num_classes)
-    target = out / "soft.npz"
-    save_soft_labels(target, keys, logits, num_classes)
-    # the same with NaN (no opinion) for every example that is not a sentence the teacher was
-    # fine-tuned on: a student taught on whole sentences only, phrases from their gold labels
-    fine_tuned = set(sentences)
-    only = np.where(np.asarray([k in fine_tuned for k in keys])[:, None], logits, np.nan)
-    save_soft_labels(out / "soft_sentences.npz", keys, only.astype(np.float32), num_classes)
-    return target
-
-
-def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
-    """`--augment N` variants of each fine-tuning sentence (`disan.augment`), none of them a
-    training example (`keys`), and the kept teacher's logits of them -> `augmented.npz`, the
-    examples `disan train --augmented` learns from the teacher alone."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
-    tokens = [tuple(k.split(KEY_SEP)) for k in sentences]
-    taken = {tuple(k.split(KEY_SEP)) for k in keys}
-    variants = Augmenter(tokens).augment(tokens, args.augment, args.seed, exclude=taken)
-    new_keys = [example_key(v) for v in variants]
-    logits = _label_chunks(args, out, out / "augmented", new_keys, num_classes,
-                           extra={"augment": args.augment, "seed": args.seed})
-    target = out / "augmented.npz"
-    save_soft_labels(target, new_keys, logits, num_classes)
-    return target
-
-
-def label_unlabelled(args: argparse.Namespace, out: Path, keys: list[str]) -> Path:
-    """The sentences of the `disan corpus` folder `--unlabelled` that are not training examples
-    (`keys`), each once, and the kept teacher's logits of them -> `unlabelled_<folder>.npz`, extra
-    examples that `disan train --augmented` learns from the teacher alone."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
-    folder = Path(args.unlabelled)
-    sentences, info = read_corpus(folder)
-    taken = set(keys)
-    new_keys = [k for k in dict.fromkeys(example_key(tuple(tokenize(s))) for s in sentences)
-                if k and k not in taken]
-    name = f"unlabelled_{folder.resolve().name}"
-    logits = _label_chunks(args, out, out / name, new_keys, num_classes,
-                           extra={"corpus_sha256": info["sha256"]})
-    target = out / f"{name}.npz"
-    save_soft_labels(target, new_keys, logits, num_classes)
-    return target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
