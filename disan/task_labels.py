@@ -20,7 +20,7 @@ from disan.text import tokenize
 
 
 def label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[str],
-                  num_classes: int, extra: dict | None = None) -> np.ndarray:
+                 num_classes: int, extra: dict | None = None) -> np.ndarray:
     """The kept teacher's logits [N, C] of `keys`, written in chunks to `folder` (resumable: the
     rows on disk count only for the same examples, teacher weights and `extra` settings)."""
     import torch  # optional (`train` extra)
@@ -73,7 +73,7 @@ def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], senten
     variants = Augmenter(tokens).augment(tokens, args.augment, args.seed, exclude=taken)
     new_keys = [example_key(v) for v in variants]
     logits = label_chunks(args, out, out / "augmented", new_keys, num_classes,
-                           extra={"augment": args.augment, "seed": args.seed})
+                          extra={"augment": args.augment, "seed": args.seed})
     target = out / "augmented.npz"
     save_soft_labels(target, new_keys, logits, num_classes)
     return target
@@ -91,7 +91,7 @@ def label_unlabelled(args: argparse.Namespace, out: Path, keys: list[str]) -> Pa
                 if k and k not in taken]
     name = f"unlabelled_{folder.resolve().name}"
     logits = label_chunks(args, out, out / name, new_keys, num_classes,
-                           extra={"corpus_sha256": info["sha256"]})
+                          extra={"corpus_sha256": info["sha256"]})
     target = out / f"{name}.npz"
     save_soft_labels(target, new_keys, logits, num_classes)
     return target
