@@ -19,6 +19,11 @@ from disan.task_classifier import Classifier, predict
 from disan.text import tokenize
 
 
+def class_count(recipe: str) -> int:
+    """How many classes the recipe's labels have: the width of every logits array written here."""
+    return len(RECIPES[recipe]["label_names"])
+
+
 def label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[str],
                  num_classes: int, extra: dict | None = None) -> np.ndarray:
     """The kept teacher's logits [N, C] of `keys`, written in chunks to `folder` (resumable: the
@@ -51,7 +56,7 @@ def label_chunks(args: argparse.Namespace, out: Path, folder: Path, keys: list[s
 
 def label(args: argparse.Namespace, out: Path, keys: list[str], sentences: list[str]) -> Path:
     """The kept teacher's logits of every training example of the recipe (`keys`) -> `soft.npz`."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
+    num_classes = class_count(args.recipe)
     logits = label_chunks(args, out, out / "soft", keys, num_classes)
     target = out / "soft.npz"
     save_soft_labels(target, keys, logits, num_classes)
@@ -67,7 +72,7 @@ def label_augmented(args: argparse.Namespace, out: Path, keys: list[str], senten
     """`--augment N` variants of each fine-tuning sentence (`disan.augment`), none of them a
     training example (`keys`), and the kept teacher's logits of them -> `augmented.npz`, the
     examples `disan train --augmented` learns from the teacher alone."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
+    num_classes = class_count(args.recipe)
     tokens = [tuple(k.split(KEY_SEP)) for k in sentences]
     taken = {tuple(k.split(KEY_SEP)) for k in keys}
     variants = Augmenter(tokens).augment(tokens, args.augment, args.seed, exclude=taken)
@@ -83,7 +88,7 @@ def label_unlabelled(args: argparse.Namespace, out: Path, keys: list[str]) -> Pa
     """The sentences of the `disan corpus` folder `--unlabelled` that are not training examples
     (`keys`), each once, and the kept teacher's logits of them -> `unlabelled_<folder>.npz`, extra
     examples that `disan train --augmented` learns from the teacher alone."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
+    num_classes = class_count(args.recipe)
     folder = Path(args.unlabelled)
     sentences, info = read_corpus(folder)
     taken = set(keys)

@@ -39,7 +39,7 @@ import numpy as np
 from disan.recipes import RECIPES
 from disan.soft_labels import labelled, training_keys
 from disan.task_classifier import Classifier, accuracy, predict
-from disan.task_labels import label, label_augmented, label_unlabelled
+from disan.task_labels import class_count, label, label_augmented, label_unlabelled
 from disan.teacher import bf16_autocast, resolved_precision
 
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default
@@ -104,7 +104,7 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
 
     recipe = RECIPES[args.recipe]
     data = Path(args.data)
-    num_classes = len(recipe["label_names"])
+    num_classes = class_count(args.recipe)
     train_x, train_y = labelled(data / args.train_file, num_classes)
     dev_x, dev_y = labelled(data / recipe["dev"], num_classes)
     test_x, test_y = labelled(data / recipe["test"], num_classes)
