@@ -43,6 +43,8 @@ COMMANDS = {
                   "serves the model, to an NLI or two-class sentiment model's head (a prior shift)", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
+    "bundle-diff": ("model_export.bundle_diff", "which routes of two bundles compute the same thing "
+                    "(does /embed change: re-embed an index?); exit 1 if any differ", "train"),
     "serve": ("service.cli", "serve a bundle over HTTP", "serve-cpu"),
     "embed": ("disan.embed_cli", "embed a corpus file (JSONL/CSV/TXT/Parquet), resumable; --ray: on Ray",
               "embed"),

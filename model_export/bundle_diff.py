@@ -1,0 +1,112 @@
+"""`disan bundle-diff OLD NEW`: which routes of two bundles compute the same thing.
+
+Before replacing a served bundle, an operator needs to know whether the vectors change (an index
+built with the old `/embed` must then be re-embedded) and which task outputs may move. Comparing
+files is not enough: every graph reads its weights from the shared `weights.data` by offset, so
+one changed tensor can move the offsets (and the bytes) of graphs whose computation is unchanged,
+and an unchanged graph file says nothing about the weight bytes it points at.
+
+So each route's graph is fingerprinted as it computes: the graph with every external initializer
+replaced by the sha256 of the bytes it reads, plus the manifest's description of the graph, the
+vocabulary file and `max_len` (how texts become ids). A route is `same` when every graph set and
+variant both bundles carry has the same fingerprint: the same graph and weights read through the
+same tokenizer, so the same outputs on the same provider. `changed` is conservative: a re-export
+that only renames nodes is reported as changed. Endpoints by route (`disan.manifest` ROUTES):
+embed -> /embed, /v1/embeddings, /similarity; nli + nli_head -> /nli; sentiment -> /sentiment.
+
+Exit status as diff(1): 0 every compared route the same, 1 some differ, 2 trouble.
+
+    disan bundle-diff models/default runs/new-bundle [--routes embed] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from disan.manifest import available_variants, load_manifest, routes, sha256_file, variant_files
+
+
+def graph_fingerprint(path: Path) -> str:
+    """sha256 of the ONNX graph at `path` with each external initializer's location (file,
+    offset, length) replaced by the sha256 of the bytes it reads: layout-independent."""
+    import onnx  # the train extra, as export and verify
+
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        where = {e.key: e.value for e in tensor.external_data}
+        with open(path.parent / where["location"], "rb") as f:
+            f.seek(int(where.get("offset", 0)))
+            data = f.read(int(where["length"]))
+        del tensor.external_data[:]
+        tensor.external_data.add(key="sha256", value=hashlib.sha256(data).hexdigest())
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def route_fingerprints(bundle: Path) -> dict[str, dict[str, str]]:
+    """route -> {"set/variant": fingerprint} of the graph each route is served by, in every graph
+    set and variant of the bundle (routes whose graph the bundle lacks are left out)."""
+    manifest = load_manifest(bundle)
+    reading = {"vocab": sha256_file(bundle / manifest["vocab"]), "max_len": manifest.get("max_len")}
+    graphs = manifest.get("graphs") or {}
+    cache: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
+    for route, graph in routes(manifest, bundle).items():
+        for set_name, variant in available_variants(manifest):
+            file = variant_files(manifest, set_name, variant).get(graph)
+            if file is None:
+                continue
+            if file not in cache:
+                cache[file] = graph_fingerprint(bundle / file)
+            spec = json.dumps({"graph": graphs.get(graph), "weights": cache[file], **reading},
+                              sort_keys=True)
+            out.setdefault(route, {})[f"{set_name}/{variant}"] = hashlib.sha256(spec.encode()).hexdigest()
+    return out
+
+
+def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, Any]:
+    """{"routes": {route: {"status", "compared", "only_old", "only_new"}}, "changed": [route...]}:
+    `status` is same, changed, or missing (a route only one bundle serves)."""
+    a, b = route_fingerprints(old), route_fingerprints(new)
+    names = only or sorted(set(a) | set(b))
+    unknown = [r for r in names if r not in a and r not in b]
+    if unknown:
+        raise ValueError(f"neither bundle serves route(s) {unknown} (routes: {sorted(set(a) | set(b))})")
+    report: dict[str, Any] = {}
+    for route in names:
+        x, y = a.get(route, {}), b.get(route, {})
+        both = sorted(set(x) & set(y))
+        if not both:
+            status = "missing"
+        else:
+            status = "same" if all(x[k] == y[k] for k in both) else "changed"
+        report[route] = {"status": status, "compared": both,
+                         "only_old": sorted(set(x) - set(y)), "only_new": sorted(set(y) - set(x))}
+    return {"old": str(old), "new": str(new), "routes": report,
+            "changed": [r for r, v in report.items() if v["status"] != "same"]}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("old", type=Path, help="the bundle served now")
+    ap.add_argument("new", type=Path, help="the bundle that would replace it")
+    ap.add_argument("--routes", nargs="+", default=None,
+                    help="only these routes (e.g. embed: do the vectors change?); default: all")
+    ap.add_argument("--json", type=Path, default=None, help="also write the report here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one line per route; 0 if every compared route is the same, 1 otherwise (a bundle
+    that cannot be read raises, which `disan` turns into one line and exit status 2)."""
+    report = compare(args.old, args.new, args.routes)
+    for route, row in report["routes"].items():
+        extra = "".join(f"; only in {side[5:]}: {', '.join(row[side])}"
+                        for side in ("only_old", "only_new") if row[side])
+        print(f"{route:18} {row['status']:8} ({', '.join(row['compared']) or 'no common graph set'}{extra})")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if report["changed"] else 0
