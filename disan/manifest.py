@@ -40,6 +40,10 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
                                                 once (ONNX external data shared by the graphs)
     "files": {file: sha256}                     every file of the bundle but the manifest
     "routes": {route: graph}                    optional (see Routes above)
+    "route_fingerprints": {route: {"set/variant": sha256}}   optional: what each route computes
+                                                (its graph, the weight bytes it reads, the
+                                                tokenizer); equal across bundles = the same
+                                                outputs (`model_export.bundle_diff`)
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths; each checkpoint a source was made from named once, under its sha256, in

@@ -48,10 +48,12 @@ def graph_fingerprint(path: Path) -> str:
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
-def route_fingerprints(bundle: Path) -> dict[str, dict[str, str]]:
+def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
     """route -> {"set/variant": fingerprint} of the graph each route is served by, in every graph
-    set and variant of the bundle (routes whose graph the bundle lacks are left out)."""
-    manifest = load_manifest(bundle)
+    set and variant of the bundle (routes whose graph the bundle lacks are left out). `disan
+    export` records them as the manifest's `route_fingerprints` (what `/info` reports for the
+    graphs in use); `compare` recomputes them from the files, trusting no manifest."""
+    manifest = load_manifest(bundle) if manifest is None else manifest
     reading = {"vocab": sha256_file(bundle / manifest["vocab"]), "max_len": manifest.get("max_len")}
     graphs = manifest.get("graphs") or {}
     cache: dict[str, str] = {}

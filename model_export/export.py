@@ -35,6 +35,7 @@ from disan.manifest import (
     write_manifest,
 )
 from disan.text import merged_vocab
+from model_export.bundle_diff import route_fingerprints
 from model_export.bundle_manifest import bundle_manifest
 from model_export.served import served_accuracy
 
@@ -302,6 +303,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
         manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
                                    {t: p for t, p in paths_by_task.items() if t in loaded})
         write_manifest(tmp, manifest)  # hashes first, so the checks below see a complete bundle
+        manifest["route_fingerprints"] = route_fingerprints(tmp, manifest)
         refs, done, parity = references_from_models(nli_model, sent_model, embed), {}, {}
         for s in layout:
             parity[s] = {"fp32": check_parity(tmp, manifest, refs, layout[s]["fp32"], done=done)}

@@ -234,6 +234,23 @@ def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     return report
 
 
+def fingerprint_check(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Whether the manifest's `route_fingerprints` are what its files compute (`stale`: the routes
+    whose recorded fingerprint is not). A bundle exported before they were recorded has none,
+    which is not a failure. Needs onnx (the train extra)."""
+    recorded = manifest.get("route_fingerprints")
+    if recorded is None:
+        return {"checked": False, "reason": "the manifest records none (exported before `disan export` did)"}
+    try:
+        from model_export.bundle_diff import route_fingerprints  # onnx: the train extra
+
+        actual = route_fingerprints(bundle_dir, manifest)
+    except ModuleNotFoundError as exc:  # the service's environment
+        return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
+    return {"checked": True, "stale": sorted(r for r in set(recorded) | set(actual)
+                                             if recorded.get(r) != actual.get(r))}
+
+
 def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
                   checkpoints: list[Path] | Path | None = None,
                   dev_data: Path | None = None, dev_limit: int = 2000) -> dict[str, Any]:
@@ -285,6 +302,8 @@ def verify_bundle(bundle_dir: str | Path, texts: list[str] | None = None,
     # shipped graphs name no machine: a bundle whose nodes carry the build's file paths fails
     result["exporter_metadata"] = exporter_metadata(bundle_dir, manifest)
     passed &= not result["exporter_metadata"].get("files")
+    result["route_fingerprints"] = fingerprint_check(bundle_dir, manifest)
+    passed &= not result["route_fingerprints"].get("stale")
     result["sets"], result["passed"] = sets, bool(passed)
     return result
 

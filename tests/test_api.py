@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disan.manifest import sha256_file
+from disan.manifest import load_manifest, sha256_file
 from service.main import create_app
 from service.settings import Settings
 
@@ -207,6 +207,16 @@ def test_info_names_the_checkpoints_being_served(client, tiny_checkpoints):
     sources = client.get("/info").json()["bundle"]["sources"]
     assert sources == {task: {"file": f"{task}.pt", "sha256": sha256_file(getattr(tiny_checkpoints, task))}
                        for task in ("nli", "sentiment")}
+
+
+def test_info_gives_the_fingerprint_of_each_route_in_use(client, tiny_bundle):
+    # A client that stores vectors keeps the embed fingerprint: the same one means the same vectors.
+    info = client.get("/info").json()
+    got = info["bundle"]["route_fingerprints"]
+    recorded = load_manifest(tiny_bundle)["route_fingerprints"]
+    in_use = f"{info['bundle']['graph_set']}/{info['variant']}"
+    assert got == {route: fps[in_use] for route, fps in recorded.items()}
+    assert len(got["embed"]) == 64 and got["embed"] != got["sentiment"]
 
 
 def test_info_reports_the_live_session_provider(client):

@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 
 from disan.cli import main as disan_main  # noqa: E402
 from disan.manifest import load_manifest, write_manifest  # noqa: E402
-from model_export.bundle_diff import compare, run  # noqa: E402
+from model_export.bundle_diff import compare, route_fingerprints, run  # noqa: E402
 
 PAD = 64  # bytes put in front of weights.data: every offset moves, no weight changes
 
@@ -70,6 +70,13 @@ def test_a_bundle_and_its_copy_are_the_same_on_every_route(tiny_bundle, bundle_c
     assert set(statuses(report).values()) == {"same"} and "embed" in report["routes"]
     assert all(row["compared"] for row in report["routes"].values())
     assert "embed" in capsys.readouterr().out
+
+
+def test_export_records_what_bundle_diff_computes(tiny_bundle):
+    recorded = load_manifest(tiny_bundle)["route_fingerprints"]
+    assert recorded == route_fingerprints(tiny_bundle)
+    assert {"embed", "nli", "nli_head", "sentiment"} <= set(recorded)
+    assert recorded["embed"]["cpu/fp32"] != recorded["embed"]["gpu/fp16"]  # another graph, another sum
 
 
 def test_weights_moved_within_the_file_are_the_same_computation(tiny_bundle, bundle_copy):

@@ -72,6 +72,15 @@ def test_graphs_that_name_the_build_machine_fail(bundle_copy, capsys):
     assert "export the bundle again" in capsys.readouterr().out
 
 
+def test_a_recorded_route_fingerprint_that_the_files_do_not_compute_fails(bundle_copy):
+    manifest = load_manifest(bundle_copy)
+    assert verify_bundle(bundle_copy, dev_limit=20)["route_fingerprints"] == {"checked": True, "stale": []}
+    manifest["route_fingerprints"]["embed"]["cpu/fp32"] = "0" * 64
+    write_manifest(bundle_copy, manifest)
+    result = verify_bundle(bundle_copy, dev_limit=20)
+    assert not result["passed"] and result["route_fingerprints"]["stale"] == ["embed"]
+
+
 def test_old_format_version_refused(bundle_copy):
     manifest_path = bundle_copy / "manifest.json"
     manifest = json.loads(manifest_path.read_text())

@@ -178,6 +178,15 @@ def ensemble_members(manifest: dict) -> dict[str, int]:
     return {task: n for task, n in counts.items() if n > 1}
 
 
+def fingerprints_in_use(manifest: dict, graph_set: str, variant: str) -> dict[str, str]:
+    """{route: fingerprint} of the graphs being served (the manifest's `route_fingerprints` for
+    this graph set and variant): a client that stores vectors compares the embed one across
+    restarts and bundles; an older bundle without them gives {}."""
+    key = f"{graph_set}/{variant}"
+    given = manifest.get("route_fingerprints") or {}
+    return {route: str(fps[key]) for route, fps in given.items() if isinstance(fps, dict) and key in fps}
+
+
 def sources(manifest: dict) -> dict[str, dict[str, str]]:
     """{model: {file, sha256}}: the checkpoint each model was exported from, which names the
     weights being served (their history is the manifest's `sources` and `lineage`)."""
@@ -209,7 +218,8 @@ async def info(engine: EngineDep) -> dict:
                     if isinstance(v, dict)},
         "bundle": {**{k: m[k] for k in ("created", "max_len", "format_version", "versions") if k in m},
                    "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m),
-                   "ensemble_members": ensemble_members(m), "sources": sources(m)},
+                   "ensemble_members": ensemble_members(m), "sources": sources(m),
+                   "route_fingerprints": fingerprints_in_use(m, rt.graph_set, rt.variant)},
         "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
                               **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }

@@ -292,7 +292,9 @@ class Info(BaseModel):
                                       "its own table through the embedding encoder's, how many; "
                                       "ensemble_members: per model that averages several (disan "
                                       "ensemble), how many; sources: per model, the checkpoint it "
-                                      "was exported from (file name and sha256)")
+                                      "was exported from (file name and sha256); route_fingerprints: "
+                                      "per route, what the graph in use computes (graph, weights, "
+                                      "tokenizer): the same embed fingerprint means the same vectors")
     inference_process: dict[str, object] = Field(
         description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
         "process all workers feed; its `pid`), and `source`: why")
