@@ -73,7 +73,8 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
 
 def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, Any]:
     """{"routes": {route: {"status", "compared", "only_old", "only_new"}}, "changed": [route...]}:
-    `status` is same, changed, or missing (a route only one bundle serves)."""
+    `status` is same, changed, or missing (no graph set and variant both bundles carry, e.g. a
+    route only one serves); `changed` lists every route that is not the same, missing ones too."""
     a, b = route_fingerprints(old), route_fingerprints(new)
     names = only or sorted(set(a) | set(b))
     unknown = [r for r in names if r not in a and r not in b]
