@@ -31,6 +31,7 @@ from disan.embed_input import (
     read_rows,
 )
 from disan.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, normalized
+from disan.manifest import fingerprints_in_use
 from disan.optional import require
 from disan.ort_session import Providers, Variant
 from disan.shards import (
@@ -129,10 +130,20 @@ class Job:
         rt = self.encoder.runtime
         self.job = {"input": file_fingerprint(args.input), "input_format": self.fmt_in, "column": args.column,
                     "id_column": args.id_column, "output_format": self.fmt_out, "model": rt.name,
-                    "bundle_created": rt.manifest.get("created"), "graph_set": rt.graph_set,
+                    **self.model_identity(rt), "graph_set": rt.graph_set,
                     "variant": rt.variant, "dim": rt.dim, "max_tokens": rt.max_tokens,
                     "normalize": args.normalize, "long_texts": args.long_texts,
                     "window_overlap": args.window_overlap}
+
+    @staticmethod
+    def model_identity(rt) -> dict[str, str]:
+        """What says the vectors are the same: the embed route's fingerprint (a re-export of the
+        same weights keeps it, so a job goes on across it), or the export's time for a bundle that
+        records none."""
+        fingerprint = fingerprints_in_use(rt.manifest, rt.graph_set, rt.variant).get("embed")
+        if fingerprint:
+            return {"embed_fingerprint": fingerprint}
+        return {"bundle_created": rt.manifest.get("created")}
 
     def open_output(self) -> Progress:
         """The progress to go on from: a new job, or the committed part of this same job."""

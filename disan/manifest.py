@@ -230,6 +230,16 @@ def routes(manifest: dict[str, Any], where: str | Path = MANIFEST_NAME) -> dict[
     return {**ROUTES, **given}
 
 
+def fingerprints_in_use(manifest: dict[str, Any], graph_set: str, variant: str) -> dict[str, str]:
+    """{route: fingerprint} of the graphs one graph set and variant serve (the manifest's
+    `route_fingerprints`): the same embed fingerprint means the same vectors, so a client or a
+    resumed `disan embed` job compares it across restarts and bundles; a bundle exported before
+    they were recorded gives {}."""
+    key = f"{graph_set}/{variant}"
+    given = manifest.get("route_fingerprints") or {}
+    return {route: str(fps[key]) for route, fps in given.items() if isinstance(fps, dict) and key in fps}
+
+
 def available_variants(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """(set, variant) pairs the bundle carries, e.g. [("cpu", "fp32"), ("gpu", "fp16"), ...]."""
     return [(set_name, variant) for set_name, entry in (manifest.get("sets") or {}).items()

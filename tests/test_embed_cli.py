@@ -23,6 +23,7 @@ pytest.importorskip("tqdm")
 
 from disan import Encoder  # noqa: E402
 from disan.cli import main  # noqa: E402
+from disan.manifest import load_manifest, write_manifest  # noqa: E402
 from disan.shards import PROGRESS, read_output  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,6 +199,23 @@ def test_output_of_another_job_is_not_mixed_in(tiny_bundle, tmp_path, capsys):
     assert "is complete" in capsys.readouterr().err  # the same job again: nothing to do
     assert embed(tiny_bundle, src, "-o", out, "--column", "body", "--normalize", "--overwrite") == 0
     assert f"{len(TEXTS)} rows embedded" in capsys.readouterr().err  # --overwrite: from the start
+
+
+def test_a_job_goes_on_across_a_re_export_but_not_across_other_vectors(bundle_copy, tmp_path, capsys):
+    # The job is tied to what the embed route computes, not to when the bundle was exported.
+    src = write_input(tmp_path / "in.jsonl", TEXTS)
+    out = tmp_path / "out"
+    assert embed(bundle_copy, src, "-o", out, "--column", "body") == 0
+    manifest = load_manifest(bundle_copy)
+    write_manifest(bundle_copy, {**manifest, "created": "2099-01-01T00:00:00Z"})  # the same weights again
+    capsys.readouterr()
+    assert embed(bundle_copy, src, "-o", out, "--column", "body") == 0
+    assert "is complete" in capsys.readouterr().err
+    fingerprints = manifest["route_fingerprints"]
+    fingerprints["embed"] = {k: "0" * 64 for k in fingerprints["embed"]}  # other vectors
+    write_manifest(bundle_copy, manifest)
+    assert embed(bundle_copy, src, "-o", out, "--column", "body") == 2
+    assert "holds another job (it differs in embed_fingerprint)" in one_error(capsys)
 
 
 def test_resumes_after_sigkill_with_every_row_once(tiny_bundle, encoder, tmp_path):

@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from disan.manifest import fingerprints_in_use
 from service.common.errors import ERROR_TABLE, Unauthorized
 from service.http.asgi import unless_disconnected
 from service.http.handlers import (
@@ -176,15 +177,6 @@ def ensemble_members(manifest: dict) -> dict[str, int]:
     are left out."""
     counts = {task: int(c.get("members") or 1) for task, c in model_configs(manifest).items()}
     return {task: n for task, n in counts.items() if n > 1}
-
-
-def fingerprints_in_use(manifest: dict, graph_set: str, variant: str) -> dict[str, str]:
-    """{route: fingerprint} of the graphs being served (the manifest's `route_fingerprints` for
-    this graph set and variant): a client that stores vectors compares the embed one across
-    restarts and bundles; an older bundle without them gives {}."""
-    key = f"{graph_set}/{variant}"
-    given = manifest.get("route_fingerprints") or {}
-    return {route: str(fps[key]) for route, fps in given.items() if isinstance(fps, dict) and key in fps}
 
 
 def sources(manifest: dict) -> dict[str, dict[str, str]]:
