@@ -30,21 +30,26 @@ from typing import Any
 from disan.manifest import available_variants, load_manifest, routes, sha256_file, variant_files
 
 
-def graph_fingerprint(path: Path) -> str:
+def graph_fingerprint(path: Path, digests: dict[tuple[str, int, int], str] | None = None) -> str:
     """sha256 of the ONNX graph at `path` with each external initializer's location (file,
-    offset, length) replaced by the sha256 of the bytes it reads: layout-independent."""
+    offset, length) replaced by the sha256 of the bytes it reads: layout-independent. `digests`
+    keeps each location's sha256 across calls: the graphs of one bundle share most of their
+    weights, so each stored tensor is read and hashed once."""
     import onnx  # the train extra, as export and verify
 
+    digests = {} if digests is None else digests
     model = onnx.load(str(path), load_external_data=False)
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         where = {e.key: e.value for e in tensor.external_data}
-        with open(path.parent / where["location"], "rb") as f:
-            f.seek(int(where.get("offset", 0)))
-            data = f.read(int(where["length"]))
+        key = (where["location"], int(where.get("offset", 0)), int(where["length"]))
+        if key not in digests:
+            with open(path.parent / key[0], "rb") as f:
+                f.seek(key[1])
+                digests[key] = hashlib.sha256(f.read(key[2])).hexdigest()
         del tensor.external_data[:]
-        tensor.external_data.add(key="sha256", value=hashlib.sha256(data).hexdigest())
+        tensor.external_data.add(key="sha256", value=digests[key])
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
@@ -56,7 +61,8 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
     manifest = load_manifest(bundle) if manifest is None else manifest
     reading = {"vocab": sha256_file(bundle / manifest["vocab"]), "max_len": manifest.get("max_len")}
     graphs = manifest.get("graphs") or {}
-    cache: dict[str, str] = {}
+    cache: dict[str, str] = {}  # graph file -> its fingerprint
+    digests: dict[tuple[str, int, int], str] = {}  # stored tensor -> sha256 of its bytes
     out: dict[str, dict[str, str]] = {}
     for route, graph in routes(manifest, bundle).items():
         for set_name, variant in available_variants(manifest):
@@ -64,7 +70,7 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
             if file is None:
                 continue
             if file not in cache:
-                cache[file] = graph_fingerprint(bundle / file)
+                cache[file] = graph_fingerprint(bundle / file, digests)
             spec = json.dumps({"graph": graphs.get(graph), "weights": cache[file], **reading},
                               sort_keys=True)
             out.setdefault(route, {})[f"{set_name}/{variant}"] = hashlib.sha256(spec.encode()).hexdigest()
