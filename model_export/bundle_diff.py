@@ -36,9 +36,13 @@ def graph_fingerprint(path: Path, digests: dict[tuple[str, int, int], str] | Non
     keeps each location's sha256 across calls: the graphs of one bundle share most of their
     weights, so each stored tensor is read and hashed once."""
     import onnx  # the train extra, as export and verify
+    from google.protobuf.message import DecodeError  # onnx's own dependency
 
     digests = {} if digests is None else digests
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except DecodeError as exc:  # a file the manifest lists but that is not a graph: one line
+        raise ValueError(f"{path}: not an ONNX graph ({exc})") from None
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue

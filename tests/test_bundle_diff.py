@@ -113,6 +113,15 @@ def test_only_the_asked_routes_and_the_exit_status(tiny_bundle, bundle_copy, cap
     assert [line.split()[:2] for line in lines] == want
 
 
+def test_a_graph_file_that_is_not_onnx_is_one_line(tiny_bundle, bundle_copy, capsys):
+    (bundle_copy / "sentiment.onnx").write_bytes(b"not a graph")
+    rehash(bundle_copy)  # the manifest vouches for it: only reading it tells
+    assert disan_main(["bundle-diff", str(tiny_bundle), str(bundle_copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("disan bundle-diff: error:") and "sentiment.onnx: not an ONNX graph" in err
+    assert "\n" not in err
+
+
 @pytest.mark.parametrize("args, says", [
     (["--routes", "nope"], "route"),
     ([], "manifest.json"),
