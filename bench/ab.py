@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="with --inference-modes")
     parser.add_argument("--texts-per-request", type=int, nargs="+", default=[1, 32],
                         help="with --inference-modes")
-    parser.add_argument("--json", type=Path, default=Path("bench/ab.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/ab.json"))
     return run_and_report(parser, run_ab, markdown, argv)
 
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="which models to time: /embed's encoder, the /sentiment model, /nli's encoder")
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (2 passes each)")
-    parser.add_argument("--json", type=Path, default=Path("bench/bundles.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/bundles.json"))
     return run_and_report(parser, run_ab, markdown, argv)
 
 

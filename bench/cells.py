@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS)
-    parser.add_argument("--json", type=Path, default=Path("bench/cells.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/cells.json"))
     return run_and_report(parser, run_cells, markdown, argv)
 
 

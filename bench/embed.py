@@ -1,7 +1,7 @@
 """`disan embed` on a large corpus: rate against bench/offline.py's encoder, RSS, kill -9 + resume, Ray.
 
     python -m bench.embed --sentences 1000000 [--data ../shared/data] [--work /tmp/disan-embed-bench] \\
-        [--ray-sentences 100000] [--json bench/embed.json]
+        [--ray-sentences 100000] [--json bench/results/embed.json]
 
 The corpus: every distinct sentence of the staged sentence-level files (SNLI dev/test, MultiNLI
 dev, SST-5 train/dev/test, STS-B train/dev; no phrase fragments), repeated and shuffled up to
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=10_000)
     parser.add_argument("--paired", type=int, default=0,
                         help="only N paired rounds (offline encoder, disan embed) on --reference-sample rows")
-    parser.add_argument("--json", type=Path, default=Path("bench/embed.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/embed.json"))
     return run_and_report(parser, run_bench, markdown, argv)
 
 

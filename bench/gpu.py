@@ -1,7 +1,7 @@
 """GPU benchmark: issue 17's table in one command on a CUDA host (results: bench/RESULTS.md, GPU).
 
     python -m bench.gpu --bundle models/default --data ../shared/data [--checkpoint NLI_CKPT] \\
-        [--parts offline sweep lengths service] [--json bench/gpu.json]
+        [--parts offline sweep lengths service] [--json bench/results/gpu.json]
     python -m bench.gpu --smoke --bundle DIR --data DIR --json OUT   # CPU, seconds (the test)
 
 Parts (each usable alone, so a run fits a time-limited GPU lease):
@@ -144,7 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--client-processes", type=int, default=0,
                    help="load from this many bench.load processes instead of wrk")
     p.add_argument("--smoke", action="store_true", help="CPU provider, tiny sizes: checks the script")
-    p.add_argument("--json", type=Path, default=Path("bench/gpu.json"))
+    p.add_argument("--json", type=Path, default=Path("bench/results/gpu.json"))
     args = p.parse_args(argv)
     if args.smoke:  # seconds, not minutes: only what proves every code path still runs
         args.sentences = min(args.sentences, 48)

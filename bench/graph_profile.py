@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", action="append", metavar="NAME=PREFIX",
                         help="nodes whose names start with PREFIX, summed "
                              "(default: embedding=node_embedding, the word-table lookup)")
-    parser.add_argument("--json", type=Path, default=Path("bench/graph_profile.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/graph_profile.json"))
     return run_and_report(parser, run, markdown, argv)
 
 

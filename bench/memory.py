@@ -60,7 +60,7 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundles", type=Path, nargs="+", required=True)
-    parser.add_argument("--json", type=Path, default=Path("bench/memory.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/memory.json"))
     return run_and_report(parser, run, markdown, argv)
 
 

@@ -1,7 +1,7 @@
 """Offline encoder throughput by length bucket: PyTorch eager, ORT fp32, ORT int8, MiniLM (one run).
 
     python -m bench.offline --bundle models/default --data ../shared/data --checkpoint runs/nli/best.pt \\
-        [--threads 2] [--per-bucket 256] [--json bench/offline.json]
+        [--threads 2] [--per-bucket 256] [--json bench/results/offline.json]
 
 Real sentences from the staged data (SNLI test, MultiNLI dev, SST test) are bucketed by DiSAN
 token count (<=10, 11-25, 26-50, 51-100). Each engine encodes each bucket in length-sorted batches:
@@ -267,7 +267,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-bucket", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-minilm", action="store_true")
-    parser.add_argument("--json", type=Path, default=Path("bench/offline.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/offline.json"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs; best kept")
-    parser.add_argument("--json", type=Path, default=Path("bench/overhead.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/overhead.json"))
     return run_and_report(parser, run_overhead, markdown, argv)
 
 

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--chunk-cells", type=int, nargs="*", default=[256, 512, 1024, 4096],
                         help="query-chunk budgets to export and time (pairs per scan step)")
-    parser.add_argument("--json", type=Path, default=Path("bench/packing.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/packing.json"))
     return run_and_report(parser, run_packing, markdown, argv)
 
 

@@ -211,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=10.0, help="per load run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--json", type=Path, default=Path("bench/service.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/service.json"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each checkout")
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--before", type=Path, help="another checkout to measure alternately")
-    parser.add_argument("--json", type=Path, default=Path("bench/stages.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/stages.json"))
     parser.add_argument("--measure-only", type=Path, help=argparse.SUPPRESS)  # child: write JSON
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)  # child
     args = parser.parse_args(argv)

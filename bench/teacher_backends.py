@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64, help="disan teacher's default")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=Path("bench/teacher_backends.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/teacher_backends.json"))
     return run_and_report(parser, run, markdown, argv)
 
 

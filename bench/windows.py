@@ -1,6 +1,6 @@
 """Long texts: the cost of the window size and the quality of windowed vectors (one run, CPU).
 
-    python -m bench.windows --bundle models/default --data ../shared/data [--json bench/windows.json]
+    python -m bench.windows --bundle models/default --data ../shared/data [--json bench/results/windows.json]
 
 Three measurements, all through `disan.runtime` (the service's graphs) and `disan.windowing`
 (the service's cuts and pooling):
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=Path("bench/windows.json"))
+    parser.add_argument("--json", type=Path, default=Path("bench/results/windows.json"))
     parser.add_argument("--cost-one", nargs=2, metavar=("SET", "W"), help=argparse.SUPPRESS)
     parser.add_argument("--sts-only", action="store_true", help="only part 4 (prints its table)")
     args, _ = parser.parse_known_args(argv)

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teacher", default="mpnet", help="the cache teacher-NAME, encoded again for TREC")
     parser.add_argument("--checkpoint", type=Path, nargs="*", default=[], help="student checkpoints to score")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--json", type=Path, default=Path("bench/teacher_directions.json"))
+    parser.add_argument("--json", type=Path, default=Path("research/bench/results/teacher_directions.json"))
     return run_and_report(parser, run, markdown, argv)
 
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--baselines", default="minilm", help="comma-separated: glove, minilm, mpnet")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="fixed")
-    parser.add_argument("--json", type=Path, default=Path("bench/trec_classes.json"))
+    parser.add_argument("--json", type=Path, default=Path("research/bench/results/trec_classes.json"))
     return run_and_report(parser, run, markdown, argv)
 
 
