@@ -1,8 +1,9 @@
 """MkDocs hook: repository files outside docs/ that the site shows, and the links to them.
 
-The benchmark results, the model card and the experiment grids live beside the code that makes
-them (bench/, models/default/, experiments/), and the README and these pages link to them by
-their repository paths, so every link also works when the Markdown is read in the repository.
+The benchmark results, the model card, the research record and the changelog live beside what
+they describe (bench/, models/default/, research/, the root), and the README and these pages
+link to them by their repository paths, so every link also works when the Markdown is read in
+the repository.
 This hook adds those files to the site (Markdown as pages, the rest as downloads) and rewrites
 each relative link that points at one of them, from any page, to its place in the site. A link to
 a repository file that is not mounted here is left alone, so `mkdocs build --strict` fails on it.
@@ -23,9 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MOUNTS = {
     "bench/RESULTS.md": "benchmarks/results.md",
     "models/default/MODEL_CARD.md": "model-card.md",
-    "experiments/*.toml": "experiments/grids",
-    "experiments/results/*.md": "experiments/results",
-    "experiments/results/*.png": "experiments/results",
+    "research/RECORD.md": "research.md",
+    "CHANGELOG.md": "changelog.md",
 }
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 
