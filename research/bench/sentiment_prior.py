@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.sentiment_served import labelled, probabilities, read_bundle, served_model
+from research.bench.sentiment_served import labelled, probabilities, read_bundle, served_model
 
 GRID = np.round(np.arange(-1.0, 1.0001, 0.05), 2)
 

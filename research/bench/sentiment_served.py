@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.sentiment_ensembles import subsets
 from disan.checkpoint import load_checkpoint
 from disan.data import read_jsonl
 from disan.manifest import load_manifest
 from disan.text import Vocab
 from model_export.calibrate import stored_task_model
+from research.bench.sentiment_ensembles import subsets
 
 BATCH = 128
 TASK = "sentiment"

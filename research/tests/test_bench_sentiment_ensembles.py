@@ -13,7 +13,7 @@ from conftest import loaded, member_of, run_texts
 
 torch = pytest.importorskip("torch")
 
-from bench import sentiment_ensembles as bench  # noqa: E402
+from research.bench import sentiment_ensembles as bench  # noqa: E402
 
 TEXTS = ["the film was good", "the movie was bad", "good", "bad", "a man is playing"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.sentiment_prior import held_out_gains, tune_bias
+from research.bench.sentiment_prior import held_out_gains, tune_bias
 
 
 def _scores(shift: float, n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -18,11 +18,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from bench import sentiment_served as bench  # noqa: E402
 from disan import Encoder  # noqa: E402
 from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main as disan_main  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
+from research.bench import sentiment_served as bench  # noqa: E402
 
 ONLY_EMBED = ["violin", "piano", "sunset", "harbor"]  # words only the encoder knows: read through the map
 TEXTS = ["the film was good", "a man is playing the violin", "piano sunset harbor", "the movie was bad",

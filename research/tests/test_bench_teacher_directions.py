@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from bench import teacher_directions as bench  # noqa: E402
 from disan.teacher import TeacherCache  # noqa: E402
+from research.bench import teacher_directions as bench  # noqa: E402
 
 DIM = 17  # 16 loud coordinates and one quiet one: the band 16-64 is that one alone
 

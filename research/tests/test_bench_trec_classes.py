@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from bench import trec_classes as bench  # noqa: E402
+from research.bench import trec_classes as bench  # noqa: E402
 
 TYPES = ["DESC", "HUM", "LOC", "NUM"]
 WORDS = {"DESC": "what is", "HUM": "who was", "LOC": "where is", "NUM": "how many"}
