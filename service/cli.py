@@ -18,7 +18,7 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
-from disan.manifest import BundleError, load_manifest
+from disan.bundle.manifest import BundleError, load_manifest
 from service.settings import Settings
 
 EXPORT_HINT = "disan export --nli CKPT --sentiment CKPT --out models/default"

@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from disan.ort_session import OptimizationLevel, Providers, Variant
-from disan.runtime import RuntimeOptions
-from disan.windowing import LongTextPolicy
+from disan.runtime.ort_session import OptimizationLevel, Providers, Variant
+from disan.runtime.runtime import RuntimeOptions
+from disan.text.windowing import LongTextPolicy
 from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).

@@ -11,7 +11,7 @@ import pytest
 from conftest import FakeRunner
 from conftest import make_batcher as make
 
-from disan.batching import split_by_cells
+from disan.runtime.batching import split_by_cells
 from service.common.errors import NotReady, Overloaded
 
 

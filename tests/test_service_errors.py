@@ -12,7 +12,7 @@ import pytest
 from conftest import block_runner, wait_ready
 from fastapi.testclient import TestClient
 
-from disan.manifest import write_manifest
+from disan.bundle.manifest import write_manifest
 from service.common.errors import ERROR_TABLE
 from service.inference.engine import Engine
 from service.main import create_app

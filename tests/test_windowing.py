@@ -1,11 +1,11 @@
-"""disan.windowing: window cuts and token-weighted pooling (torch-free)."""
+"""disan.text.windowing: window cuts and token-weighted pooling (torch-free)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from disan.windowing import (
+from disan.text.windowing import (
     LONG_TEXT_POLICIES,
     LongTextPolicy,
     n_windows,

@@ -39,7 +39,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from disan.batching import split_by_cells
+from disan.runtime.batching import split_by_cells
 from service.common.errors import NotReady, Overloaded
 from service.common.timing import RequestTiming
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from disan.runtime import Runtime
+from disan.runtime.runtime import Runtime
 from service.backend import wire
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from disan.runtime import Runtime
+from disan.runtime.runtime import Runtime
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.common.batching_defaults import Batching
 from service.settings import Settings

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from disan.runtime import ExplainFlags
-from disan.text import Vocab
+from disan.runtime.runtime import ExplainFlags
+from disan.text.tokenizer import Vocab
 from service.backend import wire
 from service.common.errors import NotReady, Overloaded
 from service.common.timing import RequestTiming

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from disan.bundle.manifest import BundleError
+
 # The per-provider values live in the core, beside the batching they drive, so disan.Encoder
 # (`disan embed`) cuts its batches as the service does.
-from disan.batching import FALLBACK_PROVIDER, PROVIDER_DEFAULTS, BatchLimits
-from disan.manifest import BundleError
-from disan.ort_session import CPU, CUDA, requested_providers
+from disan.runtime.batching import FALLBACK_PROVIDER, PROVIDER_DEFAULTS, BatchLimits
+from disan.runtime.ort_session import CPU, CUDA, requested_providers
 
 __all__ = ["FALLBACK_PROVIDER", "PROVIDER_DEFAULTS", "BatchLimits", "Batching", "resolve_batching",
            "resolve_inference_process"]
@@ -40,7 +41,7 @@ def resolve_batching(max_batch_size: int, max_batch_cells: int, provider: str,
                      batch_concurrency: int = 0) -> Batching:
     """Settings' values (0 = auto) + the provider the sessions run on -> the limits to use.
 
-    `batch_concurrency` is resolved by the runtime (disan.ort_session.call_layout); here only its
+    `batch_concurrency` is resolved by the runtime (disan.runtime.ort_session.call_layout); here only its
     source is recorded, so /info explains all three knobs in one place.
     """
     known = provider in PROVIDER_DEFAULTS

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.encoder import normalized, prediction, sentiment_prediction
-from disan.runtime import Runtime
-from disan.windowing import LongTextPolicy
+from disan.runtime.encoder import normalized, prediction, sentiment_prediction
+from disan.runtime.runtime import Runtime
+from disan.text.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
 from service.backend.remote import InferenceClient, RemoteBatcher, RemoteRuntime

@@ -1,7 +1,7 @@
 """Texts of any length: tokenize, apply the long-text policy and the limits, cut windows (HTTP-free).
 
 A text over the window (`max_tokens`) is, by the request's or the server's `LongTextPolicy`:
-windowed (cut by `disan.windowing.split_windows`, every window a row of its own in the batcher,
+windowed (cut by `disan.text.windowing.split_windows`, every window a row of its own in the batcher,
 the text's result the token-weighted mean of its rows: `pool_rows`), truncated, or refused.
 Windowing is bounded per text (`max_tokens_per_text`, OpenAI's 8,192 by default) and per request
 (`max_tokens_per_request`), both checked after tokenizing and before any model work; the rows
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disan.text import UNK, UNK_TOKEN, Vocab
-from disan.windowing import LongTextPolicy, pool_windows, split_windows
+from disan.text.tokenizer import UNK, UNK_TOKEN, Vocab
+from disan.text.windowing import LongTextPolicy, pool_windows, split_windows
 from service.common.errors import InvalidRequest, RequestTooLarge
 
 # How to get an over-long text embedded, where it is refused (long_text=error).
