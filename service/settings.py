@@ -119,14 +119,6 @@ class Settings(BaseSettings):
         "call per core of this worker (cores / workers), each with 1 ORT thread unless "
         "intra_op_threads is set")
 
-    # Each worker owning its runtime means one CUDA context per worker, time-slicing the card,
-    # and batches that only hold that worker's requests; a shared process has one context and
-    # batches that fill from every worker, at the price of one local-socket hop per call.
-    inference_process: Literal["auto", "off", "shared"] = Field(
-        "auto", description="where the onnxruntime calls run with several workers: off = in each worker; "
-        "shared = one inference process started by `disan serve` that every worker feeds over a Unix "
-        "socket; auto = per provider, as measured (/info says which and why)")
-
     # --- HTTP ---
     # FastAPI's per-request machinery costs about as much CPU as the model for one-sentence
     # requests (bench/overhead.py); the fast path serves the same contract without it.

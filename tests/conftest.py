@@ -6,6 +6,7 @@ in an environment without torch (the service's), and the fixtures skip cleanly t
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import random
@@ -168,6 +169,15 @@ def wait_ready(get: Callable, base: str = "", timeout: float = 30.0,
             pass
         assert time.monotonic() < deadline, f"not ready after {timeout:.0f} s"
         time.sleep(0.02)
+
+
+async def until_loaded(engine, timeout: float = 60.0) -> None:
+    """Wait until an engine's background load has finished, well or not (`/ready` would say)."""
+    deadline = time.monotonic() + timeout
+    while engine.state == "loading":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the engine did not finish loading")
+        await asyncio.sleep(0.01)
 
 
 @contextmanager

@@ -40,7 +40,7 @@ PENDING = {"disan.corpus": "disan.distill", "disan.corpus_sources": "disan.disti
 SERVICE_LAYERS = [
     ["service", "service.common"],  # the package docstring; errors, timing, metrics, batching defaults
     ["service.settings"],
-    ["service.backend"],  # the runtime, the micro-batcher, the shared inference process
+    ["service.backend"],  # the runtime, the micro-batcher
     ["service.inference"],  # the engine, admission
     ["service.http"],  # routes, fast path, ASGI, schemas
     ["service.main", "service.cli"],  # entry points: the app factory, `disan serve`
@@ -150,6 +150,15 @@ def test_research_stays_out_of_the_wheel() -> None:
     include = config["tool"]["setuptools"]["packages"]["find"]["include"]
     assert not any(pattern.startswith("research") or pattern == "*" for pattern in include), include
     assert "research/tests" in config["tool"]["pytest"]["ini_options"]["testpaths"]
+
+
+def test_errors_and_the_batcher_need_no_fastapi() -> None:
+    """The error types and the micro-batcher import no web framework: their tests (and the
+    engine) run without FastAPI; the HTTP mapping of the errors is service/http/errors.py."""
+    web = {"fastapi", "starlette", "pydantic", "uvicorn"}
+    for rel in ("service/common/errors.py", "service/backend/batcher.py"):
+        found = {m.split(".")[0] for m, _, _ in imports(ROOT / rel, ours=False)} & web
+        assert not found, f"{rel} imports {sorted(found)}"
 
 
 def service_layer(module: str) -> int | None:

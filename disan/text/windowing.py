@@ -49,11 +49,6 @@ def window_starts(n_tokens: int, max_tokens: int, overlap: int = 0) -> list[int]
     return starts
 
 
-def n_windows(n_tokens: int, max_tokens: int, overlap: int = 0) -> int:
-    """How many windows a text of `n_tokens` ids is cut into (admission counts these first)."""
-    return len(window_starts(n_tokens, max_tokens, overlap))
-
-
 def split_windows(ids: Sequence[int], max_tokens: int, overlap: int = 0) -> list[list[int]]:
     """`ids` cut into windows of at most `max_tokens` ids, consecutive windows sharing `overlap`
     ids. Every id is in at least one window; an empty or fitting `ids` is one window."""

@@ -212,8 +212,6 @@ async def info(engine: EngineDep) -> dict:
                    "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m),
                    "ensemble_members": ensemble_members(m), "sources": sources(m),
                    "route_fingerprints": fingerprints_in_use(m, rt.graph_set, rt.variant)},
-        "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
-                              **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }
 
 

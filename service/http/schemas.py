@@ -295,9 +295,6 @@ class Info(BaseModel):
                                       "was exported from (file name and sha256); route_fingerprints: "
                                       "per route, what the graph in use computes (graph, weights, "
                                       "tokenizer): the same embed fingerprint means the same vectors")
-    inference_process: dict[str, object] = Field(
-        description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
-        "process all workers feed; its `pid`), and `source`: why")
 
 
 class OpenAIModel(BaseModel):
