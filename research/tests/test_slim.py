@@ -88,6 +88,8 @@ def test_cli_writes_and_refuses_to_overwrite_its_source(trained: Path, tmp_path:
 
 
 def test_halves_a_teacher_folder_and_copies_the_rest(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("safetensors", reason="safetensors comes with the minilm extra "
+                        "(sentence-transformers): pip install '.[minilm]'")
     from safetensors.torch import load_file, save_file
 
     src = tmp_path / "teacher"
