@@ -30,8 +30,8 @@ import numpy as np
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
 from disan.runtime.runtime import Runtime, RuntimeOptions
-from disan.text.tokenizer import UNK
-from disan.text.windowing import LONG_TEXT_POLICIES, LongTextPolicy, pool_windows, split_windows
+from disan.text.prepare import PreparedText, flat_rows, pool, prepare_texts, row_bounds
+from disan.text.windowing import LONG_TEXT_POLICIES, LongTextPolicy
 
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
@@ -57,13 +57,20 @@ def polarity_of(label: str) -> str:
 
 @dataclass
 class Prepared:
-    """Token id rows of some texts: text i owns rows[bounds[i]:bounds[i + 1]] (one row, or its
-    windows), and how many texts were cut to max_tokens or split into windows."""
+    """Token id rows of some texts (`disan.text.prepare`, as the service prepares them): text i
+    owns rows[bounds[i]:bounds[i + 1]] (one row, or its windows), and how many texts were cut to
+    max_tokens or split into windows."""
 
     rows: list[list[int]]
     bounds: np.ndarray
     truncated: int = 0
     windowed: int = 0
+    items: list[PreparedText] | None = None  # per text (what `pool` reads)
+
+    @classmethod
+    def of(cls, items: list[PreparedText]) -> Prepared:
+        return cls(flat_rows(items), row_bounds(items), sum(t.truncated for t in items),
+                   sum(t.windowed for t in items), items)
 
     @property
     def texts(self) -> int:
@@ -119,36 +126,22 @@ class Encoder:
     def prepare(self, texts: Sequence[str], numbers: Sequence[int] | None = None) -> Prepared:
         """Token id rows of `texts`: one per text, or a long text's windows (see the class).
         `numbers` name the texts in a `TextTooLong` message (corpus row numbers; default: index)."""
-        vocab, limit = self.runtime.vocab, self.runtime.max_tokens
-        rows: list[list[int]] = []
-        bounds = [0]
-        truncated = windowed = 0
-        for i, text in enumerate(texts):
-            tokens = vocab.tokens(text)
-            if len(tokens) <= limit:
-                rows.append(vocab.ids(tokens) or [UNK])
-            elif self.long_texts is LongTextPolicy.WINDOW:
-                rows += split_windows(vocab.ids(tokens), limit, self.overlap)
-                windowed += 1
-            elif self.long_texts is LongTextPolicy.TRUNCATE:
-                rows.append(vocab.ids(tokens[:limit]))
-                truncated += 1
-            else:
-                raise TextTooLong(numbers[i] if numbers is not None else i, len(tokens), limit)
-            bounds.append(len(rows))
-        return Prepared(rows, np.asarray(bounds), truncated, windowed)
+        items, refused = prepare_texts(texts, self.runtime.vocab, self.runtime.max_tokens, self.long_texts,
+                                       self.overlap)
+        if refused:
+            first = refused[0]
+            raise TextTooLong(numbers[first.index] if numbers is not None else first.index, first.tokens,
+                              first.limit)
+        return Prepared.of(items)
 
     def pool(self, prepared: Prepared, row_vectors: np.ndarray) -> np.ndarray:
         """Per-text vectors [texts, D] from per-row vectors: a windowed text's windows pooled by
         their token counts (disan.text.windowing.pool_windows)."""
         if prepared.windowed == 0:
             return row_vectors
-        bounds = prepared.bounds
-        out = row_vectors[bounds[:-1]]
-        for i in np.flatnonzero(np.diff(bounds) > 1):
-            lo, hi = bounds[i], bounds[i + 1]
-            out[i] = pool_windows(row_vectors[lo:hi], [len(r) for r in prepared.rows[lo:hi]])
-        return out
+        if prepared.items is None:
+            raise ValueError("windows are pooled by their texts: build a Prepared with Prepared.of")
+        return pool(prepared.items, row_vectors)
 
     # ---- run ----
     def batches(self, rows: Sequence[Sequence[int]], batch_size: int | None = None) -> list[np.ndarray]:
