@@ -1,9 +1,6 @@
-"""Alternating A/B of two checkouts' default servers, or of two inference layouts of one
-checkout: sentences/s, p50 and server CPU per request.
+"""Alternating A/B of two checkouts' default servers: sentences/s, p50 and server CPU per request.
 
     python -m bench.ab --before /tmp/before [--after .] [--rounds 5] [--seconds 5] [--json OUT]
-    python -m bench.ab --inference-modes off shared --workers 2 --texts-per-request 1 32 \
-        --concurrency 64 [--rounds 3] [--seconds 5]
 
 Each round starts `disan serve` (default settings, one process) from each checkout in turn, on
 that checkout's own `models/default` unless --bundle is given, and drives POST /embed with one
@@ -11,10 +8,7 @@ SNLI-length sentence per request at each --concurrency (wrk, else bench.load); `
 the encoder by zeros (bench.overhead's stub) to compare the path without inference. Alternating
 rounds expose both checkouts to the same background load; on a shared machine read the server
 CPU per request (from /proc, the least disturbed measure) and the best / median ratios, not
-single runs. With --inference-modes the two sides are this checkout's server with `--workers N`
-and each `inference_process` mode ("before" = the first mode, "after" = the second), for every
---texts-per-request; the server CPU then counts every process of the server (the workers and the
-shared inference process). Only 127.0.0.1 is contacted.
+single runs. Only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -34,31 +28,27 @@ from bench.report import run_and_report
 from bench.server import Server, load, process_tree_cpu
 
 
-def one_server(tree: Path, bundle: Path | None, bodies: Path | dict[int, Path], concurrency: list[int],
+def one_server(tree: Path, bundle: Path | None, body: Path, concurrency: list[int],
                seconds: float, stub: bool = False, **settings: object) -> dict:
     """{concurrency: sentences/s, p50 ms, server CPU µs per request} for one checkout's server
     (`stub`: its encoder replaced by zeros, bench.overhead's stub: the path without inference;
-    `settings`: DISAN_* settings of the server). `bodies` by texts per request: the keys become
-    "concurrency/texts per request"."""
+    `settings`: DISAN_* settings of the server)."""
     env_before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(tree)  # the server process imports that checkout's code
-    by_size = bodies if isinstance(bodies, dict) else {1: bodies}
     try:
         stub_cmd = [sys.executable, "-c", "from bench.overhead import serve_stub; serve_stub()"]
         command = stub_cmd if stub else None
         with Server(bundle or tree / "models" / "default", command=command, cwd=tree, **settings) as server:
             out = {}
             for c in concurrency:
-                for k, path in by_size.items():
-                    load(server.url, path, c, 1.0, k)  # warm-up
-                    cpu = process_tree_cpu(server.proc.pid)
-                    stats = load(server.url, path, c, seconds, k)
-                    used = process_tree_cpu(server.proc.pid) - cpu
-                    ok = max(1, stats["requests"] - stats["non2xx"])
-                    key = str(c) if not isinstance(bodies, dict) else f"{c}/{k}"
-                    out[key] = {"sentences_per_s": round(stats["sentences_per_s"], 1),
-                                "p50_ms": round(stats["p50_ms"], 2),
-                                "cpu_us_per_request": round(1e6 * used / ok)}
+                load(server.url, body, c, 1.0, 1)  # warm-up
+                cpu = process_tree_cpu(server.proc.pid)
+                stats = load(server.url, body, c, seconds, 1)
+                used = process_tree_cpu(server.proc.pid) - cpu
+                ok = max(1, stats["requests"] - stats["non2xx"])
+                out[str(c)] = {"sentences_per_s": round(stats["sentences_per_s"], 1),
+                               "p50_ms": round(stats["p50_ms"], 2),
+                               "cpu_us_per_request": round(1e6 * used / ok)}
             return out
     finally:
         if env_before is None:
@@ -69,33 +59,23 @@ def one_server(tree: Path, bundle: Path | None, bodies: Path | dict[int, Path], 
 
 def run_ab(args: argparse.Namespace) -> dict:
     sentences = load_sentences(args.data, args.sentences)["11-25"]
-    modes = args.inference_modes
-    if not modes and args.before is None:
-        raise SystemExit("bench.ab: give --before (two checkouts) or --inference-modes (two layouts)")
-    sizes = args.texts_per_request if modes else [1]
-    bodies: dict[int, Path] = {}
-    for k in sizes:
-        bodies[k] = Path(tempfile.mkstemp(suffix=f".{k}.jsonl")[1])
-        bodies[k].write_text("".join(json.dumps({"texts": sentences[i:i + k]}) + "\n"
-                                     for i in range(0, len(sentences) - k + 1, k)))
-    if modes:  # one checkout, two inference layouts
-        sides = {"before": (args.after.resolve(), {"workers": args.workers, "inference_process": modes[0]}),
-                 "after": (args.after.resolve(), {"workers": args.workers, "inference_process": modes[1]})}
-    else:
-        sides = {"before": (args.before.resolve(), {}), "after": (args.after.resolve(), {})}
+    if args.before is None:
+        raise SystemExit("bench.ab: give --before (the checkout to compare with)")
+    body = Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    body.write_text("".join(json.dumps({"texts": [s]}) + "\n" for s in sentences))
+    sides = {"before": (args.before.resolve(), {}), "after": (args.after.resolve(), {})}
     rounds: dict[str, list[dict]] = {k: [] for k in sides}
     load_average = [os.getloadavg()]
     try:
         for i in range(args.rounds):
             for label, (tree, settings) in sides.items():
-                got = one_server(tree, args.bundle, bodies if modes else bodies[1], args.concurrency,
-                                 args.seconds, args.stub, **settings)
+                got = one_server(tree, args.bundle, body, args.concurrency, args.seconds, args.stub,
+                                 **settings)
                 rounds[label].append(got)
                 print(i, label, settings, got, flush=True)
             load_average.append(os.getloadavg())
     finally:
-        for path in bodies.values():
-            path.unlink()
+        body.unlink()
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores", "stub": args.stub,
             "sides": {label: settings for label, (_, settings) in sides.items()},
             "load_average": load_average, "seconds": args.seconds, "rounds": rounds}
@@ -104,9 +84,8 @@ def run_ab(args: argparse.Namespace) -> dict:
 def markdown(results: dict) -> str:
     """Best and median per side, and after / before for each, per concurrency and metric."""
     rounds = results["rounds"]
-    names = {k: v.get("inference_process", k) for k, v in results.get("sides", {}).items()}
-    before, after = names.get("before", "before"), names.get("after", "after")
-    lines = [f"| concurrency{'/texts per request' if names else ''} | metric | {before} best / median "
+    before, after = "before", "after"
+    lines = [f"| concurrency | metric | {before} best / median "
              f"| {after} best / median | {after} / {before} (best, median) |", "|---|---|---|---|---|"]
     for c in rounds["before"][0]:
         for key, better in (("sentences_per_s", max), ("p50_ms", min), ("cpu_us_per_request", min)):
@@ -130,11 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--stub", action="store_true", help="encoder replaced by zeros (bench.overhead)")
-    parser.add_argument("--inference-modes", nargs=2, choices=["off", "shared"],
-                        help="instead of two checkouts: this one with each inference_process mode")
-    parser.add_argument("--workers", type=int, default=2, help="with --inference-modes")
-    parser.add_argument("--texts-per-request", type=int, nargs="+", default=[1, 32],
-                        help="with --inference-modes")
     parser.add_argument("--json", type=Path, default=Path("bench/results/ab.json"))
     return run_and_report(parser, run_ab, markdown, argv)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.offline import load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
-from disan.runtime import load_offline
+from disan.runtime.runtime import load_offline
 
 
 def run_ab(args: argparse.Namespace) -> dict:

@@ -22,8 +22,8 @@ import numpy as np
 
 from bench.offline import load_sentences
 from bench.report import run_and_report
-from disan.batching import split_by_cells
-from disan.runtime import load_offline
+from disan.runtime.batching import split_by_cells
+from disan.runtime.runtime import load_offline
 
 BUDGETS = [1024, 2048, 4096, 8192, 16384, 65536, 262144]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from bench.chaos_kit import DEFAULT_TEXTS, HOST, NO_ANSWER, Conn, Row, Served, embed_body
-from disan.text import tokenize
+from disan.text.tokenizer import tokenize
 
 
 async def closed_loop(port: int, row: Row, clients: int, sentences: int, seconds: float,

@@ -39,9 +39,9 @@ import numpy as np
 
 from bench.offline import CPU_BATCHING, ort_encoder, throughput
 from bench.report import run_and_report
-from disan.data import read_jsonl
-from disan.ort_session import cpu_cores
-from disan.runtime import load_offline
+from disan.data.readers import read_jsonl
+from disan.runtime.ort_session import cpu_cores
+from disan.runtime.runtime import load_offline
 
 PAIRS, TEXT = ("sentence1", "sentence2"), ("text",)
 SOURCES = {"snli/dev.jsonl.gz": PAIRS, "snli/test_tok.jsonl.gz": PAIRS, "mnli/dev_matched.jsonl.gz": PAIRS,

@@ -21,12 +21,12 @@ Parts (each usable alone, so a run fits a time-limited GPU lease):
   short, medium and long (windowed) texts: whether the sweep's budget also suits long texts.
 - service: `disan serve` with W workers x R sentences per request under wrk (Debian's package;
   else several bench.load client processes) at --connections, with the auto batching defaults
-  (each worker its own runtime; and, for --shared-workers, all workers feeding one shared
-  inference process) and with the CPU-sized ones (64 / 4096): sentences/s, requests/s,
-  p50/p99, GPU utilisation (nvidia-smi) and the mean batch (/metrics: one worker's, or the shared
-  process's). Workers x budgets x inference mode is the measurement behind the multi-worker
-  design (independent workers, each with its CUDA context, against one worker filling big
-  batches, against N workers feeding one process) and behind `inference_process=auto` on CUDA.
+  (each worker its own runtime) and with the CPU-sized ones (64 / 4096): sentences/s,
+  requests/s, p50/p99, GPU utilisation (nvidia-smi) and the mean batch (/metrics: one worker's).
+  Workers x budgets is the measurement behind the multi-worker design (independent workers, each
+  with its CUDA context, against one worker filling big batches). A shared inference process
+  that all workers fed was measured slower than per-worker runtimes on CPU and on CUDA and was
+  removed (issue 82).
 
 Without a usable CUDA provider it stops with one line (exit 2). `--smoke` runs every part on
 the CPU provider with tiny sizes, so tests/test_bench_gpu.py keeps the script from rotting.
@@ -62,8 +62,8 @@ from bench.gpu_offline import offline
 from bench.gpu_report import markdown
 from bench.gpu_service import service
 from bench.gpu_sweep import sweep
-from disan.data import read_jsonl
-from disan.text import Vocab, tokenize
+from disan.data.readers import read_jsonl
+from disan.text.tokenizer import Vocab, tokenize
 
 
 def gpu_name() -> str:
@@ -134,8 +134,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's choice)")
     p.add_argument("--no-minilm", action="store_true")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 12])
-    p.add_argument("--shared-workers", type=int, nargs="*", default=[4, 8, 12],
-                   help="also serve with these many workers feeding one shared inference process")
     p.add_argument("--cpu-sized-workers", type=int, nargs="*", default=[1, 8],
                    help="also serve with 64 sentences / 4096 cells per call at these worker counts")
     p.add_argument("--texts-per-request", type=int, nargs="+", default=[1, 32])
@@ -150,8 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sentences = min(args.sentences, 48)
         args.cpu_sentences = min(args.cpu_sentences, 48)
         args.repeats, args.threads, args.seconds, args.connections = 1, 1, 1.0, 4
-        args.workers, args.cpu_sized_workers, args.texts_per_request = [1], [], [1, 4]
-        args.shared_workers = [2]
+        args.workers, args.cpu_sized_workers, args.texts_per_request = [1, 2], [], [1, 4]
     return args
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.batching import split_by_cells
+from disan.runtime.batching import split_by_cells
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 
@@ -97,9 +97,9 @@ def export_unchunked(checkpoint: Path, out: Path) -> list[Encoder]:
     # --checkpoint only: exporting needs torch and onnx (the `train` extra)
     import torch
 
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint
-    from model_export.graphs import EncoderGraph, export_graph  # torch + onnx, as above
-    from model_export.onnx_files import convert_fp16  # onnx, as above
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
+    from model_export.graphs.onnx_files import convert_fp16  # onnx, as above
+    from model_export.graphs.wrappers import EncoderGraph, export_graph  # torch + onnx, as above
 
     model, vocab, _ = model_from_checkpoint(load_checkpoint(checkpoint))
     encoder = (model.encoder if hasattr(model, "encoder") else model).eval()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from disan.batching import BatchLimits
-from disan.encoder import Encoder
+from disan.runtime.batching import BatchLimits
+from disan.runtime.encoder import Encoder
 
 BUDGETS = [(1024, 1 << 16), (1024, 1 << 18), (256, 1 << 20), (1024, 1 << 22)]
 SMOKE_BUDGETS = [(8, 256), (32, 4096)]

@@ -88,7 +88,7 @@ def eager_row(args: argparse.Namespace, provider: str, sentences: list[str]) -> 
     # the PyTorch reference row only needs torch
     import torch
 
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
 
     device = "cuda" if provider == CUDA else "cpu"
     model, vocab, _ = model_from_checkpoint(load_checkpoint(args.checkpoint))

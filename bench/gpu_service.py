@@ -1,6 +1,6 @@
-"""bench.gpu's service part: `disan serve` (workers x request sizes x batching x inference
-mode) under a load generator that is not itself the bottleneck (wrk, else several client
-processes), with GPU utilisation and the mean batch beside the rates. See bench/gpu.py.
+"""bench.gpu's service part: `disan serve` (workers x request sizes x batching) under a load
+generator that is not itself the bottleneck (wrk, else several client processes), with GPU
+utilisation and the mean batch beside the rates. See bench/gpu.py.
 """
 
 from __future__ import annotations
@@ -104,13 +104,10 @@ def mean_batch(url: str) -> float | None:
 
 def service_configs(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
     """(label, workers, DISAN_* settings) of every server: auto budgets with per-worker runtimes
-    for each of --workers, the same fed to one shared inference process for each of
-    --shared-workers, and the CPU-sized budgets (the defaults before issue 17) for each of
-    --cpu-sized-workers. The mode is set explicitly, so the rows do not depend on what auto picks."""
-    out = [("auto batching", w, {"inference_process": "off"}) for w in args.workers]
-    out += [("auto batching, shared inference process", w, {"inference_process": "shared"})
-            for w in args.shared_workers]
-    cpu_sized = {"max_batch_size": 64, "max_batch_cells": 4096, "inference_process": "off"}
+    for each of --workers and the CPU-sized budgets (the defaults before issue 17) for each of
+    --cpu-sized-workers."""
+    out = [("auto batching", w, {}) for w in args.workers]
+    cpu_sized = {"max_batch_size": 64, "max_batch_cells": 4096}
     return out + [("64 / 4096 batching", w, cpu_sized) for w in args.cpu_sized_workers]
 
 
@@ -137,7 +134,6 @@ def service(args: argparse.Namespace, provider: str, sentences: list[str]) -> di
                             stats = client_processes(server.url, sentences, args.connections, args.seconds,
                                                      k, args.client_processes or 4)
                     row = {"config": label, "workers": workers, "texts_per_request": k,
-                           "inference_process": settings["inference_process"],
                            "connections": args.connections,
                            "sentences_per_s": round(stats["sentences_per_s"], 1),
                            "requests_per_s": round(stats["sentences_per_s"] / k, 1),

@@ -24,8 +24,8 @@ import onnxruntime as ort
 
 from bench.offline import BUCKETS, load_sentences
 from bench.report import run_and_report
-from disan.manifest import load_manifest
-from disan.text import Vocab
+from disan.bundle.manifest import load_manifest
+from disan.text.tokenizer import Vocab
 
 TOP_NODES = 15
 KERNEL = "_kernel_time"

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import run_and_report
-from disan.batching import split_by_cells
-from disan.data import read_jsonl
-from disan.manifest import load_manifest
-from disan.ort_session import CPU
-from disan.recipes import BENCH_SENTENCE_FILES
-from disan.runtime import load_offline
-from disan.text import tokenize
+from disan.bundle.manifest import load_manifest
+from disan.data.readers import read_jsonl
+from disan.data.recipes import BENCH_SENTENCE_FILES
+from disan.runtime.batching import split_by_cells
+from disan.runtime.ort_session import CPU
+from disan.runtime.runtime import load_offline
+from disan.text.tokenizer import tokenize
 from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # the service's limits on CPU (its auto defaults there), which the DiSAN batches are cut to
@@ -161,7 +161,7 @@ def engines(args: argparse.Namespace) -> dict[str, Callable[[list[str]], object]
     if args.checkpoint:
         import torch  # torch: only the PyTorch reference row needs it
 
-        from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
+        from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
 
         torch.set_num_threads(args.threads)
         model, vocab, _ = model_from_checkpoint(load_checkpoint(args.checkpoint))

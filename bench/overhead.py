@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.offline import load_sentences
 from bench.report import run_and_report
 from bench.server import Server, load, process_cpu
-from disan.runtime import Runtime
+from disan.runtime.runtime import Runtime
 from service.cli import HTTP_PROTOCOL
 from service.main import create_app
 from service.settings import Settings

@@ -6,7 +6,7 @@
 mask's lower triangle and the backward mask's upper triangle); switching it off gives the
 per-block path (two tensors, each half masked). `DiSANEncoder.chunk_cells` = N computes the
 packed tensor in query-row chunks of about N (batch x rows x tokens) pairs, an ONNX Scan (what
-`disan export` ships, N = model_export.graphs.ATTENTION_CHUNK_CELLS). All graphs come from the
+`disan export` ships, N = model_export.graphs.wrappers.ATTENTION_CHUNK_CELLS). All graphs come from the
 same checkpoint, are timed alternately in one process (best of --repeats), and their outputs
 are compared with the per-block graph's.
 Shapes: the batch sizes the service's default cell budget (4096) gives at each length, plus
@@ -30,8 +30,8 @@ SHAPES = [(64, 8), (16, 16), (6, 25), (4, 32), (32, 16), (1, 48), (2, 64), (1, 1
 def export_variants(checkpoint: Path, out_dir: Path, chunk_cells: list[int]) -> dict[str, Path]:
     """Export the checkpoint's encoder per-block, packed, and packed in chunks -> {name: path}."""
     # torch and the exporter load only when there is something to export (`--help` stays fast)
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint
-    from model_export.graphs import EncoderGraph, export_graph  # see above
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
+    from model_export.graphs.wrappers import EncoderGraph, export_graph  # see above
 
     model, _, _ = model_from_checkpoint(load_checkpoint(checkpoint))
     encoder = (model.encoder if hasattr(model, "encoder") else model).eval()

@@ -181,7 +181,7 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 def process_tree(pid: int) -> list[int]:
-    """Process `pid` and all its descendants (uvicorn workers, the shared inference process)."""
+    """Process `pid` and all its descendants (uvicorn workers)."""
     out, stack = [], [pid]
     while stack:
         current = stack.pop()

@@ -32,7 +32,7 @@ from pathlib import Path
 from bench.offline import CPU_BATCHING, length_batches, load_sentences, ort_encoder, throughput
 from bench.report import run_and_report
 from bench.server import Server, load, thread_cpu
-from disan.runtime import load_offline
+from disan.runtime.runtime import load_offline
 
 
 def _offline_worker(bundle: Path, sentences: list[str], batch: int, cells: int, barrier,

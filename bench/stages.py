@@ -158,7 +158,9 @@ def batcher_cpu_us(concurrency: int, rows: list[list[int]], repeats: int) -> flo
 
 def raw_sentences(data: Path, count: int) -> list[str]:
     """Raw (untokenized) SNLI dev sentences of 11-25 tokens."""
-    from disan.text import tokenize  # the checkout under test's (see --before), like every import here
+    from disan.text.tokenizer import (
+        tokenize,  # the checkout under test's (see --before), like every import here
+    )
 
     out: list[str] = []
     with gzip.open(data / "snli" / "dev.jsonl.gz", "rt", encoding="utf-8") as fh:
@@ -176,8 +178,8 @@ def measure_in_process(args: argparse.Namespace) -> dict[str, float]:
     # Imported here, not at the top: the code of the checkout under test (--before runs this
     # file with another checkout on PYTHONPATH, after the sys.path fix above).
     from bench.offline import length_batches, load_sentences
-    from disan.runtime import load_offline
-    from disan.text import tokenize  # (same reason)
+    from disan.runtime.runtime import load_offline
+    from disan.text.tokenizer import tokenize  # (same reason)
     from service.http.handlers import encode_json  # (same reason)
     from service.http.schemas import EmbedRequest  # (same reason)
 

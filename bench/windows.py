@@ -2,7 +2,7 @@
 
     python -m bench.windows --bundle models/default --data ../shared/data [--json bench/results/windows.json]
 
-Three measurements, all through `disan.runtime` (the service's graphs) and `disan.windowing`
+Three measurements, all through `disan.runtime.runtime` (the service's graphs) and `disan.text.windowing`
 (the service's cuts and pooling):
 
 1. Cost of `max_tokens` W in 128 / 256 / 512: each W in a fresh process (so its peak memory is
@@ -45,10 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import run_and_report
-from disan.data import read_jsonl
-from disan.runtime import Runtime, load_offline
-from disan.text import tokenize
-from disan.windowing import pool_windows, split_windows
+from disan.data.readers import read_jsonl
+from disan.runtime.runtime import Runtime, load_offline
+from disan.text.tokenizer import tokenize
+from disan.text.windowing import pool_windows, split_windows
 
 WINDOWS = (128, 256, 512)
 DOC_TOKENS = 5000

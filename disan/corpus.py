@@ -1,7 +1,7 @@
 """The distillation corpus (`disan corpus`, TORCH-FREE): deduplicated English sentences, no eval text.
 
 Paragraphs from each source (`disan.corpus_sources`) are split into sentences, filtered by length
-and by how much of them is words, deduplicated on their tokens (`disan.text.tokenize`) and
+and by how much of them is words, deduplicated on their tokens (`disan.text.tokenizer.tokenize`) and
 checked against every evaluation text by the same key, so a sentence that differs from a test
 sentence only in case or spacing is dropped too. The result is shuffled with a fixed seed, so any
 prefix is a sample of the whole: a teacher cache that is only partly encoded still trains a student
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_git, fetch_npm
-from disan.data import holdout_split, read_examples, read_jsonl
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
-from disan.text import tokenize
+from disan.data.readers import holdout_split, read_examples, read_jsonl
+from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.text.tokenizer import tokenize
 
 # Every evaluation text the project reports on: (file, fields). Never trained or distilled on.
 EVAL_FILES = [

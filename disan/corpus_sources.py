@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from disan.data import read_jsonl
+from disan.data.readers import read_jsonl
 from disan.question_variants import with_variants
 
 

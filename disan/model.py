@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from disan.text import UNK
+from disan.text.tokenizer import UNK
 
 AttentionKind = Literal["multi_dim", "additive", "coda"]
 MaskKind = Literal["directional", "diag", "none"]
@@ -407,7 +407,7 @@ class DiSANEncoder(nn.Module):
         self.packed = (cfg.encoder_kind == "disan" and cfg.mask_kind == "directional"
                        and cfg.attention_kind == "multi_dim")
         # Query-row chunking of the packed attention (0: off). The exporter turns it on (see
-        # model_export.graphs.ATTENTION_CHUNK_CELLS); training and eager inference leave it off.
+        # model_export.graphs.wrappers.ATTENTION_CHUNK_CELLS); training and eager inference leave it off.
         self.chunk_cells = 0
 
     @property

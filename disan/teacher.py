@@ -173,7 +173,7 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
     it can more than double MPNet's speed for a cosine to the fp32 vectors above 0.9999."""
     import torch  # optional (`train` extra): a cached teacher needs no torch
 
-    from disan.embeddings import _sentence_encoder
+    from disan.train.word_vectors import _sentence_encoder
 
     model = _sentence_encoder(TEACHERS[teacher][0], device)
     precision = resolved_precision(device, precision)  # once, not per call

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from disan.data import read_jsonl
-from disan.manifest import GRAPHS, routes, variant_files
-from disan.recipes import DEV_FILES
-from disan.text import Vocab
+from disan.bundle.manifest import GRAPHS, routes, variant_files
+from disan.data.readers import read_jsonl
+from disan.data.recipes import DEV_FILES
+from disan.text.tokenizer import Vocab
 from model_export.sessions import run_graph, session, trim
 
 NLI = "nli (encoder + nli_head)"  # report key of the composed NLI check (its route's encoder)

@@ -11,7 +11,7 @@ replaced by the sha256 of the bytes it reads, plus the manifest's description of
 vocabulary file and `max_len` (how texts become ids). A route is `same` when every graph set and
 variant both bundles carry has the same fingerprint: the same graph and weights read through the
 same tokenizer, so the same outputs on the same provider. `changed` is conservative: a re-export
-that only renames nodes is reported as changed. Endpoints by route (`disan.manifest` ROUTES):
+that only renames nodes is reported as changed. Endpoints by route (`disan.bundle.manifest` ROUTES):
 embed -> /embed, /v1/embeddings, /similarity; nli + nli_head -> /nli; sentiment -> /sentiment.
 
 Exit status as diff(1): 0 every compared route the same, 1 some differ, 2 trouble.
@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from disan.manifest import available_variants, load_manifest, routes, sha256_file, variant_files
+from disan.bundle.manifest import available_variants, load_manifest, routes, sha256_file, variant_files
 
 
 def graph_fingerprint(path: Path, digests: dict[tuple[str, int, int], str] | None = None) -> str:

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disan.lineage import flat
-from disan.manifest import GRAPH_SETS, GRAPHS, ROUTES
+from disan.bundle.lineage import flat
+from disan.bundle.manifest import GRAPH_SETS, GRAPHS, ROUTES
 
 # Routes of a bundle with a distilled sentence encoder: /nli keeps the NLI model's own encoder.
 EMBED_ROUTES = {"nli": "nli_encoder", "nli_explain": "nli_encoder_explain"}
@@ -23,7 +23,7 @@ def versions() -> dict[str, str]:
     import onnxruntime
     import torch
 
-    from model_export.graphs import OPSET  # torch, as above
+    from model_export.graphs.wrappers import OPSET  # torch, as above
 
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
             "python": platform.python_version(), "opset": OPSET}
@@ -33,8 +33,8 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                     loaded: dict[str, tuple], payloads: dict[str, dict], paths: dict[str, Path]
                     ) -> dict[str, Any]:
     """The manifest of an exported bundle, before its hashes and verification (write_manifest)."""
-    from disan.checkpoint import provenance  # torch, imported when exporting, as in versions()
-    from model_export.graphs import graph_source  # torch, as above
+    from disan.train.checkpoint import provenance  # torch, imported when exporting, as in versions()
+    from model_export.graphs.wrappers import graph_source  # torch, as above
 
     has_embed = "embed" in loaded
     encoder = loaded["embed" if has_embed else "nli"][0]
@@ -51,7 +51,7 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                        "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
                    for g, spec in GRAPHS.items() if g in present},
     }
-    if has_embed:  # without, the defaults (disan.manifest.ROUTES): the bundle reads as before routes
+    if has_embed:  # without, the defaults (disan.bundle.manifest.ROUTES): the bundle reads as before routes
         manifest["routes"] = {route: graph for route, graph in {**ROUTES, **EMBED_ROUTES}.items()
                               if graph in present}
     # the distilled encoder's config as served: over the bundle's vocabulary (model_export.embed)
@@ -72,7 +72,7 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
         "versions": versions(),
     })
     # each source named by file name and sha256 (never a path), with the provenance it carries:
-    # every checkpoint it names once, in the lineage (disan.lineage)
+    # every checkpoint it names once, in the lineage (disan.bundle.lineage)
     manifest["sources"], manifest["lineage"] = flat(
         {task: provenance(path, payloads[task]) for task, path in paths.items()})
     if has_embed:

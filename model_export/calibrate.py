@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from disan import data as D
-from disan.checkpoint import load_checkpoint, model_from_checkpoint, provenance, write_checkpoint
-from disan.manifest import load_manifest
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
-from disan.text import Vocab
+from disan.bundle.manifest import load_manifest
+from disan.data import readers as D
+from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.text.tokenizer import Vocab
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint, provenance, write_checkpoint
 from model_export.embed import task_model_as_stored
 
 BATCH = 128

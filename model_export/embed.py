@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from disan.checkpoint import load_checkpoint, model_from_checkpoint
 from disan.model import DiSANConfig, DiSANEncoder
-from disan.text import UNK, Vocab
+from disan.text.tokenizer import UNK, Vocab
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 TASK = "encoder"  # the checkpoint task of `disan pretrain` / distillation students
 
@@ -70,7 +70,10 @@ def as_stored(models: dict[str, Any], storage: dict[str, str],
     `matrices` storage (default fp32), and a task model that borrows words given the encoder's
     table as stored (after check_borrowed): the references of the parity checks, at export and
     at `disan verify`."""
-    from model_export.storage import round_matrices, round_tables  # onnx: with torch, in the train extra
+    from model_export.graphs.storage import (  # onnx: with torch, in the train extra
+        round_matrices,
+        round_tables,
+    )
 
     borrowers = {task: model.encoder for task, model in models.items()
                  if task != "embed" and model.cfg.borrowed_rows}
@@ -87,8 +90,8 @@ def task_model_as_stored(model, task: str, storage: dict[str, str], matrices: di
     manifest's `weights` records them) would hold it, in place, without the encoder at hand: what
     as_stored does, with the borrowed copy of the encoder's table rounded as the encoder's own
     table is stored (the values as_stored copies in). To compare checkpoints before exporting one
-    (bench/sentiment_served.py)."""
-    from model_export.storage import round_matrices, round_table, round_tables  # onnx: as as_stored
+    (research/analyses/sentiment_served.py)."""
+    from model_export.graphs.storage import round_matrices, round_table, round_tables  # onnx: as as_stored
 
     round_tables([model], storage[task])
     round_matrices(model, matrices.get(task, "fp32"))

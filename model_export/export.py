@@ -1,6 +1,6 @@
 """`disan export --nli CKPT --sentiment CKPT [--embed CKPT] --out DIR`: checkpoints -> verified bundle.
 
-A bundle carries one graph set per provider (see `disan.manifest`): `cpu` (attention in
+A bundle carries one graph set per provider (see `disan.bundle.manifest`): `cpu` (attention in
 query-row chunks, fp32; int8 with --quantize) and `gpu` (unchunked; fp16 by default, fp32 kept
 for parity). All graphs read their weights from one shared file, each tensor stored once.
 With --embed, a distilled sentence encoder serves the embedding routes (`encoder` graphs, over
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disan.manifest import (
+from disan.bundle.manifest import (
     EMBEDDING_STORAGES,
     GRAPH_SETS,
     GRAPHS,
@@ -34,7 +34,7 @@ from disan.manifest import (
     storage_kind,
     write_manifest,
 )
-from disan.text import merged_vocab
+from disan.text.tokenizer import merged_vocab
 from model_export.bundle_diff import route_fingerprints
 from model_export.bundle_manifest import bundle_manifest
 from model_export.served import served_accuracy
@@ -103,7 +103,7 @@ def storage_by_model(spec: str | dict[str, str], models, allowed=EMBEDDING_STORA
 def load_sources(nli_path: Path, sentiment_path: Path):
     """Load both checkpoints; refuse wrong tasks or different vocabularies with a clear message."""
     # torch/onnx load only once there is work: `disan export --help` and flag errors answer at once
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
 
     payloads = {"nli": load_checkpoint(nli_path), "sentiment": load_checkpoint(sentiment_path)}
     loaded = {task: model_from_checkpoint(p) for task, p in payloads.items()}
@@ -155,9 +155,9 @@ def stage_graphs(nli_model, sent_model, stage: Path, layout_args: tuple, chunk_c
     # torch and onnx: imported when exporting (see load_sources)
     import onnx
 
-    from model_export.graphs import export_fp32_graphs, graph_source  # torch, as above
-    from model_export.onnx_files import convert_fp16, quantize_int8  # onnx, as above
-    from model_export.weights import name_by_parameters, share_fp32_weights  # onnx, as above
+    from model_export.graphs.onnx_files import convert_fp16, quantize_int8  # onnx, as above
+    from model_export.graphs.weights import name_by_parameters, share_fp32_weights  # onnx, as above
+    from model_export.graphs.wrappers import export_fp32_graphs, graph_source  # torch, as above
 
     t0 = time.perf_counter()
     paths = export_fp32_graphs(nli_model, sent_model, stage, chunk_cells, embed)
@@ -198,9 +198,9 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
     parameters in fp16 if `matrices` {model: storage} does)."""
     import onnx  # as above
 
-    from model_export.onnx_files import check_onnx, strip_node_metadata
-    from model_export.storage import MATRIX_NOTE, matrices_of, store_tables, table_storages
-    from model_export.weights import SharedWeights  # onnx, as above
+    from model_export.graphs.onnx_files import check_onnx, strip_node_metadata
+    from model_export.graphs.storage import MATRIX_NOTE, matrices_of, store_tables, table_storages
+    from model_export.graphs.weights import SharedWeights  # onnx, as above
 
     storage = storage or {"nli": "fp32", "sentiment": "fp32"}
     matrices = matrices or {}
@@ -239,7 +239,7 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
 
 def storage_note(storage: str) -> str:
     """What the manifest says of a table storage (an int4 tail's row count filled in)."""
-    from model_export.storage import STORAGE_NOTES  # onnx, as above
+    from model_export.graphs.storage import STORAGE_NOTES  # onnx, as above
 
     return STORAGE_NOTES[storage_kind(storage)].format(rows=int4_rows(storage))
 
@@ -255,7 +255,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.embed import as_stored  # torch, as above
-    from model_export.graphs import ATTENTION_CHUNK_CELLS
+    from model_export.graphs.wrappers import ATTENTION_CHUNK_CELLS
     from model_export.references import references_from_models
     from model_export.verify import FP32_TOL, check_parity
 

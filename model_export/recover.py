@@ -4,7 +4,7 @@
     disan export --nli OUT_DIR/nli.pt --sentiment OUT_DIR/sentiment.pt --out NEW_BUNDLE
 
 Format 2 (the current one): every initializer is named after the parameter it holds
-(`<task>/<parameter>`, see model_export.weights), so each model the manifest lists is rebuilt
+(`<task>/<parameter>`, see model_export.graphs.weights), so each model the manifest lists is rebuilt
 from its config and those weights, word-vector tables as stored (fp16 or int8 storage: the
 values the bundle serves). A distilled encoder (`embed`) comes back over the bundle's vocabulary.
 
@@ -31,9 +31,8 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
-from disan.checkpoint import save_checkpoint
-from disan.lineage import nested
-from disan.manifest import (
+from disan.bundle.lineage import nested
+from disan.bundle.manifest import (
     GRAPHS,
     available_variants,
     read_manifest_json,
@@ -42,13 +41,14 @@ from disan.manifest import (
     verify_files,
 )
 from disan.model import DiSANConfig, build_model
-from disan.text import Vocab
+from disan.text.tokenizer import Vocab
+from disan.train.checkpoint import save_checkpoint
 from model_export.agreement import NLI
-from model_export.graphs import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
+from model_export.graphs.weights import TRANSPOSED, name_by_parameters
+from model_export.graphs.wrappers import NLIGraph, SentimentExplainGraph, SentimentGraph, export_graph
 from model_export.references import bundle_models, load_state, references_from_models, storage_of
 from model_export.sessions import session
 from model_export.verify import FP32_TOL, check_parity, parity_cases
-from model_export.weights import TRANSPOSED, name_by_parameters
 
 PREFIX = "model."  # the wrappers of format-1 graphs hold the model as `self.model`
 

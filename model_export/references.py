@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from disan.manifest import BundleError, available_variants, sha256_file, variant_files
-from disan.text import Vocab
+from disan.bundle.manifest import BundleError, available_variants, sha256_file, variant_files
+from disan.text.tokenizer import Vocab
 
 
 def storage_of(manifest: dict[str, Any], task: str, field: str = "embedding_storage") -> str:
@@ -25,7 +25,7 @@ def references_from_models(nli, sent, embed=None) -> dict[str, Any]:
     """Graph name (and "nli", the whole model) -> PyTorch wrapper: the reference of each graph
     (`embed`: the distilled encoder, over the bundle's vocabulary, if the bundle has one)."""
     # torch: only the parity modes need it
-    from model_export.graphs import NLIGraph, build_wrappers
+    from model_export.graphs.wrappers import NLIGraph, build_wrappers
 
     return {**build_wrappers(nli, sent, embed), "nli": NLIGraph(nli).eval()}
 
@@ -35,7 +35,7 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
     """Wrappers from the source checkpoints among `places` (.pt files, or directories of them),
     found by the sha256 the manifest records; a distilled encoder re-indexed to the bundle's
     `vocab` and every table rounded to its storage, as the export did."""
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # torch, as above
     from model_export.embed import as_stored, reindexed  # as above
 
     models = {}
@@ -63,7 +63,7 @@ def bundle_models(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """{task: model} for every model the manifest lists, rebuilt from the parameter-named
     weights of the fp32 graphs (tables stored in fp16 or int8 read back as the values served)."""
     from disan.model import DiSANConfig, build_model  # torch, as above
-    from model_export.storage import state_dicts_from_graphs
+    from model_export.graphs.storage import state_dicts_from_graphs
 
     files = {f for s, v in available_variants(manifest) if v == "fp32"
              for f in variant_files(manifest, s, v).values()}

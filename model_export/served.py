@@ -9,15 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from disan.recipes import EVAL_FILES
+from disan.data.recipes import EVAL_FILES
 
 SERVED_TASKS = ("snli", "sst5", "sst2")  # the test sets the README reports (the others train NLI)
 
 
 def served_accuracy(bundle: Path, data_root: Path, log=print) -> dict[str, Any]:
     """{task: {accuracy, macro_f1, n, data}} for each of SERVED_TASKS staged under `data_root`."""
-    from disan.evaluate import evaluate_task  # scikit-learn (`train` extra, as export's torch)
-    from disan.runtime import load_offline
+    from disan.eval.evaluate import evaluate_task  # scikit-learn (`train` extra, as export's torch)
+    from disan.runtime.runtime import load_offline
 
     served: dict[str, Any] = {}
     tasks = [task for task in SERVED_TASKS if (data_root / EVAL_FILES[task]).is_file()]

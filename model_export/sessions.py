@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from disan.manifest import GRAPHS, TOKEN_AXES
+from disan.bundle.manifest import GRAPHS, TOKEN_AXES
 
 
 def session(path: Path):

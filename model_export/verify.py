@@ -2,7 +2,7 @@
 
 fp32 graphs of every set must match PyTorch within 1e-5 and predict identical labels, graph by
 graph and for NLI as served (the NLI route's encoder on both sentences, then nli_head: see
-`disan.manifest.routes`) against the whole PyTorch NLI model. Parity cases: random-id and
+`disan.bundle.manifest.routes`) against the whole PyTorch NLI model. Parity cases: random-id and
 real-sentence batches at lengths 1, 2, 7, 33, 100 (capped at the bundle's max_len) and batch sizes
 1 and 16, batch-16 rows with mixed lengths; random ids span the whole bundle vocabulary (with a
 distilled encoder: words of either model's vocabulary).
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from disan.manifest import (
+from disan.bundle.manifest import (
     GRAPHS,
     BundleError,
     available_variants,
@@ -36,7 +36,7 @@ from disan.manifest import (
     variant_files,
     write_manifest,
 )
-from disan.text import Vocab
+from disan.text.tokenizer import Vocab
 from model_export.agreement import NLI, agreement_data, meets_bars, variant_agreement
 from model_export.references import references_from_bundle, references_from_checkpoints
 from model_export.sessions import run_graph, session, trim
@@ -216,11 +216,11 @@ def _how_to_get_checkpoint_parity(manifest: dict[str, Any]) -> str:
 def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Which graph files still carry the exporter's per-node metadata (the Python stack that made
     each node, with the build machine's file paths): bundles exported before `disan export`
-    dropped it (model_export.onnx_files.strip_node_metadata). Needs onnx (the train extra)."""
+    dropped it (model_export.graphs.onnx_files.strip_node_metadata). Needs onnx (the train extra)."""
     try:  # onnx: the train extra; a service's environment has onnxruntime only
         import onnx
 
-        from model_export.weights import all_nodes  # onnx, as above
+        from model_export.graphs.weights import all_nodes  # onnx, as above
     except ModuleNotFoundError as exc:  # the service's environment
         return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
     files = sorted({f for s, v in available_variants(manifest)

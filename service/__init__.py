@@ -8,7 +8,7 @@ Layers (tests/test_structure.py enforces them; each may import only the ones bel
     service.main, service.cli   entry points: build the app, run `disan serve`
     service.http                the HTTP front: routes, fast path, ASGI/protocol, schemas, web page
     service.inference           the engine (limits, tokenizing, explain), admission
-    service.backend             the model side: runtime, micro-batcher, shared inference process
+    service.backend             the model side: runtime, micro-batcher
     service.settings            every DISAN_* setting
     service.common              errors, timing, metrics, worker readiness, batching defaults
 """

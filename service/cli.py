@@ -18,7 +18,7 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
-from disan.manifest import BundleError, load_manifest
+from disan.bundle.manifest import BundleError, load_manifest
 from service.settings import Settings
 
 EXPORT_HINT = "disan export --nli CKPT --sentiment CKPT --out models/default"
@@ -103,32 +103,19 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn  # imported late: `disan serve --help` and the checks above stay fast
 
-    from service.backend.inference_process import InferenceSupervisor
-
-    # late for the same reason (prometheus, starlette, onnxruntime)
-    from service.common.batching_defaults import resolve_inference_process
-    from service.common.metrics import MULTIPROC_ENV
+    from service.common.metrics import MULTIPROC_ENV  # late for the same reason (prometheus)
 
     given = {k for k in vars(args) if k in Settings.model_fields}
     export_to_env(settings, given)
-    mode, why = resolve_inference_process(settings.inference_process, settings.workers, settings.providers)
-    # Several workers (or the shared inference process) share their metrics and readiness through
-    # a fresh directory (a tmpfs in the containers, whose root is read-only); prometheus_client
-    # reads the variable at import, so it is set before the workers start. One worker alone keeps
-    # its private registry.
-    shared = tempfile.mkdtemp(prefix="disan-workers-") if settings.workers > 1 or mode == "shared" else None
+    # Several workers share their metrics and readiness through a fresh directory (a tmpfs in the
+    # containers, whose root is read-only); prometheus_client reads the variable at import, so it
+    # is set before the workers start. One worker alone keeps its private registry.
+    shared = tempfile.mkdtemp(prefix="disan-workers-") if settings.workers > 1 else None
     if shared is not None:
         os.environ[MULTIPROC_ENV] = shared
     else:
         os.environ.pop(MULTIPROC_ENV, None)
-    inference = None
-    if shared is not None and mode == "shared":
-        inference = InferenceSupervisor(os.path.join(shared, "inference.sock"))
     try:
-        if inference is not None:
-            print(f"disan serve: one shared inference process for {settings.workers} workers ({why})",
-                  file=sys.stderr)
-            inference.start()
         uvicorn.run(
             "service.main:create_app_from_env",
             factory=True,
@@ -147,11 +134,6 @@ def run(args: argparse.Namespace) -> int:
             proxy_headers=False,
         )
     finally:
-        died = inference.stop() if inference is not None else None
         if shared is not None:
             shutil.rmtree(shared, ignore_errors=True)
-    if died is not None:
-        print(f"disan serve: the shared inference process exited ({died}); stopped the workers",
-              file=sys.stderr)
-        return 1
     return 0

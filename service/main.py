@@ -24,10 +24,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
-from service.backend.remote import INFERENCE_SOCKET_ENV
-from service.common.errors import Unauthorized, install_error_handlers
+from service.common.errors import Unauthorized
 from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
 from service.http.asgi import BodyPolicy, GateMiddleware, send_error
+from service.http.errors import install_error_handlers
 from service.http.fastpath import InferenceFastPath, bearer_credentials, header_value
 from service.http.handlers import HANDLERS, api_key_ok
 from service.http.protocol import HOOKS_KEY, HttpHooks
@@ -87,12 +87,11 @@ class DisanApp(FastAPI):
         return patched
 
 
-def create_app(settings: Settings | None = None, inference_socket: str | None = None) -> DisanApp:
-    """Build the ASGI app for `settings` (default: from the environment); `inference_socket`:
-    where the shared inference process listens (`inference_process=shared`)."""
+def create_app(settings: Settings | None = None) -> DisanApp:
+    """Build the ASGI app for `settings` (default: from the environment)."""
     settings = settings or Settings()
     metrics = Metrics()
-    engine = Engine(settings, metrics, inference_socket)
+    engine = Engine(settings, metrics)
     admission = Admission(settings.max_concurrent_requests, settings.admission_wait_s,
                           settings.max_queue_wait_s, engine.queued_seconds, on_change=metrics.on_admission)
     policy = BodyPolicy(settings.max_request_bytes, settings.body_timeout_s, settings.max_json_items)
@@ -150,6 +149,6 @@ def create_app_from_env() -> DisanApp:
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings, os.environ.get(INFERENCE_SOCKET_ENV))
+    app = create_app(settings)
     app.state.engine.on_load_failure = exit_unloadable
     return app

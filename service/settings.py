@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from disan.ort_session import OptimizationLevel, Providers, Variant
-from disan.runtime import RuntimeOptions
-from disan.windowing import LongTextPolicy
+from disan.runtime.ort_session import OptimizationLevel, Providers, Variant
+from disan.runtime.runtime import RuntimeOptions
+from disan.text.windowing import LongTextPolicy
 from service.common.batching_defaults import PROVIDER_DEFAULTS
 
 # service/ sits next to models/ in the repository (and in an editable install).
@@ -118,14 +118,6 @@ class Settings(BaseSettings):
         0, ge=0, le=64, description="ORT calls in flight per graph; 0 = auto: 1 on CUDA, on CPU one "
         "call per core of this worker (cores / workers), each with 1 ORT thread unless "
         "intra_op_threads is set")
-
-    # Each worker owning its runtime means one CUDA context per worker, time-slicing the card,
-    # and batches that only hold that worker's requests; a shared process has one context and
-    # batches that fill from every worker, at the price of one local-socket hop per call.
-    inference_process: Literal["auto", "off", "shared"] = Field(
-        "auto", description="where the onnxruntime calls run with several workers: off = in each worker; "
-        "shared = one inference process started by `disan serve` that every worker feeds over a Unix "
-        "socket; auto = per provider, as measured (/info says which and why)")
 
     # --- HTTP ---
     # FastAPI's per-request machinery costs about as much CPU as the model for one-sentence

@@ -6,6 +6,7 @@ in an environment without torch (the service's), and the fixtures skip cleanly t
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import random
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from disan.manifest import NLI_LABELS
-from disan.manifest import SST5_LABELS as SENTIMENT_LABELS
-from disan.text import Vocab
+from disan.bundle.manifest import NLI_LABELS
+from disan.bundle.manifest import SST5_LABELS as SENTIMENT_LABELS
+from disan.text.tokenizer import Vocab
 
 # Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
 WORDS = """a an the man woman men women child children dog dogs cat people person is are was
@@ -50,8 +51,8 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
     """Save a random-weight model for `task` ("nli" | "sentiment" | "encoder", a distilled
     sentence encoder: no labels) with tiny dimensions."""
     torch = pytest.importorskip("torch")
-    from disan.checkpoint import save_checkpoint
     from disan.model import DiSANConfig, build_model
+    from disan.train.checkpoint import save_checkpoint
 
     torch.manual_seed(seed)
     cfg = DiSANConfig(vocab_size=len(vocab), task=task, num_classes=len(labels),
@@ -67,7 +68,7 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
 def member_of(first: Path, out: Path, seed: int, **cfg_overrides) -> Path:
     """A tiny sentiment model with its own attention blocks and head (`seed`) over `first`'s word
     table, as `disan train --init-words FIRST --freeze-words` leaves it: an ensemble member."""
-    from disan.checkpoint import load_checkpoint, write_checkpoint
+    from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
     payload = load_checkpoint(first)
     make_tiny_checkpoint(out, "sentiment", loaded(first)[1], payload["labels"], seed=seed, **cfg_overrides)
@@ -79,7 +80,7 @@ def member_of(first: Path, out: Path, seed: int, **cfg_overrides) -> Path:
 
 def loaded(path: Path):
     """(model, vocab) of a checkpoint file, eval mode."""
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # torch
 
     model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
     return model, vocab
@@ -97,7 +98,7 @@ def run_texts(model, vocab: Vocab, texts: list[str]):
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_graph_cache(tmp_path_factory) -> Iterator[Path]:
-    """One cache of traced graphs for the session (`model_export.graph_cache`): the bundle
+    """One cache of traced graphs for the session (`model_export.graphs.cache`): the bundle
     fixtures export the same tiny models many times, and tracing is most of an export. Every
     bundle is still verified against PyTorch when it is built."""
     folder = tmp_path_factory.mktemp("graph-cache")
@@ -168,6 +169,15 @@ def wait_ready(get: Callable, base: str = "", timeout: float = 30.0,
             pass
         assert time.monotonic() < deadline, f"not ready after {timeout:.0f} s"
         time.sleep(0.02)
+
+
+async def until_loaded(engine, timeout: float = 60.0) -> None:
+    """Wait until an engine's background load has finished, well or not (`/ready` would say)."""
+    deadline = time.monotonic() + timeout
+    while engine.state == "loading":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the engine did not finish loading")
+        await asyncio.sleep(0.01)
 
 
 @contextmanager
@@ -277,7 +287,7 @@ def bundle_copy(tiny_bundle, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_models(tiny_checkpoints):
     """(nli_model, sentiment_model) rebuilt from the fixture checkpoints, eval mode."""
-    from disan.checkpoint import load_checkpoint, model_from_checkpoint  # torch
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # torch
 
     nli, _, _ = model_from_checkpoint(load_checkpoint(tiny_checkpoints.nli))
     sent, _, _ = model_from_checkpoint(load_checkpoint(tiny_checkpoints.sentiment))
@@ -301,7 +311,7 @@ def padded_ids(rng, vocab_size: int, batch: int, n: int):
 
 def bundle_graph_files(manifest) -> dict[str, str]:
     """file -> graph name, over every set and variant."""
-    from disan.manifest import variant_files
+    from disan.bundle.manifest import variant_files
 
     return {f: g for s, e in manifest["sets"].items() for v in e["variants"]
             for g, f in variant_files(manifest, s, v).items()}
@@ -321,7 +331,7 @@ def write_corpus_folder(folder: Path, sentences: list[str]) -> Path:
 
 
 class FakeWordEncoder:
-    """Stands in for MiniLM / MPNet in `disan.embeddings.static_vectors`: 8-d vectors, seeded by
+    """Stands in for MiniLM / MPNet in `disan.train.word_vectors.static_vectors`: 8-d vectors, seeded by
     the number of words (CI has neither model)."""
 
     def encode(self, words, **_):

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from disan.manifest import load_manifest, sha256_file
+from disan.bundle.manifest import load_manifest, sha256_file
 from service.main import create_app
 from service.settings import Settings
 
@@ -234,7 +234,7 @@ def test_info_reports_the_live_session_provider(client):
 
 def test_default_call_layout_on_cpu(client):
     """Defaults on CPU: one single-threaded ORT call per core in flight, reported by /info."""
-    from disan.ort_session import cpu_cores
+    from disan.runtime.ort_session import cpu_cores
 
     runtime = client.app.state.engine.runtime
     assert client.get("/info").json()["batching"]["batch_concurrency"] == cpu_cores()

@@ -1,11 +1,12 @@
-"""disan.augment: Tang et al.'s variants of training sentences (masked words, swapped words, n-grams)."""
+"""disan.distill.task_teacher.augment: Tang et al.'s variants of training sentences (masked words,
+swapped words, n-grams)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from disan.augment import MASK, Augmenter
+from disan.distill.task_teacher.augment import MASK, Augmenter
 
 SENTENCES = [tuple("the film is a charming and moving story".split()),
              tuple("a dull , plodding mess".split()), tuple("not bad at all".split())]

@@ -11,7 +11,7 @@ import pytest
 from conftest import FakeRunner
 from conftest import make_batcher as make
 
-from disan.batching import split_by_cells
+from disan.runtime.batching import split_by_cells
 from service.common.errors import NotReady, Overloaded
 
 
@@ -144,7 +144,7 @@ def test_queue_full_raises_overloaded_at_once():
         waiting = asyncio.ensure_future(b.run(["c", "d", "e"]))  # fills the queue
         await asyncio.sleep(0.01)
         with pytest.raises(Overloaded) as info:
-            b.submit(["f"])
+            await b.run(["f"])
         runner.gate.set()
         out = await asyncio.gather(busy, waiting)
         await b.stop()
@@ -181,7 +181,7 @@ def test_stop_drains_then_refuses():
         await asyncio.sleep(0)
         await b.stop()
         with pytest.raises(NotReady):
-            b.submit(["late"])
+            await b.run(["late"])
         return await pending
 
     assert run(main()) == ["aa", "bb", "cc", "dd", "ee"]

@@ -196,7 +196,7 @@ def test_abort_answers_queued_and_running_items_at_once():
         runner.gate.set()  # the call still running finishes later; nobody waits for it
         await b.stop(timeout=5)
         with pytest.raises(NotReady):
-            b.submit(["late"])
+            await b.run(["late"])
         return told, outcomes, waited
 
     told, outcomes, waited = run(main())

@@ -1,10 +1,10 @@
-"""Length-sorted batching (disan.batching): training batches, in-order mapping, cell budgets."""
+"""Length-sorted batching (disan.runtime.batching): training batches, in-order mapping, cell budgets."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from disan.batching import length_batches, map_sorted, split_by_cells
+from disan.runtime.batching import length_batches, map_sorted, split_by_cells
 
 
 def test_length_batches_cover_everything_once_with_similar_lengths() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disan.ort_session import CPU, CUDA
+from disan.runtime.ort_session import CPU, CUDA
 from service.common.batching_defaults import PROVIDER_DEFAULTS, resolve_batching
 
 
@@ -48,7 +48,7 @@ def _info(bundle, monkeypatch, provider: str | None, **settings) -> tuple[dict, 
     from conftest import wait_ready  # the test client helpers need the service extra
     from fastapi.testclient import TestClient
 
-    from disan.runtime import Runtime
+    from disan.runtime.runtime import Runtime
     from service.main import create_app
     from service.settings import Settings
 

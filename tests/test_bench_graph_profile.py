@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import graph_profile as bench
-from disan.recipes import BENCH_SENTENCE_FILES
+from disan.data.recipes import BENCH_SENTENCE_FILES
 
 WORDS = "the a man film good bad is was playing guitar".split()
 

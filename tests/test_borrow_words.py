@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
 
-from disan.text import Vocab
+from disan.text.tokenizer import Vocab
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
-from disan.borrow_words import borrow_words  # noqa: E402
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
+from disan.distill.borrow_words import borrow_words  # noqa: E402
 from disan.model import BORROWED_KEY  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
-from model_export.storage import quantize_rows, round_tables  # noqa: E402
+from model_export.graphs.storage import quantize_rows, round_tables  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -42,7 +42,7 @@ def lender(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def borrowed(tmp_path_factory, tiny_checkpoints, lender) -> Path:
     out = tmp_path_factory.mktemp("borrowed") / "sentiment.pt"
-    assert main(["borrow-words", str(tiny_checkpoints.sentiment), str(lender), str(out)]) == 0
+    assert main(["distill", "borrow-words", str(tiny_checkpoints.sentiment), str(lender), str(out)]) == 0
     return out
 
 
@@ -130,7 +130,7 @@ def bundle(tmp_path_factory, tiny_checkpoints, lender, borrowed) -> Path:
 
 
 def test_the_bundle_serves_lent_words_and_stores_the_table_once(bundle, tiny_checkpoints, lender, borrowed):
-    from disan.manifest import load_manifest
+    from disan.bundle.manifest import load_manifest
 
     manifest = load_manifest(bundle)
     assert manifest["verification"]["passed"]
@@ -201,7 +201,7 @@ def test_the_graphs_map_only_the_tokens_that_borrow(bundle, tmp_path):
     import onnx
     import onnxruntime as ort
 
-    from disan.manifest import available_variants, load_manifest, variant_files
+    from disan.bundle.manifest import available_variants, load_manifest, variant_files
 
     manifest = load_manifest(bundle)
     own = manifest["models"]["sentiment"]["config"]["vocab_size"]

@@ -10,8 +10,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
+from disan.bundle.manifest import load_manifest, write_manifest  # noqa: E402
 from disan.cli import main as disan_main  # noqa: E402
-from disan.manifest import load_manifest, write_manifest  # noqa: E402
 from model_export.bundle_diff import compare, route_fingerprints, run  # noqa: E402
 
 PAD = 64  # bytes put in front of weights.data: every offset moves, no weight changes

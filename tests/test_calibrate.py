@@ -16,9 +16,9 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
-from disan.checkpoint import load_checkpoint  # noqa: E402
+from disan.bundle.manifest import load_manifest  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.manifest import load_manifest  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
 from model_export import calibrate as cal  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
 

@@ -1,11 +1,11 @@
-"""disan.checkpoint: writes are all-or-nothing; a foreign file is a one-line error."""
+"""disan.train.checkpoint: writes are all-or-nothing; a foreign file is a one-line error."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from disan.checkpoint import load_checkpoint, write_checkpoint
+from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
 
 def test_a_failed_write_keeps_the_old_checkpoint_and_leaves_no_partial_file(tmp_path) -> None:

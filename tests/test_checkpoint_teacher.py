@@ -14,11 +14,11 @@ torch = pytest.importorskip("torch")
 
 from conftest import write_fake_sst5  # noqa: E402
 
-from disan import data as D  # noqa: E402
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.bundle.manifest import SST5_LABELS  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.manifest import SST5_LABELS  # noqa: E402
-from disan.train import collate  # noqa: E402
+from disan.data import readers as D  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.train.loop import collate  # noqa: E402
 
 WORDS = ["a", "man", "plays", "the", "guitar", "dog", "runs", "badly", "well"]
 TINY = ["--init", "random", "--embed-dim", "8", "--glove-extra", "0", "--d-h", "8", "--epochs", "1",
@@ -58,7 +58,7 @@ def _probabilities(path: Path, tokens: tuple[str, ...]) -> np.ndarray:
 def test_the_soft_labels_are_the_mean_of_the_models_and_train_reads_them(trained, tmp_path: Path) -> None:
     root, models = trained
     out = tmp_path / "tt"
-    assert main(["task-teacher", "--data", str(root), "--checkpoints", *map(str, models),
+    assert main(["distill", "task-teacher", "--data", str(root), "--checkpoints", *map(str, models),
                  "--threads", "1", "--out", str(out)]) == 0
     with np.load(out / "soft.npz") as z:
         keys, logits, columns = list(z["keys"]), z["logits"], list(z["labels"])
@@ -94,7 +94,7 @@ def test_bad_input_is_a_one_line_error(trained, tmp_path: Path, capsys, case: st
         (tmp_path / "corpus" / "corpus.json").write_text("{}")
         extra, message = ["--unlabelled", str(tmp_path / "corpus")], "--unlabelled"
     capsys.readouterr()
-    rc = main(["task-teacher", "--data", str(root), "--checkpoints", ckpt, *extra,
+    rc = main(["distill", "task-teacher", "--data", str(root), "--checkpoints", ckpt, *extra,
                "--out", str(tmp_path / "tt")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and message in err

@@ -44,7 +44,7 @@ SERVICE_NAMES = ("disan", "disan-cpu")  # compose services running `disan serve`
 SETTINGS_ENV = {serve_cli.env_name(name) for name in Settings.model_fields}
 ENV_NAME = re.compile(r"\bDISAN_[A-Z0-9_]*[A-Z0-9]\b")
 # DISAN_* variables read by the training side (e.g. DISAN_DATA, the default `disan train --data`).
-CODE_ENV = {m for pkg in ("disan", "model_export") for f in (ROOT / pkg).glob("*.py")
+CODE_ENV = {m for pkg in ("disan", "model_export") for f in (ROOT / pkg).rglob("*.py")
             for m in ENV_NAME.findall(f.read_text(encoding="utf-8"))}
 # ${VAR}, ${VAR:-default}, ${VAR-default}: compose interpolation, replaced by its default here.
 INTERPOLATION = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}")

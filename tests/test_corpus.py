@@ -107,7 +107,7 @@ def test_a_missing_or_failing_fetch_tool_is_one_line(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
     monkeypatch.setattr(corpus_sources.shutil, "which", lambda _tool: None)
-    code = main(["corpus", "--sources", "mailing-lists", "--npm-dir", str(tmp_path / "npm"),
+    code = main(["distill", "corpus", "--sources", "mailing-lists", "--npm-dir", str(tmp_path / "npm"),
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "`npm` is not installed" in err and "Traceback" not in err

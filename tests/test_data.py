@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from disan import data as D
+from disan.data import readers as D
 
 STAGED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

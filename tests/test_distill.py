@@ -13,9 +13,10 @@ torch = pytest.importorskip("torch")
 
 from conftest import loaded, run_texts  # noqa: E402
 
-from disan import distill, supervision  # noqa: E402
-from disan.checkpoint import load_checkpoint  # noqa: E402
+from disan.distill import loop as distill  # noqa: E402
+from disan.distill import supervision  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
 WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
 
@@ -155,8 +156,8 @@ def test_init_from_goes_on_from_a_trained_student(tmp_path: Path) -> None:
 def test_init_from_names_the_student_it_went_on_from(tmp_path: Path) -> None:
     # A further phase from a student that carries its own origin (here: rebuilt from a bundle) must
     # keep that chain in best.pt and last.pt, through --resume, and into a bundle's manifest.
-    from disan.checkpoint import provenance, write_checkpoint
-    from disan.manifest import sha256_file
+    from disan.bundle.manifest import sha256_file
+    from disan.train.checkpoint import provenance, write_checkpoint
 
     sentences, teacher = _corpus()
     distill.distill(_args(tmp_path / "a", steps=3), sentences, lambda: teacher)
@@ -203,7 +204,7 @@ def test_checkpoint_encoder_gives_the_trained_vectors(tmp_path: Path) -> None:
     enc = DiSANEncoder(DiSANConfig.from_dict(ckpt["config"]))
     enc.load_state_dict(ckpt["model_state"])
     enc.eval()
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     vocab = Vocab(ckpt["vocab"][2:])
     ids = vocab.text_ids("the cat sat")
@@ -251,7 +252,7 @@ def test_neighbour_batches_train(tmp_path: Path) -> None:
 def test_whitened_term_weighs_the_teachers_quiet_directions() -> None:
     """--whitened: a student that gets the teacher's loud direction right and its quiet one wrong
     is nearly perfect by the plain cosine, but not in the evened-out space."""
-    from disan.whitening import TeacherWhitening
+    from disan.distill.whitening import TeacherWhitening
 
     rng = np.random.default_rng(0)
     teacher = rng.standard_normal((2000, 2)) * np.array([10.0, 0.3])  # loud x, quiet y

@@ -22,9 +22,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("tqdm")
 
 from disan import Encoder  # noqa: E402
+from disan.bundle.manifest import load_manifest, write_manifest  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.manifest import load_manifest, write_manifest  # noqa: E402
-from disan.shards import PROGRESS, read_output  # noqa: E402
+from disan.embed.shards import PROGRESS, read_output  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
@@ -158,7 +158,7 @@ def test_a_full_disk_is_one_line_and_the_job_goes_on_after_it(tiny_bundle, encod
                                                                monkeypatch):
     """The third shard's write fails with ENOSPC (as a full disk does): one line that says what is
     safe; the same command afterwards finishes with every row once."""
-    from disan import shards
+    from disan.embed import shards
 
     src = write_input(tmp_path / "in.jsonl", TEXTS)
     real, calls = shards.atomic_write, []

@@ -19,9 +19,9 @@ pytest.importorskip("ray.data", reason="the `ray` extra is not installed (pip in
 
 import disan  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.embed_cli import add_arguments  # noqa: E402
-from disan.embed_ray import EmbedActor, actor_options, bundle_files, run_ray  # noqa: E402
-from disan.shards import read_output  # noqa: E402
+from disan.embed.cli import add_arguments  # noqa: E402
+from disan.embed.on_ray import EmbedActor, actor_options, bundle_files, run_ray  # noqa: E402
+from disan.embed.shards import read_output  # noqa: E402
 
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
 ROWS = 300

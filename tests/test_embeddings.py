@@ -14,9 +14,9 @@ pytest.importorskip("torch")
 
 from conftest import FakeWordEncoder  # noqa: E402
 
-from disan import embeddings as E  # noqa: E402
 from disan.optional import MissingDependency, install_line  # noqa: E402
-from disan.text import PAD, UNK, Vocab  # noqa: E402
+from disan.text.tokenizer import PAD, UNK, Vocab  # noqa: E402
+from disan.train import word_vectors as E  # noqa: E402
 
 
 def vec_line(word: str, values) -> str:

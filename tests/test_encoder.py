@@ -10,10 +10,10 @@ pytest.importorskip("onnxruntime")
 from conftest import wait_ready  # noqa: E402
 
 from disan import Encoder  # noqa: E402
-from disan.encoder import TextTooLong  # noqa: E402
-from disan.runtime import load_offline  # noqa: E402
-from disan.text import tokenize  # noqa: E402
-from disan.windowing import pool_windows, split_windows  # noqa: E402
+from disan.runtime.encoder import TextTooLong  # noqa: E402
+from disan.runtime.runtime import load_offline  # noqa: E402
+from disan.text.tokenizer import tokenize  # noqa: E402
+from disan.text.windowing import pool_windows, split_windows  # noqa: E402
 
 TEXTS = ["a man is playing guitar", "the movie was great !", "dogs run in the park", "a",
          "the woman is not reading a book at the table in the rain", "zebra zebra", "the best film"]
@@ -92,7 +92,7 @@ LONG = "the man is playing guitar in the park " * 30  # 240 tokens, max_tokens 1
 
 
 def test_long_texts_are_windows_pooled_by_tokens(encoder, client):
-    """`window` (the default): windows of max_tokens (disan.windowing), each embedded as the
+    """`window` (the default): windows of max_tokens (disan.text.windowing), each embedded as the
     service embeds that window's text, pooled by token counts; short texts are untouched."""
     tokens = tokenize(LONG)
     for overlap in (0, 16):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from disan.manifest import (
+from disan.bundle.manifest import (
     FORMAT_VERSION,
     GRAPHS,
     load_manifest,
@@ -83,7 +83,7 @@ def test_graphs_valid_with_contract_io(tiny_bundle):
 def test_cpu_set_is_chunked_and_gpu_set_is_not(tiny_bundle):
     """The cpu set computes the token2token attention in query-row chunks (a Scan; the parity
     test below covers 1 to 50 steps); the gpu set in one tensor."""
-    from model_export.graphs import ATTENTION_CHUNK_CELLS
+    from model_export.graphs.wrappers import ATTENTION_CHUNK_CELLS
 
     m = load_manifest(tiny_bundle)
     assert m["sets"]["cpu"]["attention_chunk_cells"] == ATTENTION_CHUNK_CELLS > 0
@@ -185,7 +185,7 @@ def test_variants_recorded(tiny_bundle):
 def test_export_refuses_mismatched_vocabs(tiny_checkpoints, tmp_path, capsys):
     from conftest import SENTIMENT_LABELS, make_tiny_checkpoint
 
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     other = make_tiny_checkpoint(tmp_path / "other.pt", "sentiment", Vocab(["some", "other", "words"]),
                                  SENTIMENT_LABELS, seed=3)
@@ -204,7 +204,7 @@ def test_export_takes_a_vocabulary_that_extends_the_other(tiny_checkpoints, tmp_
     serves the longer list and the NLI model reads the extra ids as UNK."""
     from conftest import SENTIMENT_LABELS, make_tiny_checkpoint
 
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     longer = Vocab([*tiny_checkpoints.vocab.itos[2:], "zebra", "quokka"])
     sent = make_tiny_checkpoint(tmp_path / "sent.pt", "sentiment", longer, SENTIMENT_LABELS, seed=4)

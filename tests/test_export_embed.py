@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
 
-from disan.manifest import ROUTES, BundleError, load_manifest, routes, variant_files, write_manifest
-from disan.text import Vocab
+from disan.bundle.manifest import ROUTES, BundleError, load_manifest, routes, variant_files, write_manifest
+from disan.text.tokenizer import Vocab
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
-from disan.checkpoint import load_checkpoint  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
 from model_export.export import build_bundle  # noqa: E402
+from model_export.graphs.storage import quantize_rows, round_tables  # noqa: E402
 from model_export.references import bundle_models  # noqa: E402
-from model_export.storage import quantize_rows, round_tables  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
 
 torch.set_num_threads(1)
@@ -244,7 +244,7 @@ def test_int8_embedding_storage_is_checked_as_shipped(int8_bundle, embed_ckpt, t
 
 
 def _runtime(bundle: Path, graph_set: str, variant: str):
-    from disan.runtime import Runtime, RuntimeOptions
+    from disan.runtime.runtime import Runtime, RuntimeOptions
 
     return Runtime(bundle, RuntimeOptions(providers="cpu", graph_set=graph_set, variant=variant))
 
@@ -289,7 +289,7 @@ def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(ti
     """An encoder whose last words stand for unknown words (`extend-vocab --unknown-rows`):
     the bundle's vocabulary keeps them last, /embed reads an unknown word as the checkpoint does
     (its hashed row), and the NLI and sentiment models still read it as UNK."""
-    from disan.checkpoint import checkpoint_vocab, write_checkpoint
+    from disan.train.checkpoint import checkpoint_vocab, write_checkpoint
     from model_export.recover import recover
 
     payload = load_checkpoint(embed_ckpt)
@@ -317,6 +317,6 @@ def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(ti
     assert loaded(written["embed"])[1].unknown_rows == 2
     nli_vocab = loaded(tiny_checkpoints.nli)[1]
     with pytest.raises(ValueError, match="last 2 words stand for unknown words"):
-        from disan.text import merged_vocab
+        from disan.text.tokenizer import merged_vocab
 
         merged_vocab(nli_vocab, Vocab([*own.itos[2:], "dog", "man"], unknown_rows=2))

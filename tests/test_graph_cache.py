@@ -1,4 +1,4 @@
-"""model_export.graph_cache: a traced graph is reused only for an identical module."""
+"""model_export.graphs.cache: a traced graph is reused only for an identical module."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ pytest.importorskip("onnx")
 
 from conftest import loaded  # noqa: E402
 
-from model_export import graph_cache, graphs  # noqa: E402
-from model_export.graphs import EncoderGraph, NLIHeadGraph, chunked_attention, export_graph  # noqa: E402
+from model_export.graphs import cache as graph_cache  # noqa: E402
+from model_export.graphs import wrappers as graphs  # noqa: E402
+from model_export.graphs.wrappers import EncoderGraph, NLIHeadGraph, chunked_attention, export_graph  # noqa: E402
 
 V = 40  # the example ids' range (ids past a table read as UNK)
 
@@ -104,7 +105,7 @@ def test_a_module_that_differs_only_in_its_table_gets_the_graph_with_its_own_tab
         tiny_checkpoints, tmp_path, monkeypatch, traces):
     """Another --embedding-storage rounds only the tables: the graph is copied, not traced, and holds
     exactly what a trace of the rounded module holds."""
-    from model_export.storage import round_tables
+    from model_export.graphs.storage import round_tables
 
     monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path / "cache"))
     export_graph(EncoderGraph(loaded(tiny_checkpoints.nli)[0].encoder, "encoder"), tmp_path / "a.onnx", V)

@@ -11,8 +11,8 @@ import pytest
 from conftest import loaded
 from test_export_embed import TEXTS, _runtime, embed_ckpt, encode  # noqa: F401 (a fixture)
 
-from disan.manifest import int4_rows, load_manifest, storage_kind
-from disan.text import Vocab
+from disan.bundle.manifest import int4_rows, load_manifest, storage_kind
+from disan.text.tokenizer import Vocab
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
@@ -23,9 +23,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from disan import Encoder  # noqa: E402
 from model_export.embed import reindexed  # noqa: E402
 from model_export.export import build_bundle, storage_by_model  # noqa: E402
-from model_export.int4_tail import dequantize_rows_int4, quantize_rows_int4  # noqa: E402
+from model_export.graphs.int4_tail import dequantize_rows_int4, quantize_rows_int4  # noqa: E402
+from model_export.graphs.storage import quantize_rows, store_tables, stored_rows  # noqa: E402
 from model_export.references import bundle_models  # noqa: E402
-from model_export.storage import quantize_rows, store_tables, stored_rows  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
 
 TAIL = 5

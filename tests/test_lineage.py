@@ -1,4 +1,4 @@
-"""disan.lineage: a manifest's sources stored flat, each checkpoint once, and read back nested."""
+"""disan.bundle.lineage: a manifest's sources stored flat, each checkpoint once, and read back nested."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from disan.lineage import flat, nested
+from disan.bundle.lineage import flat, nested
 
 
 def entry(name: str, sha: str, **records) -> dict:

@@ -1,4 +1,4 @@
-"""Long texts on every route: windows pooled the way disan.windowing says, the policies, the
+"""Long texts on every route: windows pooled the way disan.text.windowing says, the policies, the
 limits, explanations (both front ends, the tiny bundle served with a 6-token window)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
-from disan.windowing import pool_windows, split_windows
+from disan.text.windowing import pool_windows, split_windows
 from service.main import create_app
 from service.settings import Settings
 

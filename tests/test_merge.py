@@ -8,10 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disan import cli, merge  # noqa: E402
-from disan.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from disan import cli  # noqa: E402
+from disan.distill import merge  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
-from disan.text import Vocab  # noqa: E402
+from disan.text.tokenizer import Vocab  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 WORDS = "the cat sat on a mat".split()
 
@@ -67,7 +68,7 @@ def test_refuses_other_shapes_vocabularies_and_overwriting_an_input(tmp_path: Pa
 def test_cli_refuses_a_scale_out_of_range(tmp_path: Path, capsys) -> None:
     _student(tmp_path / "s.pt", 0)
     _student(tmp_path / "p.pt", 1)
-    assert cli.main(["merge", str(tmp_path / "s.pt"), str(tmp_path / "p.pt"), "--scale", "0",
+    assert cli.main(["distill", "merge", str(tmp_path / "s.pt"), str(tmp_path / "p.pt"), "--scale", "0",
                      "--out", str(tmp_path / "m.pt")]) != 0
     assert "--scale must be in (0, 4]" in capsys.readouterr().err
     assert not (tmp_path / "m.pt").exists()
@@ -87,7 +88,7 @@ def test_several_phases_are_averaged_and_all_named(tmp_path: Path, capsys) -> No
     with pytest.raises(ValueError, match="at least one phase"):
         merge.merge(tmp_path / "s.pt", [], tmp_path / "e.pt")
     # The command line takes them the same way and says it averaged.
-    assert cli.main(["merge", str(tmp_path / "s.pt"), *map(str, paths), "--keep-words",
+    assert cli.main(["distill", "merge", str(tmp_path / "s.pt"), *map(str, paths), "--keep-words",
                      "--out", str(tmp_path / "c.pt")]) == 0
     assert "mean(" in capsys.readouterr().out
     torch.testing.assert_close(load_checkpoint(tmp_path / "c.pt")["model_state"][key], merged[key])

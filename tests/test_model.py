@@ -274,7 +274,7 @@ def test_ids_past_the_table_read_as_unk(tmp_path) -> None:
     """A bundle vocabulary may append another model's words: their ids (>= vocab_size) are
     unknown words to this model, in eager PyTorch and in its ONNX graph alike."""
     pytest.importorskip("onnxruntime")
-    from model_export.graphs import EncoderGraph, export_graph
+    from model_export.graphs.wrappers import EncoderGraph, export_graph
     from model_export.sessions import session
 
     enc = encoder().float()

@@ -1,11 +1,11 @@
-"""disan.neighbours: batches of sentences that are neighbours in the teacher's space."""
+"""disan.distill.neighbours: batches of sentences that are neighbours in the teacher's space."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from disan.neighbours import neighbour_batches, spherical_kmeans
+from disan.distill.neighbours import neighbour_batches, spherical_kmeans
 
 
 def _blobs(n_per: int = 40, k: int = 6, dim: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
 def test_import_service_without_torch():
     proc = run_python("""
         import service, service.main, service.cli, service.inference.engine, service.backend.batcher
-        import disan.runtime
+        import disan.runtime.runtime
         loaded = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] == "torch")
         assert not loaded, loaded
         print("ok")

@@ -1,4 +1,4 @@
-"""disan.ort_session: how many onnxruntime calls run at once with how many threads, CUDA preload."""
+"""disan.runtime.ort_session: how many onnxruntime calls run at once with how many threads, CUDA preload."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from disan import ort_session  # noqa: E402
-from disan.ort_session import RuntimeOptions  # noqa: E402
+from disan.runtime import ort_session  # noqa: E402
+from disan.runtime.ort_session import RuntimeOptions  # noqa: E402
 
 
 def test_call_layout_auto_and_explicit(monkeypatch):

@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.pretrain import pretrain_encoder  # noqa: E402
-from disan.pretrain_cli import collect_sentences  # noqa: E402
+from disan.distill.pretrain import pretrain_encoder  # noqa: E402
+from disan.distill.pretrain_cli import collect_sentences  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 
 WORDS = "a man dog cat runs sleeps the park in on red big small".split()
 

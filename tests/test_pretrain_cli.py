@@ -1,4 +1,4 @@
-"""`disan pretrain`'s command line (`disan/pretrain_cli.py`): flags refused in one line before any
+"""`disan pretrain`'s command line (`disan/distill/pretrain_cli.py`): flags refused in one line before any
 corpus is read, the teacher caches it names, and --word-vectors-only (tiny corpus, fake encoders)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from conftest import FakeWordEncoder, write_corpus_folder  # noqa: E402
 from test_distill import _args, _corpus, _no_sts_files  # noqa: E402, F401 (an autouse fixture)
 
-from disan import distill  # noqa: E402
-from disan.pretrain_cli import _cached_teacher, _relational_teacher, add_arguments, run, run_corpus  # noqa: E402
+from disan.distill import loop as distill  # noqa: E402
+from disan.distill.pretrain_cli import _cached_teacher, _relational_teacher, add_arguments, run, run_corpus  # noqa: E402
 
 
 def test_lr_decay_needs_steps(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_word_vectors_only_prepares_what_a_scratch_run_reads(tmp_path: Path, mon
     """A lease's student from scratch starts from static word vectors the GPU machine cannot make
     (no MiniLM there): `pretrain --corpus ... --word-vectors-only` makes them here for the very
     vocabulary the run will build, and the kit carries them in fp16 (pack.sh)."""
-    from disan import embeddings as E
+    from disan.train import word_vectors as E
     sentences, teacher = _corpus()
     corpus = write_corpus_folder(tmp_path / "corpus", sentences)
     here, there = tmp_path / "cache-here", tmp_path / "cache-there"

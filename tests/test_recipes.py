@@ -1,10 +1,10 @@
-"""disan/recipes.py: the learning-rate schedules shared by `disan pretrain` and `disan train`."""
+"""disan/data/recipes.py: the learning-rate schedules shared by `disan pretrain` and `disan train`."""
 
 from __future__ import annotations
 
 import pytest
 
-from disan.recipes import LR_DECAYS, decayed_lr
+from disan.data.recipes import LR_DECAYS, decayed_lr
 
 
 def test_learning_rate_decays_to_zero_over_the_steps() -> None:

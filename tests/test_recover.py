@@ -13,8 +13,7 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from disan.manifest import (  # noqa: E402
+from disan.bundle.manifest import (  # noqa: E402
     EXPLAIN_OUTPUTS,
     load_manifest,
     sha256_file,
@@ -22,13 +21,14 @@ from disan.manifest import (  # noqa: E402
     write_manifest,
 )
 from disan.model import DiSANConfig, build_model  # noqa: E402
-from disan.text import Vocab  # noqa: E402
-from model_export.graphs import SentimentExplainGraph  # noqa: E402
+from disan.text.tokenizer import Vocab  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from model_export.graphs.weights import rename_values  # noqa: E402
+from model_export.graphs.wrappers import SentimentExplainGraph  # noqa: E402
 from model_export.recover import graph_parity, recover, weights_from_graph  # noqa: E402
 from model_export.references import load_state  # noqa: E402
 from model_export.sessions import session  # noqa: E402
 from model_export.verify import parity_cases  # noqa: E402
-from model_export.weights import rename_values  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import block_runner, wait_ready
+from conftest import block_runner, until_loaded, wait_ready
 from fastapi.testclient import TestClient
 
 from service.common.errors import ERROR_TABLE, format_loc
@@ -52,7 +52,7 @@ def test_over_the_limit_is_refused_before_the_body_is_read(tiny_bundle, fast_pat
                                   admission_wait_s=0.2, batch_concurrency=1, max_wait_ms=0))
         engine = app.state.engine
         await engine.start()
-        await engine.wait_ready()
+        await until_loaded(engine)
         batcher = engine.batchers["encoder"]
         gate, entered = block_runner(batcher)
 
@@ -158,7 +158,7 @@ def test_a_body_that_never_finishes_is_408(tiny_bundle, fast_path):
     async def main():
         app = create_app(Settings(bundle=tiny_bundle, fast_path=fast_path, body_timeout_s=0.2))
         await app.state.engine.start()
-        await app.state.engine.wait_ready()
+        await until_loaded(app.state.engine)
         sent: list[dict] = []
         calls = 0
 

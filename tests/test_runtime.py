@@ -1,4 +1,5 @@
-"""disan.runtime: options independent of the service's settings, graph-set choice, the offline loader."""
+"""disan.runtime.runtime: options independent of the service's settings, graph-set choice, the
+offline loader."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from disan import ort_session, runtime  # noqa: E402
-from disan.runtime import RuntimeOptions, load_offline  # noqa: E402
+from disan.runtime import (
+    ort_session,  # noqa: E402
+    runtime,  # noqa: E402
+)
+from disan.runtime.runtime import RuntimeOptions, load_offline  # noqa: E402
 
 
 def test_offline_runtime_ignores_service_environment(monkeypatch, tiny_bundle):
@@ -45,7 +49,7 @@ def loaded_files(rt) -> dict[str, str]:
 
 
 def test_cpu_provider_loads_the_cpu_set(tiny_bundle):
-    from disan.manifest import variant_files
+    from disan.bundle.manifest import variant_files
 
     rt = load_offline(tiny_bundle)
     assert (rt.graph_set, rt.variant) == ("cpu", "fp32")
@@ -56,7 +60,7 @@ def test_cpu_provider_loads_the_cpu_set(tiny_bundle):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # ORT: "CUDAExecutionProvider not available"
 def test_cuda_that_loads_picks_the_gpu_set_in_fp16(monkeypatch, tiny_bundle):
-    from disan.manifest import variant_files
+    from disan.bundle.manifest import variant_files
 
     calls = fake_cuda(monkeypatch, loads=True)
     rt = runtime.Runtime(tiny_bundle, RuntimeOptions())
@@ -85,7 +89,7 @@ def test_cuda_that_does_not_load_falls_back_to_the_cpu_set(monkeypatch, tiny_bun
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_providers_cuda_fails_loudly(monkeypatch, tiny_bundle):
     """providers=cuda never serves on a silent CPU fallback."""
-    from disan.manifest import BundleError
+    from disan.bundle.manifest import BundleError
 
     with pytest.raises(BundleError, match="no CUDAExecutionProvider"):
         runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cuda"))  # this CPU-only onnxruntime
@@ -95,7 +99,7 @@ def test_providers_cuda_fails_loudly(monkeypatch, tiny_bundle):
 
 
 def test_variant_overrides_on_cpu(tiny_bundle):
-    from disan.manifest import BundleError
+    from disan.bundle.manifest import BundleError
 
     rt = runtime.Runtime(tiny_bundle, RuntimeOptions(providers="cpu", variant="fp16"))
     assert (rt.graph_set, rt.variant) == ("gpu", "fp16")  # fp16 graphs run on CPU too (slowly)
@@ -135,6 +139,6 @@ def test_the_variant_choices_are_the_bundle_variants_and_auto():
     tuple for type checkers); this keeps the two lists from drifting apart."""
     from typing import get_args
 
-    from disan.manifest import VARIANTS
+    from disan.bundle.manifest import VARIANTS
 
     assert get_args(ort_session.Variant) == ("auto", *VARIANTS)

@@ -9,10 +9,10 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import block_runner, wait_ready
+from conftest import block_runner, until_loaded, wait_ready
 from fastapi.testclient import TestClient
 
-from disan.manifest import write_manifest
+from disan.bundle.manifest import write_manifest
 from service.common.errors import ERROR_TABLE
 from service.inference.engine import Engine
 from service.main import create_app
@@ -263,7 +263,7 @@ def test_client_disconnect_cancels_its_queued_sentences(tiny_bundle, fast_path):
                                   batch_concurrency=1, fast_path=fast_path))
         service = app.state.engine
         await service.start()
-        await service.wait_ready()
+        await until_loaded(service)
         batcher = service.batchers["encoder"]
         gate, seen = threading.Event(), []
         real = batcher.runner

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from disan.manifest import load_manifest
+from disan.bundle.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "models" / "default"
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not (BUNDLE / "manifest.json").is_file(), reason
 
 def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     pytest.importorskip("onnxruntime")
-    from disan.runtime import Runtime, RuntimeOptions
+    from disan.runtime.runtime import Runtime, RuntimeOptions
 
     manifest = load_manifest(BUNDLE)  # raises on a hash or format-version mismatch
     assert manifest["verification"]["passed"] is True
@@ -47,7 +47,7 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
 
 @pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
 def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
-    from disan.evaluate import evaluate_task
+    from disan.eval.evaluate import evaluate_task
 
     served = load_manifest(BUNDLE)["served_accuracy"]["sst5"]  # export measures it (--dev-data)
     report = evaluate_task(BUNDLE, "sst5", STAGED)

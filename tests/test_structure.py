@@ -1,9 +1,10 @@
 """The package layout's rules: dependencies run one way, no import cycles, local imports explained.
 
-core (`disan/`) <- `model_export/` <- `service/` <- `bench/`: a module may import only from its own
-layer or the layers before it. Inside `service/` the same rule holds between its layers (see
-SERVICE_LAYERS). Read from the source (AST), so a violation fails here even if it sits in a
-function that no other test calls.
+core (`disan/`) <- `model_export/` <- `service/` <- `bench/` <- `research/`: a module may import
+only from its own layer or the layers before it. Inside `disan/` (DISAN_LAYERS) and `service/`
+(SERVICE_LAYERS) the same rule holds between their packages. Read from the source (AST), so a
+violation fails here even if it sits in a function that no other test calls. No folder of the
+wheel holds more than MAX_MODULES modules.
 """
 
 from __future__ import annotations
@@ -12,13 +13,34 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["disan", "model_export", "service", "bench"]
+LAYERS = ["disan", "model_export", "service", "bench", "research"]
+WHEEL = ["disan", "model_export", "service"]  # pyproject's packages.find
+MAX_MODULES = 15  # per folder of the wheel: more reads as a heap, not a package
+# disan/'s packages, lowest first (the order in disan/__init__.py's docstring): a module may import
+# its own package and those of a lower rank, never one above it nor a sibling of the same rank.
+# `disan.optional` (optional imports -> one-line hints) serves every layer.
+DISAN_LAYERS = [
+    ["disan.optional"],
+    ["disan.text"],
+    ["disan.model"],
+    ["disan.bundle"],
+    ["disan.runtime"],
+    ["disan.embed", "disan.data"],
+    ["disan.train"],
+    ["disan.distill"],
+    ["disan.eval"],
+    ["disan", "disan.cli"],  # the package (`disan.Encoder`) and the console script
+]
+# Modules of the distillation pipeline still flat in disan/ (rewritten on another branch; they move
+# into disan/distill/ after it lands): ranked as part of disan.distill meanwhile.
+PENDING = {"disan.corpus": "disan.distill", "disan.corpus_sources": "disan.distill",
+           "disan.teacher": "disan.distill", "disan.question_variants": "disan.distill"}
 # service/'s layers, lowest first, like text-embeddings-inference's backends <- core <- router: the
 # HTTP front may use the engine and the backend, never the other way round.
 SERVICE_LAYERS = [
     ["service", "service.common"],  # the package docstring; errors, timing, metrics, batching defaults
     ["service.settings"],
-    ["service.backend"],  # the runtime, the micro-batcher, the shared inference process
+    ["service.backend"],  # the runtime, the micro-batcher
     ["service.inference"],  # the engine, admission
     ["service.http"],  # routes, fast path, ASGI, schemas
     ["service.main", "service.cli"],  # entry points: the app factory, `disan serve`
@@ -26,8 +48,10 @@ SERVICE_LAYERS = [
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the layers (research's tests are tests, not a layer)."""
     return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-            for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
+            for layer in LAYERS for p in (ROOT / layer).rglob("*.py")
+            if not p.relative_to(ROOT).as_posix().startswith("research/tests/")}
 
 
 def imports(path: Path, ours: bool = True) -> list[tuple[str, ast.AST, bool]]:
@@ -58,6 +82,83 @@ def test_dependencies_point_one_way() -> None:
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
     assert not wrong, "imports against the layer order disan <- model_export <- service <- bench:\n" + \
         "\n".join(wrong)
+
+
+def disan_place(module: str) -> tuple[int, str] | None:
+    """(rank, package) of a disan module by the longest prefix in DISAN_LAYERS, None if unplaced."""
+    module = next((pkg for mod, pkg in PENDING.items() if module == mod or module.startswith(mod + ".")),
+                  module)
+    found = [(len(prefix), rank, prefix) for rank, prefixes in enumerate(DISAN_LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".") and prefix != "disan"]
+    if not found:
+        return (len(DISAN_LAYERS) - 1, "disan") if module == "disan" else None
+    _, rank, prefix = max(found)
+    return rank, prefix
+
+
+def test_every_disan_module_has_a_layer() -> None:
+    unplaced = [name for name in modules() if name.split(".")[0] == "disan" and disan_place(name) is None]
+    assert not unplaced, f"disan modules in no layer of DISAN_LAYERS: {unplaced}"
+
+
+def test_disan_packages_point_one_way() -> None:
+    """`import disan` itself (the package, as every submodule import does) is always allowed."""
+    wrong = []
+    for name, path in modules().items():
+        if name.split(".")[0] != "disan":
+            continue
+        rank, package = disan_place(name)
+        for target, node, _ in imports(path):
+            if target.split(".")[0] != "disan" or target == "disan":
+                continue
+            target_rank, target_package = disan_place(target)
+            if target_rank > rank or (target_rank == rank and target_package != package):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
+    assert not wrong, "imports against disan's package order (" + " <- ".join(
+        "/".join(layer) for layer in DISAN_LAYERS) + "):\n" + "\n".join(wrong)
+
+
+def test_no_folder_of_the_wheel_is_a_heap() -> None:
+    folders = {p.parent for pkg in WHEEL for p in (ROOT / pkg).rglob("*.py")}
+    heaps = {f.relative_to(ROOT).as_posix(): n for f in folders
+             if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES}
+    assert not heaps, f"folders with more than {MAX_MODULES} modules: {heaps}"
+
+
+def test_every_package_says_what_it_owns() -> None:
+    """Each package of the wheel opens with a docstring (what it owns, what it may import)."""
+    silent = [p.relative_to(ROOT).as_posix() for pkg in WHEEL for p in (ROOT / pkg).rglob("__init__.py")
+              if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))]
+    assert not silent, f"packages without a docstring: {silent}"
+
+
+def test_the_cli_top_level_is_the_product() -> None:
+    """`disan --help` lists at most 9 commands, none of them research (`python -m research`)."""
+    from disan.cli import ALIASES, COMMANDS, GROUPS
+
+    assert len(COMMANDS) <= 9, list(COMMANDS)
+    modules_named = [spec[0] for spec in COMMANDS.values()] + [spec[0] for steps in GROUPS.values()
+                                                              for spec in steps.values()]
+    assert not [m for m in modules_named if m.split(".")[0] not in WHEEL], modules_named
+    assert all(ALIASES[name][0] in GROUPS for name in ALIASES)
+
+
+def test_research_stays_out_of_the_wheel() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not any(pattern.startswith("research") or pattern == "*" for pattern in include), include
+    assert "research/tests" in config["tool"]["pytest"]["ini_options"]["testpaths"]
+
+
+def test_errors_and_the_batcher_need_no_fastapi() -> None:
+    """The error types and the micro-batcher import no web framework: their tests (and the
+    engine) run without FastAPI; the HTTP mapping of the errors is service/http/errors.py."""
+    web = {"fastapi", "starlette", "pydantic", "uvicorn"}
+    for rel in ("service/common/errors.py", "service/backend/batcher.py"):
+        found = {m.split(".")[0] for m, _, _ in imports(ROOT / rel, ours=False)} & web
+        assert not found, f"{rel} imports {sorted(found)}"
 
 
 def service_layer(module: str) -> int | None:

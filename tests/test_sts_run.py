@@ -11,7 +11,7 @@ pytest.importorskip("sklearn")
 from disan.cli import main  # noqa: E402
 
 
-# --sts once ended in a KeyError traceback; both lists are read by disan.transfer.add_baselines.
+# --sts once ended in a KeyError traceback; both lists are read by disan.eval.transfer.add_baselines.
 @pytest.mark.parametrize(("flags", "message"), [
     (["--sts", "--sts-baselines", "minilm,foo"],
      "unknown --sts-baselines entry 'foo' (choose from minilm, mpnet)"),
@@ -34,7 +34,7 @@ def test_sts_scores_each_genre_from_the_same_vectors(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from disan.sts import sts_scores
+    from disan.data.sts import sts_scores
 
     rows = [{"genre": g, "sentence1": f"{g} {i}", "sentence2": f"{g} {i} b", "score": float(i)}
             for g in ("main-news", "main-forums") for i in range(5)]
@@ -65,7 +65,7 @@ def test_sts_scores_are_not_rounded(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from disan.sts import cosine_spearman, read_pairs, sts_scores
+    from disan.data.sts import cosine_spearman, read_pairs, sts_scores
 
     rng = np.random.default_rng(0)
     rows = [{"genre": "main-news", "sentence1": f"a {i}", "sentence2": f"b {i}",

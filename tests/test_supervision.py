@@ -1,4 +1,4 @@
-"""disan.supervision: the labelled losses a distilled student may add (CoSENT, NLI triples)."""
+"""disan.distill.supervision: the labelled losses a distilled student may add (CoSENT, NLI triples)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from disan import supervision  # noqa: E402
-from disan.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES  # noqa: E402
+from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES  # noqa: E402
+from disan.distill import supervision  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -43,7 +43,7 @@ def test_unknown_pair_loss_is_named() -> None:
 
 @pytest.mark.skipif(not (DATA / RECIPES["nli"]["holdout_from"]).is_file(), reason="staged data not here")
 def test_nli_triples_leave_out_the_held_out_slice() -> None:
-    from disan.data import holdout_split, read_examples
+    from disan.data.readers import holdout_split, read_examples
 
     triples = supervision.nli_triples(DATA)
     assert len(triples) > 1000
@@ -70,7 +70,7 @@ def _phrases(root: Path, rows: list[tuple[str, int]]) -> Path:
 
 
 def test_sentiment_phrases_leave_out_short_and_evaluation_text(tmp_path: Path, monkeypatch) -> None:
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: {"a dev sentence here"})
     data = _phrases(tmp_path, [("good", 3), ("very good", 4), ("a good film", 4),
@@ -81,7 +81,7 @@ def test_sentiment_phrases_leave_out_short_and_evaluation_text(tmp_path: Path, m
 
 
 def test_sentiment_head_learns_what_the_vector_carries(tmp_path: Path, monkeypatch) -> None:
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     data = _phrases(tmp_path, [("a good film", 4), ("a bad film", 0)] * 8)
@@ -114,7 +114,7 @@ class _MeanEncoder(torch.nn.Module):
 
 @pytest.mark.parametrize("labels", [(4, 0), (4, 0, 2)])
 def test_probe_starts_the_head_where_it_reads_the_vector(tmp_path: Path, monkeypatch, labels) -> None:
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     words = ["good", "bad", "dull"][: len(labels)]
@@ -138,7 +138,7 @@ def test_probe_starts_the_head_where_it_reads_the_vector(tmp_path: Path, monkeyp
 
 
 def test_no_sentiment_phrases_is_named(tmp_path: Path, monkeypatch) -> None:
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
 
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     data = _phrases(tmp_path, [("good", 3), ("very good", 4)])

@@ -17,8 +17,8 @@ pytest.importorskip("sentence_transformers")
 from conftest import write_fake_sst5  # noqa: E402
 from test_teacher import _tiny_sentence_transformer  # noqa: E402
 
-from disan import embeddings  # noqa: E402
 from disan.cli import main  # noqa: E402
+from disan.train import word_vectors as embeddings  # noqa: E402
 
 WORDS = ["a", "man", "plays", "the", "guitar", "dog", "runs"]
 
@@ -38,7 +38,7 @@ def staged(tmp_path: Path, monkeypatch) -> Path:
 
 
 def _run(root: Path, out: Path) -> int:
-    return main(["task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2",
+    return main(["distill", "task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2",
                  "--batch-size", "4", "--chunk", "8", "--threads", "1", "--lr", "1e-3", "--log-every", "2"])
 
 
@@ -88,7 +88,7 @@ def test_fits_labels_every_phrase_and_resumes(staged: Path, tmp_path: Path, caps
 
 def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
     """The keys the teacher writes are the keys training looks its examples up by."""
-    from disan.checkpoint import load_checkpoint
+    from disan.train.checkpoint import load_checkpoint
 
     out = tmp_path / "tt"
     assert _run(staged, out) == 0
@@ -101,7 +101,7 @@ def test_train_reads_the_soft_labels(staged: Path, tmp_path: Path) -> None:
 
 
 def test_the_eta_is_the_mean_rate_times_the_steps_left() -> None:
-    from disan.task_teacher import eta_seconds
+    from disan.distill.task_teacher.cli import eta_seconds
 
     assert eta_seconds(50.0, 10, 100) == 500.0  # 5 s a step, 100 steps to go
     assert eta_seconds(12.5, 5, 0) == 0.0  # the last step
@@ -109,7 +109,8 @@ def test_the_eta_is_the_mean_rate_times_the_steps_left() -> None:
 
 def _fit_only(root: Path, out: Path, *extra: str) -> int:
     """The fit alone (`label` is cut short by the caller), saving every 2 steps."""
-    return main(["task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2", "--batch-size", "4",
+    return main(["distill", "task-teacher", "--data", str(root), "--out", str(out), "--epochs", "2",
+                 "--batch-size", "4",
                  "--threads", "1", "--lr", "1e-3", "--save-every", "2", *extra])
 
 
@@ -131,7 +132,7 @@ def _fit_killed_at_step(root: Path, out: Path, step: int, monkeypatch) -> None:
 
 def test_an_interrupted_fit_goes_on_from_its_last_save_to_the_same_weights(staged: Path, tmp_path: Path,
                                                                           monkeypatch, capsys) -> None:
-    from disan import task_teacher
+    from disan.distill.task_teacher import cli as task_teacher
 
     class Stop(Exception):
         pass
@@ -191,7 +192,8 @@ def test_a_fit_saved_in_bf16_is_not_continued_where_auto_means_fp32(staged: Path
 
 def test_a_fit_saved_with_auto_before_it_was_resolved_goes_on(staged: Path, tmp_path: Path, monkeypatch,
                                                                capsys) -> None:
-    from disan import task_teacher, teacher
+    from disan import teacher
+    from disan.distill.task_teacher import cli as task_teacher
 
     class Stop(Exception):
         pass
@@ -239,7 +241,8 @@ def test_bad_input_is_a_one_line_error(staged: Path, tmp_path: Path, capsys, fla
     for split in ("dev", "test"):
         _write(staged / f"sst/sst2_{split}.jsonl.gz", [{"text": "a dog runs", "label": i % 2}
                                                         for i in range(4)])
-    rc = main(["task-teacher", "--data", str(staged), "--out", str(tmp_path / "tt"), "--threads", "1",
+    rc = main(["distill", "task-teacher", "--data", str(staged), "--out", str(tmp_path / "tt"),
+               "--threads", "1",
                *flags])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and message in err, err
@@ -250,7 +253,8 @@ def test_the_two_class_recipe_fits_on_its_own_sentences_by_default(staged: Path,
     two = [{"text": "a dog runs", "label": 1}, {"text": "the man plays", "label": 0}] * 3
     for name in ("train", "phrases_train", "dev", "test"):
         _write(staged / f"sst/sst2_{name}.jsonl.gz", two)
-    assert main(["task-teacher", "--recipe", "sst2", "--data", str(staged), "--out", str(tmp_path / "tt"),
+    assert main(["distill", "task-teacher", "--recipe", "sst2", "--data", str(staged), "--out",
+                 str(tmp_path / "tt"),
                  "--epochs", "1", "--threads", "1"]) == 0
     info = json.loads((tmp_path / "tt" / "teacher.json").read_text())
     assert info["train_file"] == "sst/sst2_train.jsonl.gz"
@@ -259,10 +263,10 @@ def test_the_two_class_recipe_fits_on_its_own_sentences_by_default(staged: Path,
 def test_augment_labels_new_variants_resumably_and_train_reads_them(staged: Path, tmp_path: Path) -> None:
     """`--augment N`: variants of the fine-tuning sentences that are not training examples, the
     teacher's logits of them in augmented.npz (resumable as soft/), and `disan train --augmented`."""
-    from disan.checkpoint import load_checkpoint
+    from disan.train.checkpoint import load_checkpoint
 
     out = tmp_path / "tt"
-    assert main(["task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1",
+    assert main(["distill", "task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1",
                  "--batch-size", "4", "--chunk", "8", "--threads", "1", "--augment", "3"]) == 0
     with np.load(out / "augmented.npz") as z:
         keys, logits, labels = list(z["keys"]), z["logits"], list(z["labels"])
@@ -277,7 +281,8 @@ def test_augment_labels_new_variants_resumably_and_train_reads_them(staged: Path
     store.flush()
     progress = json.loads((out / "augmented" / "progress.json").read_text())
     (out / "augmented" / "progress.json").write_text(json.dumps({**progress, "done": 8}))
-    assert main(["task-teacher", "--data", str(staged), "--out", str(out), "--chunk", "8", "--threads", "1",
+    assert main(["distill", "task-teacher", "--data", str(staged), "--out", str(out), "--chunk", "8",
+                 "--threads", "1",
                  "--augment", "3"]) == 0
     with np.load(out / "augmented.npz") as z:
         assert list(z["keys"]) == keys
@@ -299,8 +304,8 @@ def test_unlabelled_labels_a_corpus_resumably_and_train_reads_it(staged: Path, t
     of them a training example, labelled in chunks (resumable) into unlabelled_<folder>.npz, which
     `disan train --augmented` adds to the training set."""
     from disan import corpus
-    from disan.checkpoint import load_checkpoint
     from disan.corpus_sources import Source
+    from disan.train.checkpoint import load_checkpoint
 
     phrases = [json.loads(r)["text"] for r in gzip.decompress(
         (staged / "sst/sst5_phrases_train.jsonl.gz").read_bytes()).decode().splitlines()]
@@ -311,7 +316,8 @@ def test_unlabelled_labels_a_corpus_resumably_and_train_reads_it(staged: Path, t
     corpus.build([Source("reviews", "test", "CC0", lambda _root: iter(text), staged=True)], staged,
                  None, tmp_path / "reviews", min_tokens=1)
     out = tmp_path / "tt"
-    args = ["task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1", "--batch-size", "4",
+    args = ["distill", "task-teacher", "--data", str(staged), "--out", str(out), "--epochs", "1",
+            "--batch-size", "4",
             "--chunk", "8", "--threads", "1", "--unlabelled", str(tmp_path / "reviews")]
     assert main(args) == 0
     target = out / "unlabelled_reviews.npz"

@@ -79,7 +79,8 @@ class _RecordingModel:
 def test_cpu_autocast_only_where_bf16_is_native_and_faster(monkeypatch, has_bf16, faster, precision,
                                                            want) -> None:
     torch = pytest.importorskip("torch")
-    from disan import embeddings, teacher
+    from disan import teacher
+    from disan.train import word_vectors as embeddings
 
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, name, lambda: has_bf16, raising=False)
@@ -144,8 +145,9 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
     pytest.importorskip("torch")
     from sentence_transformers import SentenceTransformer
 
-    from disan import embeddings, teacher
-    from disan.slim import slim_teacher
+    from disan import teacher
+    from disan.train import word_vectors as embeddings
+    from research.slim import slim_teacher
 
     full = _tiny_sentence_transformer(tmp_path)
     slim_teacher(full, tmp_path / "half")
@@ -239,5 +241,5 @@ def test_disan_teacher_says_what_auto_ran_in(tmp_path: Path, monkeypatch, capsys
     monkeypatch.setattr(teacher, "bf16_faster_on_cpu", lambda: faster)
     monkeypatch.setattr(teacher, "sentence_transformer_encoder",
                         lambda *_a, **_k: lambda texts: np.ones((len(texts), 384), dtype=np.float32))
-    assert main(["teacher", "--corpus", str(tmp_path / "c"), "--teacher", "minilm"]) == 0
+    assert main(["distill", "teacher", "--corpus", str(tmp_path / "c"), "--teacher", "minilm"]) == 0
     assert f"minilm ({want}): 0/2 rows cached" in capsys.readouterr().out

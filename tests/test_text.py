@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from disan.text import PAD, UNK, Vocab, _tokenize_general, tokenize
+from disan.text.tokenizer import PAD, UNK, Vocab, _tokenize_general, tokenize
 
 # (PTB-tokenized as in SST / tokenized SNLI, raw text a user would send)
 PAIRS = [
@@ -192,7 +192,7 @@ def test_spelling_index_builds_without_a_list_per_key() -> None:
     import string
     import tracemalloc
 
-    from disan.text import _OneEdit
+    from disan.text.tokenizer import _OneEdit
 
     rng = random.Random(0)
     vocab = Vocab(sorted({"".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 12)))
@@ -210,7 +210,7 @@ def test_spelling_index_builds_without_a_list_per_key() -> None:
 
 
 def test_spelling_answers_stay_bounded(monkeypatch) -> None:
-    import disan.text as text_module
+    import disan.text.tokenizer as text_module
 
     monkeypatch.setattr(text_module, "_SPELLING_CACHE", 3)
     vocab = Vocab(["hotel", "hostel"])

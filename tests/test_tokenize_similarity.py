@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
-from disan.text import UNK, tokenize
+from disan.text.tokenizer import UNK, tokenize
 from service.main import create_app
 from service.settings import Settings
 

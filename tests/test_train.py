@@ -14,14 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared CPU
 
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.bundle.manifest import NLI_LABELS  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.data import EncodedDataset, Example, encode_dataset, make_dataset  # noqa: E402
-from disan.manifest import NLI_LABELS  # noqa: E402
+from disan.data.readers import EncodedDataset, Example, encode_dataset, make_dataset  # noqa: E402
 from disan.model import DiSANConfig, build_model  # noqa: E402
-from disan.text import Vocab  # noqa: E402
-from disan.train import collate, make_optimizer, train_step  # noqa: E402
-from disan.train_config import TrainConfig  # noqa: E402
+from disan.text.tokenizer import Vocab  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from disan.train.config import TrainConfig  # noqa: E402
+from disan.train.loop import collate, make_optimizer, train_step  # noqa: E402
 
 POS = "good great fine wonderful funny moving".split()
 NEG = "bad awful boring terrible dull worst".split()
@@ -115,7 +115,7 @@ def test_tiny_model_overfits_32_examples() -> None:
         if correct == 32:
             break
     model.eval()
-    from disan.train import collate
+    from disan.train.loop import collate
     inputs, y = collate(data, np.arange(32))
     assert (model(*inputs).argmax(-1) == y).all()
 
@@ -149,7 +149,9 @@ def test_cli_trains_and_writes_a_loadable_checkpoint(files, tmp_path: Path) -> N
 
 def test_members_trained_over_a_frozen_table_join_an_ensemble(files, tmp_path: Path, capsys) -> None:
     """--init-words copies the table alone (the attention blocks start fresh), --freeze-words keeps
-    it bit for bit, and `disan ensemble` accepts the result as a member of the first model."""
+    it bit for bit, and `python -m research ensemble` accepts the result as a member of the first model."""
+    from research.cli import main as research_main  # `python -m research ensemble` (from a checkout)
+
     common = ["--task", "sentiment", "--train", files["sent_train"], "--dev", files["sent_dev"],
               "--glove", files["glove"], "--epochs", "1", "--label-names", "negative,positive", *TINY]
     assert run_cli(*common, "--out", tmp_path / "first") == 0
@@ -161,13 +163,13 @@ def test_members_trained_over_a_frozen_table_join_an_ensemble(files, tmp_path: P
     assert torch.equal(a["encoder.embed.weight"], b["encoder.embed.weight"])
     assert not b["encoder.trainable_rows"].any()
     assert not torch.equal(a["encoder.fw.map.linear.weight"], b["encoder.fw.map.linear.weight"])
-    assert main(["ensemble", str(first), str(tmp_path / "member" / "best.pt"),
+    assert research_main(["ensemble", str(first), str(tmp_path / "member" / "best.pt"),
                  "--out", str(tmp_path / "ens.pt")]) == 0
     # without --freeze-words the member's table moves and it cannot share the first one's
     assert run_cli(*common, "--vocab", tmp_path / "first" / "vocab.json", "--init-words", first,
                    "--seed", "7", "--out", tmp_path / "free") == 0
     free = tmp_path / "free" / "best.pt"
-    assert main(["ensemble", str(first), str(free), "--out", str(tmp_path / "x.pt")]) == 2
+    assert research_main(["ensemble", str(first), str(free), "--out", str(tmp_path / "x.pt")]) == 2
     assert "not the first model's" in capsys.readouterr().err and not (tmp_path / "x.pt").exists()
 
 
@@ -205,7 +207,7 @@ def test_resume_continues_exactly(files, tmp_path: Path) -> None:
 
 def test_lr_decay_falls_to_zero_over_the_epochs_and_a_resume_stays_on_the_curve(
         files, tmp_path: Path, monkeypatch) -> None:
-    import disan.train as T
+    import disan.train.loop as T
 
     rates: list[float] = []
     step = T.train_step
@@ -325,7 +327,7 @@ def test_collate_builds_ids_and_masks() -> None:
 
 def test_resolve_device(monkeypatch) -> None:
     """auto picks the GPU only where PyTorch has one; an explicit choice is kept."""
-    from disan.train import resolve_device
+    from disan.train.loop import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
@@ -354,7 +356,7 @@ def test_ema_is_what_dev_selects_and_best_pt_holds_and_resume_keeps_it(files, tm
 
 
 def test_ema_warms_up_like_tensorflow() -> None:
-    from disan.train import ema_with_warmup
+    from disan.train.loop import ema_with_warmup
 
     update = ema_with_warmup(0.999)
     avg, cur = [torch.zeros(2)], [torch.ones(2)]

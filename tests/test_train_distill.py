@@ -15,9 +15,9 @@ torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared 
 
 from test_train import TINY, run_cli, sentence, tiny_model, write_files  # noqa: E402
 
-from disan.checkpoint import load_checkpoint  # noqa: E402
-from disan.data import EncodedDataset  # noqa: E402
-from disan.train import collate, train_step  # noqa: E402
+from disan.data.readers import EncodedDataset  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+from disan.train.loop import collate, train_step  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_distillation_loss_is_zero_at_the_teacher_and_scaled_by_t_squared() -> None:
-    from disan.train import distillation_loss
+    from disan.train.loop import distillation_loss
 
     teacher = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
     assert distillation_loss(teacher.clone(), teacher, 2.0).abs() < 1e-6
@@ -74,8 +74,8 @@ def test_rows_without_teacher_logits_learn_from_their_gold_label() -> None:
 
 
 def _soft_file(path: Path, texts: list[str], logits: np.ndarray, labels=("0", "1")) -> Path:
-    from disan.soft_labels import example_key
-    from disan.text import tokenize
+    from disan.text.tokenizer import tokenize
+    from disan.train.soft_labels import example_key
 
     np.savez(path, keys=np.asarray([example_key(tuple(tokenize(t))) for t in texts]), logits=logits,
              labels=np.asarray(labels))

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from disan.transfer import bar_chart, evaluate_encoder, markdown_table  # noqa: E402
+from disan.eval.transfer import bar_chart, evaluate_encoder, markdown_table  # noqa: E402
 
 WORDS = ["good", "bad", "fine", "awful", "what", "who", "where", "cat", "dog", "runs"]
 
@@ -67,7 +67,7 @@ def test_the_tuned_protocol_chooses_the_penalty_on_training_data(senteval: Path)
     inside each training fold averages them (a strong penalty); scores stay held out."""
     from sklearn.model_selection import StratifiedKFold, cross_val_score
 
-    from disan.transfer import classifier, regressor
+    from disan.eval.transfer import classifier, regressor
 
     rng = np.random.default_rng(0)
     y = np.arange(600) % 2
@@ -92,10 +92,10 @@ def test_transfer_of_a_checkpoint_scores_its_vectors(senteval: Path, tmp_path: P
     import argparse
 
     torch = pytest.importorskip("torch")
-    from disan import transfer
-    from disan.checkpoint import save_checkpoint
+    from disan.eval import transfer
     from disan.model import DiSANConfig, DiSANEncoder
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
+    from disan.train.checkpoint import save_checkpoint
 
     vocab = Vocab(WORDS)
     torch.manual_seed(0)

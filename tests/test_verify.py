@@ -11,9 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")  # model_export reads graphs with onnx, runs them with onnxruntime
 pytest.importorskip("onnxruntime")
 
-from disan.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from disan.cli import main as cli_main  # noqa: E402
-from disan.manifest import (  # noqa: E402
+from disan.bundle.manifest import (  # noqa: E402
     FORMAT_VERSION,
     BundleError,
     load_manifest,
@@ -21,6 +19,8 @@ from disan.manifest import (  # noqa: E402
     variant_files,
     write_manifest,
 )
+from disan.cli import main as cli_main  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
 from model_export.references import references_from_models  # noqa: E402
 from model_export.verify import check_parity, verify_bundle  # noqa: E402
@@ -136,7 +136,7 @@ def test_variant_accuracy_delta_on_labelled_dev_data(tiny_bundle, tmp_path):
     """With --dev-data the manifest can state each variant's accuracy and its delta vs fp32."""
     import gzip
 
-    from disan.text import Vocab
+    from disan.text.tokenizer import Vocab
     from model_export.agreement import agreement_data, variant_agreement
 
     (tmp_path / "snli").mkdir()
@@ -177,7 +177,7 @@ def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_pa
     """Export records the bundle's own test accuracy (its tokenizer and graphs), per staged set."""
     import gzip
 
-    from disan.evaluate import evaluate_task
+    from disan.eval.evaluate import evaluate_task
     from model_export.served import served_accuracy
 
     (tmp_path / "sst").mkdir()
@@ -190,8 +190,8 @@ def test_served_accuracy_is_measured_on_the_bundle_as_served(tiny_bundle, tmp_pa
         for i in range(12):
             fh.write(json.dumps({"sentence1": "a man plays", "sentence2": "a man " + "runs" * (i % 2),
                                  "gold_label": ["entailment", "neutral", "contradiction"][i % 3]}) + "\n")
-    from disan import evaluate as evaluate_module
-    from disan import runtime as runtime_module
+    from disan.eval import evaluate as evaluate_module
+    from disan.runtime import runtime as runtime_module
     loads = []
     real_load = runtime_module.load_offline
     counted = lambda *a, **k: loads.append(a) or real_load(*a, **k)  # noqa: E731

@@ -12,13 +12,13 @@ torch = pytest.importorskip("torch")
 
 from conftest import make_tiny_checkpoint  # noqa: E402
 
-from disan import embeddings as E  # noqa: E402
-from disan import vocab_extend  # noqa: E402
-from disan.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.distill import checkpoint_encoder  # noqa: E402
+from disan.distill import vocab_extend  # noqa: E402
+from disan.distill.loop import checkpoint_encoder  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
-from disan.text import UNK, Vocab  # noqa: E402
+from disan.text.tokenizer import UNK, Vocab  # noqa: E402
+from disan.train import word_vectors as E  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 KNOWN = [f"w{i}" for i in range(60)] + ["lost"]  # "lost" will carry the UNK row
 DIM = 16
@@ -74,13 +74,13 @@ def test_cli_writes_a_checkpoint_every_reader_takes(student: Path, tmp_path: Pat
     glove = E.WordVectors(["w1", "new1", "new2", "new3"], np.zeros((4, 2)), "fake glove")
     monkeypatch.setattr(E, "load_glove_package", lambda: glove)
     out = tmp_path / "extended.pt"
-    assert main(["extend-vocab", str(student), str(out), "--top", "3"]) == 0
+    assert main(["distill", "extend-vocab", str(student), str(out), "--top", "3"]) == 0
     assert "2 words added" in capsys.readouterr().out
     payload = load_checkpoint(out)
     assert payload["vocab"][-2:] == ["new1", "new2"] and "optimizer_state" not in payload
     assert payload["vocab_extension"]["list"] == "GloVe 6B, first 3 words"
     assert payload["vocab_extension"]["from"]["file"] == "student.pt" and "recovered_from" not in payload
-    from disan.checkpoint import provenance  # what a bundle's manifest says of it
+    from disan.train.checkpoint import provenance  # what a bundle's manifest says of it
 
     assert provenance(out, payload)["vocab_extension"]["added"] == 2
     before, after = checkpoint_encoder(student), checkpoint_encoder(out)
@@ -90,15 +90,15 @@ def test_cli_writes_a_checkpoint_every_reader_takes(student: Path, tmp_path: Pat
 
 def test_refusals_are_one_line(student: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(E, "load_glove_package", lambda: E.WordVectors(["w1"], np.zeros((1, 2)), "g"))
-    assert main(["extend-vocab", str(student), str(tmp_path / "x.pt")]) == 2
+    assert main(["distill", "extend-vocab", str(student), str(tmp_path / "x.pt")]) == 2
     assert "no word to add" in capsys.readouterr().err
     nli = make_tiny_checkpoint(tmp_path / "nli.pt", "nli", Vocab(KNOWN), ["a", "b", "c"], seed=0)
-    assert main(["extend-vocab", str(nli), str(tmp_path / "x.pt"), "--source", "minilm"]) == 2
+    assert main(["distill", "extend-vocab", str(nli), str(tmp_path / "x.pt"), "--source", "minilm"]) == 2
     assert "sentence encoder checkpoint" in capsys.readouterr().err
     bare = make_tiny_checkpoint(tmp_path / "bare.pt", "encoder", Vocab(KNOWN), [], seed=0)
-    assert main(["extend-vocab", str(bare), str(tmp_path / "x.pt")]) == 2
+    assert main(["distill", "extend-vocab", str(bare), str(tmp_path / "x.pt")]) == 2
     assert "name one with --source" in capsys.readouterr().err
-    assert main(["extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "0"]) == 2
+    assert main(["distill", "extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "0"]) == 2
 
 
 def test_unknown_rows_make_a_shared_unknown_word_a_shared_row(student: Path, tmp_path: Path, monkeypatch,
@@ -106,11 +106,11 @@ def test_unknown_rows_make_a_shared_unknown_word_a_shared_row(student: Path, tmp
     glove = E.WordVectors(["w1", "new1", "new2", "new3"], np.zeros((4, 2)), "fake glove")
     monkeypatch.setattr(E, "load_glove_package", lambda: glove)
     out = tmp_path / "extended.pt"
-    assert main(["extend-vocab", str(student), str(out), "--top", "4", "--unknown-rows", "2"]) == 0
+    assert main(["distill", "extend-vocab", str(student), str(out), "--top", "4", "--unknown-rows", "2"]) == 0
     assert "the last 2 words" in capsys.readouterr().out
     payload = load_checkpoint(out)
     assert payload["unknown_rows"] == 2 and payload["vocab_extension"]["unknown_rows"] == 2
-    from disan.checkpoint import checkpoint_vocab
+    from disan.train.checkpoint import checkpoint_vocab
 
     vocab = checkpoint_vocab(payload)
     assert vocab.ids(["zebra"])[0] in (len(vocab) - 2, len(vocab) - 1)  # new2 or new3's row
@@ -119,6 +119,6 @@ def test_unknown_rows_make_a_shared_unknown_word_a_shared_row(student: Path, tmp
     unknown = after(["w1 zebra", "w1 " + vocab.itos[vocab.ids(["zebra"])[0]]])
     np.testing.assert_allclose(unknown[0], unknown[1], rtol=1e-6)  # zebra reads as that word's row
     assert not np.allclose(unknown[0], before(["w1 zebra"])[0])  # not as UNK any more
-    assert main(["extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "4",
+    assert main(["distill", "extend-vocab", str(student), str(tmp_path / "x.pt"), "--top", "4",
                  "--unknown-rows", "99"]) == 2
     assert "unknown_rows must be 0 to the" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from disan.manifest import load_manifest, variant_files
+from disan.bundle.manifest import load_manifest, variant_files
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 def test_weights_stored_once(tiny_bundle, tiny_models):
     """Size accounting: every large tensor lives in weights.data once, whatever the number of
     graphs, sets and variants reading it; graph files hold no large weights of their own."""
-    from model_export.weights import EXTERNAL_MIN_BYTES
+    from model_export.graphs.weights import EXTERNAL_MIN_BYTES
 
     m = load_manifest(tiny_bundle)
     data = (tiny_bundle / "weights.data").read_bytes()
@@ -85,8 +85,8 @@ def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints
     """The graphs compute the checkpoints' models with the tables rounded to fp16: ORT equals that
     model (and not the unrounded one, which verify must round too), and the bundle's weights
     rebuild it exactly."""
+    from model_export.graphs.storage import round_embedding_fp16
     from model_export.references import models_from_bundle
-    from model_export.storage import round_embedding_fp16
 
     m = load_manifest(half_bundle)
     rounded = []
@@ -113,7 +113,7 @@ def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints
 
 
 def test_fp16_embedding_storage_refuses_out_of_range_tables(tiny_models):
-    from model_export.storage import round_embedding_fp16
+    from model_export.graphs.storage import round_embedding_fp16
 
     model = type(tiny_models[0])(tiny_models[0].cfg)
     with torch.no_grad():
@@ -132,7 +132,7 @@ def half_matrix_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
 
 
 def _rounded_matrices(model):
-    from model_export.storage import round_matrices
+    from model_export.graphs.storage import round_matrices
 
     twin = type(model)(model.cfg)
     twin.load_state_dict(model.state_dict())
@@ -143,8 +143,8 @@ def _rounded_matrices(model):
 def test_fp16_matrix_storage_halves_the_other_parameters(half_matrix_bundle, tiny_bundle, tiny_models):
     """Every stored parameter but the tables is stored once, in fp16: weights.data shrinks by half
     of their fp32 bytes, the tables keep theirs, and no graph names an fp32 copy."""
-    from model_export.storage import HALF_STORED
-    from model_export.weights import EXTERNAL_MIN_BYTES
+    from model_export.graphs.storage import HALF_STORED
+    from model_export.graphs.weights import EXTERNAL_MIN_BYTES
 
     m = load_manifest(half_matrix_bundle)
     assert m["weights"]["matrix_storage"] == {"nli": "fp16", "sentiment": "fp16"}

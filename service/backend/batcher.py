@@ -39,7 +39,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from disan.batching import split_by_cells
+from disan.runtime.batching import split_by_cells
 from service.common.errors import NotReady, Overloaded
 from service.common.timing import RequestTiming
 
@@ -126,11 +126,6 @@ class MicroBatcher(Generic[P, R]):
         """Estimated seconds until the items waiting now have run (admission control)."""
         return self._depth * self._item_s / self.concurrency
 
-    def item_seconds(self) -> float:
-        """What one more waiting item adds to `queued_seconds` (the shared inference process
-        tells its workers, whose admission control estimates their own waiting items with it)."""
-        return self._item_s / self.concurrency
-
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -170,10 +165,6 @@ class MicroBatcher(Generic[P, R]):
                     it.future.set_exception(exc)
                     told += 1
         return told
-
-    def submit(self, payloads: Sequence[P]) -> list[asyncio.Future]:
-        """Enqueue all `payloads` (all-or-nothing) and return one future per payload."""
-        return [it.future for it in self._enqueue(payloads)[1]]
 
     async def run(self, payloads: Sequence[P], timing: RequestTiming | None = None) -> list[R]:
         """Submit `payloads` and wait for their results, in the same order; add where the time

@@ -1,19 +1,16 @@
-"""The model side of serving: a bundle's runtime, warmed up, and one micro-batcher per graph.
-
-Built the same way by a worker that runs its own onnxruntime calls (service.inference.engine) and by the
-shared inference process that every worker feeds (service.backend.inference_process).
+"""The model side of serving: a bundle's runtime, warmed up, and one micro-batcher per graph,
+built by each worker for its own onnxruntime calls (service.inference.engine).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from disan.runtime import Runtime
+from disan.runtime.runtime import Runtime
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.common.batching_defaults import Batching
 from service.settings import Settings
@@ -25,13 +22,9 @@ STOP_GRACE_S = 2.0
 _EXPLAIN_GRAPHS = ("encoder_explain", "nli_encoder_explain", "sentiment_explain")
 
 
-def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
-    """The bundle's sessions, warmed up (`workers`: the processes sharing the cores, for the
-    call layout; the shared inference process is the only one running onnxruntime: 1)."""
-    options = settings.runtime_options()
-    if workers is not None:
-        options = replace(options, workers=workers)
-    runtime = Runtime(settings.bundle, options)
+def load_runtime(settings: Settings) -> Runtime:
+    """The bundle's sessions, warmed up."""
+    runtime = Runtime(settings.bundle, settings.runtime_options())
     runtime.warmup()
     # The explain graphs' memory grows with the square of the longest sentence (attention
     # maps, leave-one-out rows); one call each at max_tokens takes it now, so no request grows
@@ -43,8 +36,7 @@ def load_runtime(settings: Settings, workers: int | None = None) -> Runtime:
 
 def make_batchers(runtime: Runtime, settings: Settings, batching: Batching, executor: ThreadPoolExecutor,
                   stats: BatchStats, queue_limit: int) -> dict[str, MicroBatcher]:
-    """One micro-batcher per graph of `runtime` (not started): a worker's, or the shared
-    inference process's (which holds every worker's queue: `queue_limit` x workers)."""
+    """One micro-batcher per graph of `runtime` (not started)."""
     # by graph, not route: where /embed and /nli share an encoder graph they share its batches
     runners: dict[str, tuple[Any, Any]] = {
         "encoder": (partial(runtime.encode_with, "encoder"), len),

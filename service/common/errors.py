@@ -1,7 +1,9 @@
-"""The service's error types, the ONE table mapping them to HTTP status codes, and the handlers.
+"""The service's error types and the ONE table mapping them to HTTP status codes (FastAPI-free).
 
 Every error response has the stable body ``{"error": {"type": ..., "message": ...}}``.
 500s log the details server-side and return a generic message (never a traceback or input echo).
+FastAPI's exception handlers that answer with this table live in `service.http.errors`; the
+engine, the batcher and the fast path use the types without importing FastAPI.
 """
 
 from __future__ import annotations
@@ -9,11 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("disan.service")
 
@@ -37,7 +34,6 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
 }
 NOT_JSON_MESSAGE = "request body must be JSON sent with Content-Type: application/json"
-_BY_STATUS = {status: etype for etype, (status, _) in ERROR_TABLE.items()}
 
 
 class ServiceError(Exception):
@@ -124,13 +120,6 @@ def error_body(etype: str, message: str, param: str | None = None, code: str | N
     return {"error": {"type": etype, "message": message, "param": param, "code": code}}
 
 
-def error_response(etype: str, message: str, headers: dict[str, str] | None = None,
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
-    """A JSONResponse for one row of the table."""
-    return JSONResponse(error_body(etype, message, param, code), status_code=ERROR_TABLE[etype][0],
-                        headers=headers)
-
-
 # Type tags pydantic puts in an error's location for a union member ("input.constrained-str.0"):
 # not fields, so they are left out of the location a client reads.
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
@@ -178,36 +167,3 @@ def public_message(exc: ServiceError, path: str) -> str:
         log.error("inference failed on %s: %s", path, exc.message)
         return "inference failed"
     return exc.message
-
-
-async def _on_service_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ServiceError)
-    return error_response(exc.type, public_message(exc, request.url.path), exc.headers, exc.param, exc.code)
-
-
-async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    etype, message = validation_message(exc.errors())
-    return error_response(etype, message)
-
-
-async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    etype = _BY_STATUS.get(exc.status_code)
-    if etype is None:  # a status outside the table: keep the code, still use the stable body
-        return JSONResponse(error_body("http_error", str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
-    return error_response(etype, str(exc.detail), getattr(exc, "headers", None))
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s", request.url.path)
-    return error_response("internal_error", "internal server error")
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every failure through the table above."""
-    app.add_exception_handler(ServiceError, _on_service_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.add_exception_handler(Exception, _on_unexpected)

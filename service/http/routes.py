@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
-from disan.manifest import fingerprints_in_use
+from disan.bundle.manifest import fingerprints_in_use
 from service.common.errors import ERROR_TABLE, Unauthorized
 from service.http.asgi import unless_disconnected
 from service.http.handlers import (
@@ -212,8 +212,6 @@ async def info(engine: EngineDep) -> dict:
                    "graph_set": rt.graph_set, "borrowed_words": borrowed_words(m),
                    "ensemble_members": ensemble_members(m), "sources": sources(m),
                    "route_fingerprints": fingerprints_in_use(m, rt.graph_set, rt.variant)},
-        "inference_process": {"mode": engine.inference_mode, "source": engine.inference_why,
-                              **({"pid": rt.pid} if engine.inference_mode == "shared" else {})},
     }
 
 

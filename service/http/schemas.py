@@ -282,7 +282,7 @@ class Info(BaseModel):
     explain: bool = Field(description="whether /sentiment can return explanations")
     routes: dict[str, str] = Field(description="which graph serves what: embed (/embed, /v1/embeddings, "
                                    "/similarity), nli (the encoder feeding nli_head), sentiment, and "
-                                   "their _explain graphs; see disan.manifest")
+                                   "their _explain graphs; see disan.bundle.manifest")
     limits: dict[str, int]
     batching: dict[str, int | float | dict[str, str]] = Field(
         description="limits in use (auto ones resolved for the provider) and `source`: why each")
@@ -295,9 +295,6 @@ class Info(BaseModel):
                                       "was exported from (file name and sha256); route_fingerprints: "
                                       "per route, what the graph in use computes (graph, weights, "
                                       "tokenizer): the same embed fingerprint means the same vectors")
-    inference_process: dict[str, object] = Field(
-        description="where the onnxruntime calls run: `mode` off (in each worker) or shared (one "
-        "process all workers feed; its `pid`), and `source`: why")
 
 
 class OpenAIModel(BaseModel):

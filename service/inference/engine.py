@@ -17,13 +17,12 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.encoder import normalized, prediction, sentiment_prediction
-from disan.runtime import Runtime
-from disan.windowing import LongTextPolicy
+from disan.runtime.encoder import normalized, prediction, sentiment_prediction
+from disan.runtime.runtime import Runtime
+from disan.text.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
-from service.backend.remote import InferenceClient, RemoteBatcher, RemoteRuntime
-from service.common.batching_defaults import Batching, resolve_batching, resolve_inference_process
+from service.common.batching_defaults import Batching, resolve_batching
 from service.common.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.common.metrics import Metrics, multiprocess_dir
 from service.common.timing import CURRENT
@@ -51,10 +50,6 @@ _INLINE_CHARS = 20_000
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
-# Shared mode: how long a worker waits for the inference process to load the bundle and listen
-# (it exits, and `disan serve` with it, when loading fails; this bounds a hung one).
-INFERENCE_WAIT_S = 600.0
-INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in the server log"
 
 
 
@@ -62,19 +57,13 @@ INFERENCE_LOST_DETAIL = "the shared inference process is gone; the reason is in 
 class Engine:
     """Process-wide state of one app: runtime, batchers, readiness."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, inference_socket: str | None = None):
+    def __init__(self, settings: Settings, metrics: Metrics):
         self.settings = settings
         self.metrics = metrics
         self.state = "loading"
         self.detail: str | None = None
-        self.runtime: Runtime | RemoteRuntime | None = None
-        self.batchers: dict[str, MicroBatcher | RemoteBatcher] = {}
-        # "shared": the batches run in the inference process `disan serve` started (its socket);
-        # "off": this worker runs its own runtime. /info reports the mode and why.
-        self.inference_socket = inference_socket
-        self.inference_mode, self.inference_why = resolve_inference_process(
-            settings.inference_process, settings.workers, settings.providers, inference_socket is not None)
-        self.inference_client: InferenceClient | None = None
+        self.runtime: Runtime | None = None
+        self.batchers: dict[str, MicroBatcher] = {}
         self.batching: Batching | None = None  # resolved for the provider that loaded (/info)
         self._executor: ThreadPoolExecutor | None = None
         self._loader: asyncio.Task | None = None
@@ -89,18 +78,10 @@ class Engine:
         """Begin loading + warm-up in the background (the app serves /health meanwhile)."""
         self._loader = asyncio.create_task(self._load(), name="disan-load")
 
-    async def wait_ready(self) -> None:
-        """Wait until loading finished (successfully or not)."""
-        if self._loader is not None:
-            await asyncio.shield(self._loader)
-
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            if self.inference_mode == "shared":
-                runtime = await self._connect_inference_process()
-            else:
-                runtime = await loop.run_in_executor(None, self._load_sync)
+            runtime = await loop.run_in_executor(None, self._load_sync)
         except Exception as exc:  # noqa: BLE001 - reported by /ready and /health, then logged
             self.state, self.detail = "failed", FAILED_DETAIL
             reason = f"{type(exc).__name__}: {exc}"
@@ -109,49 +90,23 @@ class Engine:
                 self.on_load_failure(reason)
             return
         self.runtime = runtime
-        if isinstance(runtime, Runtime):
-            self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
-                                                thread_name_prefix="ort")
-            stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
-            self.batching = resolve_batching(self.settings.max_batch_size, self.settings.max_batch_cells,
-                                             runtime.provider, self.settings.batch_concurrency)
-            self.batchers.update(make_batchers(runtime, self.settings, self.batching, self._executor, stats,
-                                               self.settings.queue_limit))
-            for batcher in self.batchers.values():
-                await batcher.start()
+        self._executor = ThreadPoolExecutor(max_workers=len(runtime.graphs) * runtime.batch_concurrency,
+                                            thread_name_prefix="ort")
+        stats = BatchStats(on_batch=self.metrics.on_batch, on_depth=self.metrics.on_depth)
+        self.batching = resolve_batching(self.settings.max_batch_size, self.settings.max_batch_cells,
+                                         runtime.provider, self.settings.batch_concurrency)
+        self.batchers.update(make_batchers(runtime, self.settings, self.batching, self._executor, stats,
+                                           self.settings.queue_limit))
+        for batcher in self.batchers.values():
+            await batcher.start()
         self.state = "ready"
         if not self.draining:
             self.workers.mark_ready()
-        log.info("ready: %s (dim %d), graph set %s/%s on %s%s", runtime.name, runtime.dim, runtime.graph_set,
-                 runtime.variant, runtime.providers,
-                 " (in the shared inference process)" if self.inference_mode == "shared" else "")
+        log.info("ready: %s (dim %d), graph set %s/%s on %s", runtime.name, runtime.dim, runtime.graph_set,
+                 runtime.variant, runtime.providers)
 
     def _load_sync(self) -> Runtime:
         return load_runtime(self.settings)
-
-    async def _connect_inference_process(self) -> RemoteRuntime:
-        """Shared mode: wait for the inference process `disan serve` started, then route every
-        graph's batches to it (the runtime here is a stand-in: vocab, limits, labels)."""
-        if self.inference_socket is None:
-            raise RuntimeError("inference_process=shared needs the inference process that `disan serve` "
-                               "starts (no socket was given to this worker)")
-        client = await InferenceClient.connect(self.inference_socket, INFERENCE_WAIT_S)
-        client.on_lost = self._inference_lost
-        self.inference_client = client
-        hello = await client.hello()
-        runtime = RemoteRuntime.from_hello(hello, self.settings.bundle)
-        self.batching = Batching(**hello["batching"])
-        for name in runtime.graphs:
-            self.batchers[name] = RemoteBatcher(client, name, self.settings.queue_limit)
-        return runtime
-
-    def _inference_lost(self, why: str) -> None:
-        """The inference process went away: every request from now on is a 503 (the waiting
-        ones were answered 503 by the client), /ready and /health say failed."""
-        if self.state == "ready":
-            log.error("the shared inference process is gone (%s): answering 503", why)
-            self.state, self.detail = "failed", INFERENCE_LOST_DETAIL
-            self.workers.mark_gone()
 
     def begin_drain(self) -> None:
         """Shutdown began (SIGTERM): /ready says 503 at once; work in progress goes on until the
@@ -186,8 +141,6 @@ class Engine:
         if self._executor is not None:
             # Calls still running after the batchers' timeout belong to answered requests.
             self._executor.shutdown(wait=False, cancel_futures=True)
-        if self.inference_client is not None:
-            await self.inference_client.close()
         self.metrics.close()
         log.info("stopped: batchers drained")
 
@@ -204,7 +157,7 @@ class Engine:
         every, why = self.workers.all_ready()
         return ("ready", None) if every else ("loading", why)
 
-    def require_ready(self) -> Runtime | RemoteRuntime:
+    def require_ready(self) -> Runtime:
         """The runtime, or NotReady (503) while loading/draining/failed."""
         if self.state != "ready" or self.runtime is None:
             raise NotReady(f"model not ready ({self.state})")

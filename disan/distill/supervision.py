@@ -1,0 +1,180 @@
+"""Labelled training signals a distilled student may learn from beside its teacher (`disan pretrain
+--corpus --pairs-weight / --nli-weight`), as sentence-transformers models are trained:
+
+- scored pairs (STS-B train, SICK train relatedness), with an MSE loss on the cosine
+  (CosineSimilarityLoss) or CoSENT's ranking loss (a pair scored higher must have the higher
+  cosine), which optimises the order that the Spearman measure reads;
+- NLI triples (premise, an entailed hypothesis, a contradicting one) from the NLI training files,
+  with in-batch negatives (MultipleNegativesRankingLoss with a hard negative);
+- SST-5 train phrases and their sentiment (0-4), through a training-only linear head on the
+  normalised served vector (cross-entropy), so the vector itself carries the sentiment a frozen
+  probe reads.
+
+Never a dev or test pair: the NLI triples leave out the held-out SNLI dev slice that NLI model
+selection uses, as the corpus does, and the sentiment phrases every evaluation text the corpus
+excludes (`disan.corpus.eval_keys`, by exact match).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from disan.corpus import eval_keys, key
+from disan.data.readers import holdout_split, read_examples, read_jsonl
+from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
+from disan.data.sts import train_pairs
+from disan.model import DiSANEncoder
+from disan.optional import require
+from disan.runtime.batching import sorted_batches
+from disan.text.tokenizer import Vocab
+
+MAX_TOKENS = 64
+
+
+def batch_tensors(rows: list[list[int]], idx,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ids and mask of rows[idx], on `device` (the model's)."""
+    enc = Vocab.pad([rows[i] for i in idx])
+    return torch.from_numpy(enc.ids).to(device), torch.from_numpy(enc.mask).to(device)
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+class ScoredPairs:
+    """STS-B train + SICK train pairs as ids, scores in [0, 1]."""
+
+    def __init__(self, data: Path, vocab: Vocab):
+        left, right, scores = train_pairs(data)
+        self.left = [vocab.text_ids(t, MAX_TOKENS) or [1] for t in left]
+        self.right = [vocab.text_ids(t, MAX_TOKENS) or [1] for t in right]
+        self.scores = torch.from_numpy(scores)
+
+    def loss(self, encoder: DiSANEncoder, rng: np.random.Generator, size: int,
+             kind: str = "mse") -> torch.Tensor:
+        idx = rng.integers(0, len(self.scores), size=max(size, 2))
+        device = device_of(encoder)
+        cos = F.cosine_similarity(encoder(*batch_tensors(self.left, idx, device)),
+                                  encoder(*batch_tensors(self.right, idx, device)), dim=-1)
+        scores = self.scores[idx].to(device)
+        if kind == "cosent":
+            return cosent_loss(cos, scores)
+        if kind == "mse":
+            return F.mse_loss(cos, scores)
+        raise ValueError(f"pair loss must be one of {', '.join(PAIR_LOSSES)}, not {kind!r}")
+
+
+def cosent_loss(cos: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """log(1 + sum over pairs (i, j) with score_i > score_j of exp(scale * (cos_j - cos_i)))."""
+    diff = scale * (cos[None, :] - cos[:, None])          # [B,B]: entry (i, j) = cos_j - cos_i
+    wrong_order = scores[:, None] > scores[None, :]       # i should rank above j
+    diff = diff.masked_fill(~wrong_order, float("-inf")).flatten()
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff]), dim=0)
+
+
+def nli_triples(data: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """(premise, entailed hypothesis, contradicting hypothesis) token triples from the NLI training
+    files, every premise with at least one of each; the held-out SNLI dev slice is left out."""
+    holdout = (data / RECIPES["nli"]["holdout_from"]).resolve()
+    by_premise: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = {}
+    for rel in RECIPES["nli"]["train"]:
+        _, examples = read_examples(data / rel)
+        if (data / rel).resolve() == holdout:
+            examples, _ = holdout_split(examples, HOLDOUT_SIZE, HOLDOUT_SEED)
+        for ex in examples:
+            by_premise.setdefault(ex.texts[0], {}).setdefault(ex.label, []).append(ex.texts[1])
+    return [(premise, pos, neg) for premise, hyps in by_premise.items()
+            for pos, neg in zip(hyps.get("entailment", []), hyps.get("contradiction", []), strict=False)]
+
+
+class NLITriples:
+    """NLI triples as ids, for an in-batch ranking loss."""
+
+    def __init__(self, data: Path, vocab: Vocab):
+        triples = nli_triples(data)
+        if not triples:
+            raise ValueError(f"{data}: no NLI training triples found")
+        self.anchor, self.pos, self.neg = ([vocab.token_ids(t[k], MAX_TOKENS) or [1] for t in triples]
+                                           for k in range(3))
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+    def loss(self, encoder: DiSANEncoder, rng: np.random.Generator, size: int,
+             temperature: float = 0.05) -> torch.Tensor:
+        """Each premise must pick its own entailed hypothesis among the batch's entailed and
+        contradicting hypotheses."""
+        idx = rng.choice(len(self), size=min(max(size, 2), len(self)), replace=False)
+        device = device_of(encoder)
+        a = F.normalize(encoder(*batch_tensors(self.anchor, idx, device)), dim=-1)
+        candidates = torch.cat([encoder(*batch_tensors(self.pos, idx, device)),
+                                encoder(*batch_tensors(self.neg, idx, device))])
+        logits = a @ F.normalize(candidates, dim=-1).T / temperature      # [B, 2B]
+        return F.cross_entropy(logits, torch.arange(len(idx), device=device))
+
+
+SENTIMENT_CLASSES = 5
+
+
+class SentimentPhrases:
+    """SST-5 train phrases of at least `min_tokens` tokens as ids, with their labels; single words
+    and pairs are left out (mostly neutral, they would teach the head word polarity, not the
+    sentence's)."""
+
+    def __init__(self, data: Path, vocab: Vocab, min_tokens: int = 3):
+        excluded = eval_keys(data)
+        long = [r for rel in RECIPES["sst5"]["train"] for r in read_jsonl(data / rel)
+                if len(r["text"].split()) >= min_tokens]
+        kept = [r for r in long if key(r["text"]) not in excluded]
+        if not kept:
+            raise ValueError(f"{data}: no SST-5 training phrases of {min_tokens}+ tokens found")
+        self.excluded = len(long) - len(kept)
+        self.rows = [vocab.text_ids(r["text"], MAX_TOKENS) or [1] for r in kept]
+        self.labels = torch.tensor([int(r["label"]) for r in kept])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _served(self, encoder: DiSANEncoder, idx) -> torch.Tensor:
+        """What the head reads: the normalised served vectors of rows[idx], scaled to unit size per
+        coordinate, as a probe's standardised features are, so a head starting small reaches
+        useful logits at a distillation phase's low learning rate."""
+        served = F.normalize(encoder(*batch_tensors(self.rows, idx, device_of(encoder))), dim=-1)
+        return served * served.shape[-1] ** 0.5
+
+    def loss(self, encoder: DiSANEncoder, head: torch.nn.Linear, rng: np.random.Generator,
+             size: int) -> torch.Tensor:
+        idx = rng.integers(0, len(self), size=max(size, 2))
+        return F.cross_entropy(head(self._served(encoder, idx)), self.labels[idx].to(device_of(encoder)))
+
+    def probe(self, encoder: DiSANEncoder, head: torch.nn.Linear, batch: int = 256) -> float:
+        """Set `head` to the logistic regression fitted on the frozen encoder's vectors of every
+        phrase, and return its training accuracy. A phase that starts from a trained student with
+        a random head first moves the encoder to suit that head; probing first, then fine-tuning
+        (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features") starts the phase at a
+        head that already reads the vector."""
+        linear_model = require("sklearn.linear_model", "train")
+        batches = sorted_batches([len(r) for r in self.rows], batch)  # like lengths pad little
+        training = encoder.training
+        encoder.eval()  # no dropout: the vectors the start serves
+        with torch.no_grad():
+            x = torch.cat([self._served(encoder, idx) for idx in batches]).cpu().numpy()
+        encoder.train(training)
+        y = self.labels.numpy()[np.concatenate(batches)]
+        fit = linear_model.LogisticRegression(max_iter=1000).fit(x, y)
+        # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
+        # a logit far below the others.
+        coef = fit.coef_ if len(fit.classes_) > 2 else np.vstack([np.zeros_like(fit.coef_), fit.coef_])
+        bias = fit.intercept_ if len(fit.classes_) > 2 else np.array([0.0, fit.intercept_[0]])
+        weight = np.zeros((head.out_features, x.shape[1]), dtype=np.float32)
+        offset = np.full(head.out_features, bias.min() - 20.0, dtype=np.float32)
+        weight[fit.classes_], offset[fit.classes_] = coef, bias
+        with torch.no_grad():
+            head.weight.copy_(torch.from_numpy(weight))
+            head.bias.copy_(torch.from_numpy(offset))
+        return float(fit.score(x, y))

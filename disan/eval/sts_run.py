@@ -1,0 +1,36 @@
+"""`disan eval --sts`: the bundle (or students before export) and the MiniLM-L6 / MPNet baselines
+scored on every STS set in one run, so their rows can be compared. Kept apart from `disan/data/sts.py`
+because the student encoder comes from `disan/distill/loop.py`, which trains on `disan/data/sts.py`'s pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from disan.data.sts import sts_scores
+
+
+def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Bundle (or --checkpoint students) + baselines on every STS set; markdown table and JSON in
+    --out-dir."""
+    from disan.eval.transfer import (  # scikit-learn (`train`)
+        add_baselines,
+        encoders_under_test,
+        minilm_encoder,
+        mpnet_encoder,
+    )
+
+    encoders = encoders_under_test(args, f"DiSAN ({args.bundle})")
+    named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
+    add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
+    results = {label: sts_scores(make(), args.data, by_genre=True) for label, make in encoders.items()}
+    columns = list(next(iter(results.values())))  # the sets, then STS-B dev by genre
+    lines = ["| cosine Spearman | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(f"{s[n]:.4f}" for n in columns) + " |"
+              for label, s in results.items()]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "sts.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (args.out_dir / "sts.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return results
