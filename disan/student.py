@@ -1,0 +1,226 @@
+"""A DiSAN student that reads subword pieces (`disan distill student`): distilled from the teacher's
+cached vectors of a `disan corpus`, taught query -> passage by its (title, text) pairs, with vectors
+whose prefixes are vectors too (Matryoshka).
+
+Loss per step, on a batch of corpus rows the teacher has encoded and a batch of pairs:
+- distillation: 1 - cosine(student, teacher) of the full served vector;
+- geometry at every prefix m of `dims`: the squared error between the in-batch cosine matrix of the
+  student's first m components and the teacher's (a prefix must keep what STS and clustering read);
+- pairs: MultipleNegativesRanking (in-batch softmax over the passages, as sentence-transformers
+  trains retrievers) at every prefix m, weight `pairs_weight`.
+
+The token table starts from the teacher: each piece's teacher vector when read alone (mean-pooled
+output, as static-embedding distillation does), reduced to `embed_dim` by PCA (`piece_vectors`).
+Writes to `out`: `pieces.npy` (that start, cached), `student.pt` (an encoder checkpoint that carries
+its tokenizer.json), `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from disan.train.checkpoint import write_checkpoint
+from disan.corpus import read_corpus
+from disan.model import DiSANConfig, DiSANEncoder
+from disan.pieces import PAD, PieceTokenizer, teacher_tokenizer_file
+from disan.teacher import TeacherCache
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    corpus: Path
+    out: Path
+    teacher: Path | None = None  # the teacher cache (default: CORPUS/teacher-mpnet)
+    tokenizer: Path | None = None  # tokenizer.json (default: the teacher's own)
+    embed_dim: int = 256
+    d_h: int = 256
+    proj_dim: int = 768
+    dims: tuple[int, ...] = (768, 512, 256, 128)
+    max_pieces: int = 128
+    batch_size: int = 128
+    pairs_batch: int = 64
+    pairs_weight: float = 1.0
+    geometry_weight: float = 1.0
+    mnr_scale: float = 20.0
+    lr: float = 4e-3
+    steps: int = 2000
+    max_minutes: float | None = None
+    val_rows: int = 1024
+    eval_every: int = 250
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+    relations: tuple[str, ...] = field(default=())  # pair relations to use (default: all)
+
+
+class PieceRows:
+    """Piece ids of every corpus text, held flat (one int32 array and offsets), cut to `max_pieces`."""
+
+    def __init__(self, tok: PieceTokenizer, texts: list[str], max_pieces: int, chunk: int = 65536):
+        parts, lengths = [], []
+        for start in range(0, len(texts), chunk):
+            for ids in tok.encode(texts[start:start + chunk]):
+                ids = ids[:max_pieces] or [tok.unk_id or 1]
+                parts.append(np.asarray(ids, np.int32))
+                lengths.append(len(ids))
+        self.flat = np.concatenate(parts)
+        self.lengths = np.asarray(lengths, np.int32)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+
+    def batch(self, rows: np.ndarray, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+        width = int(self.lengths[rows].max())
+        ids = np.full((len(rows), width), PAD, np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :self.lengths[r]] = self.flat[self.offsets[r]:self.offsets[r] + self.lengths[r]]
+        ids_t = torch.from_numpy(ids).to(device)
+        return ids_t, ids_t != PAD
+
+
+@torch.no_grad()
+def piece_vectors(tok: PieceTokenizer, dim: int, encode, cache: Path) -> np.ndarray:
+    """[len(tok), dim] start of the token table: each piece's teacher vector alone, PCA-reduced and
+    scaled to unit mean norm (row 0, padding, is zero). `encode(texts) -> [N, D]` is the teacher."""
+    if cache.is_file():
+        table = np.load(cache)
+        if table.shape == (len(tok), dim):
+            return table
+    vocab = tok._tok.get_vocab()
+    words = [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    texts = [w[2:] if w.startswith("##") else w for w in words]  # a continuation piece as a word
+    raw = np.asarray(encode(texts), np.float32)
+    raw = raw - raw.mean(0)
+    _, _, vt = np.linalg.svd(raw[np.random.default_rng(0).permutation(len(raw))[:20000]],
+                             full_matrices=False)
+    reduced = raw @ vt[:dim].T
+    reduced /= np.linalg.norm(reduced, axis=1).mean()
+    table = np.zeros((len(tok), dim), np.float32)
+    table[1:] = reduced
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.save(cache, table)
+    return table
+
+
+def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
+    x = F.normalize(x, dim=-1)
+    return x @ x.T
+
+
+def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor | None,
+                 cfg: StudentConfig) -> tuple[torch.Tensor, dict]:
+    """The loss of one step and its parts (see the module docstring)."""
+    distill = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
+    related = cosine_matrix(target)
+    geometry = sum(F.mse_loss(cosine_matrix(pred[:, :m]), related) for m in cfg.dims)
+    loss = distill + cfg.geometry_weight * geometry
+    parts = {"distill": distill.item(), "geometry": float(geometry)}
+    if q is not None:
+        labels = torch.arange(len(q), device=q.device)
+        mnr = sum(F.cross_entropy(cfg.mnr_scale * F.normalize(q[:, :m], dim=-1)
+                                  @ F.normalize(p[:, :m], dim=-1).T, labels) for m in cfg.dims)
+        loss = loss + cfg.pairs_weight * mnr
+        parts["mnr"] = float(mnr)
+    return loss, parts
+
+
+@torch.no_grad()
+def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np.ndarray,
+             pairs: np.ndarray, cfg: StudentConfig) -> dict:
+    """Held-out cosine to the teacher, and held-out pairs' retrieval accuracy (query -> its passage
+    among the held-out passages) at each prefix."""
+    encoder.eval()
+
+    def vectors(chosen: np.ndarray) -> torch.Tensor:
+        return torch.cat([encoder(*rows.batch(chosen[i:i + 256], cfg.device))
+                          for i in range(0, len(chosen), 256)])
+
+    pred = vectors(val)
+    cos = F.cosine_similarity(pred, torch.from_numpy(target[val]).float().to(pred.device), dim=-1).mean()
+    out = {"val_cosine": round(cos.item(), 4)}
+    if len(pairs):
+        q, p = vectors(pairs[:, 0]), vectors(pairs[:, 1])
+        right = torch.arange(len(q), device=q.device)
+        for m in cfg.dims:
+            hit = (F.normalize(q[:, :m], dim=-1) @ F.normalize(p[:, :m], dim=-1).T).argmax(1)
+            out[f"pair_acc@{m}"] = round((hit == right).float().mean().item(), 4)
+    encoder.train()
+    return out
+
+
+def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
+    """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
+    vectors) is needed only when the piece table's start is not cached yet."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    texts, info = read_corpus(cfg.corpus)
+    cache = TeacherCache.read(cfg.teacher or cfg.corpus / "teacher-mpnet")
+    done = cache.done
+    if done < cfg.val_rows + cfg.batch_size:
+        raise ValueError(f"{cache.folder}: only {done} rows encoded; the student needs more than "
+                         f"{cfg.val_rows + cfg.batch_size}")
+    target = np.asarray(cache.vectors()[:done], np.float32)
+    tok = PieceTokenizer.from_file(cfg.tokenizer or teacher_tokenizer_file())
+    rows = PieceRows(tok, texts, cfg.max_pieces)
+    pairs = np.load(cfg.corpus / "pairs.npy")
+    relations = list(info.get("relations", {}))
+    if cfg.relations:
+        pairs = pairs[np.isin(pairs[:, 2], [relations.index(r) for r in cfg.relations if r in relations])]
+    pairs = pairs[rng.permutation(len(pairs))]
+    held = min(512, len(pairs) // 5)
+    val_pairs, pairs = pairs[:held], pairs[held:]
+    val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
+
+    model_cfg = DiSANConfig(vocab_size=len(tok), embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
+                            proj_dim=cfg.proj_dim)
+    encoder = DiSANEncoder(model_cfg).to(cfg.device)
+    if teacher_encode is not None or (cfg.out / "pieces.npy").is_file():
+        table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
+        encoder.embed.weight.data.copy_(torch.from_numpy(table))
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=cfg.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / cfg.steps))
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
+    start, last = time.monotonic(), {}
+    for step in range(1, cfg.steps + 1):
+        batch = rng.choice(train_rows, cfg.batch_size, replace=False)
+        pred = encoder(*rows.batch(batch, cfg.device))
+        q = p = None
+        if cfg.pairs_weight > 0 and len(pairs):
+            chosen = pairs[rng.integers(0, len(pairs), cfg.pairs_batch)]
+            q = encoder(*rows.batch(chosen[:, 0], cfg.device))
+            p = encoder(*rows.batch(chosen[:, 1], cfg.device))
+        loss, parts = student_loss(pred, torch.from_numpy(target[batch]).to(cfg.device), q, p, cfg)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        out_of_time = cfg.max_minutes is not None and time.monotonic() - start > 60 * cfg.max_minutes
+        if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
+            last = {"step": step, "seconds": round(time.monotonic() - start, 1), **parts,
+                    **evaluate(encoder, rows, target, val, val_pairs, cfg)}
+            log.write(json.dumps(last) + "\n")
+            log.flush()
+            print(json.dumps(last), flush=True)
+            save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last)
+        if out_of_time:
+            break
+    return last
+
+
+def save_student(path: Path, encoder: DiSANEncoder, tok: PieceTokenizer, cfg: StudentConfig, corpus: dict,
+                 metrics: dict) -> None:
+    """An `encoder` checkpoint whose vocabulary is a tokenizer.json (no word list)."""
+    write_checkpoint(path, {
+        "format": "disan-checkpoint", "version": 1, "model_state": encoder.state_dict(),
+        "config": encoder.cfg.to_dict(), "vocab": [], "tokenizer": tok.to_str(), "labels": [],
+        "train_config": {k: v for k, v in asdict(cfg).items() if not isinstance(v, Path)},
+        "corpus_sha256": corpus["sha256"], "metrics": metrics, "matryoshka_dims": list(cfg.dims)})

@@ -1,0 +1,117 @@
+"""disan.student: a piece-reading student distilled from a teacher cache, with pairs and
+Matryoshka prefixes; disan.pieces: the tokenizer it carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tokenizers = pytest.importorskip("tokenizers")
+
+from disan import corpus  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+from disan.corpus_docs import Doc  # noqa: E402
+from disan.corpus_sources import Source  # noqa: E402
+from disan.pieces import PieceTokenizer  # noqa: E402
+from disan.student import PieceRows, StudentConfig, piece_vectors, student_loss, train_student  # noqa: E402
+from disan.teacher import TeacherCache  # noqa: E402
+
+WORDS = ("river storm farmer cattle council shelter road water kernel module driver memory page "
+         "cache disk file network packet server client query answer question title").split()
+
+
+def _tokenizer(texts: list[str]) -> PieceTokenizer:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=120, special_tokens=["[UNK]"]))
+    return PieceTokenizer(tok)
+
+
+def _docs(n: int) -> list[Doc]:
+    rng = np.random.default_rng(0)
+    docs = []
+    for i in range(n):
+        words = rng.choice(WORDS, 40)
+        sentences = [" ".join(words[j:j + 8]).capitalize() + "." for j in range(0, 40, 8)]
+        docs.append(Doc([" ".join(sentences)], title=f"{words[0]} {words[1]} {i}", relation="heading"))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("student")
+    docs = _docs(60)
+    source = Source("t", "test", "CC0", lambda _root: iter(docs), staged=True)
+    orig = corpus.eval_keys
+    corpus.eval_keys = lambda _data: set()
+    try:
+        corpus.build([source], root, None, root / "corpus", passage_words=(10, 24))
+    finally:
+        corpus.eval_keys = orig
+    texts, info = corpus.read_corpus(root / "corpus")
+    cache = TeacherCache.open(root / "corpus" / "teacher-mpnet", info["sha256"], "mpnet", len(texts), 16)
+    vectors = np.random.default_rng(1).normal(size=(len(texts), 16)).astype(np.float16)
+    cache.write(0, vectors)
+    tok = _tokenizer(texts)
+    tok.save(root / "tokenizer.json")
+    return root, root / "tokenizer.json"
+
+
+def test_piece_rows_hold_each_text_cut_to_its_limit(tiny) -> None:
+    _, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    texts = ["river storm farmer cattle council", "", "zzzqqq"]
+    rows = PieceRows(tok, texts, max_pieces=3)
+    ids, mask = rows.batch(np.array([0, 1, 2]), "cpu")
+    assert rows.lengths.tolist()[0] == 3 and ids.shape[1] == 3
+    assert ids[0].tolist() == tok.encode(texts[:1])[0][:3]
+    assert mask[1].sum() == 1  # an empty text still has one position to read
+    assert all(0 < i < len(tok) for i in tok.encode(["anything at all, even ünïcode"])[0])
+
+
+def test_piece_vectors_start_from_the_teacher(tiny, tmp_path) -> None:
+    _, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    seen = []
+
+    def encode(texts):
+        seen.extend(texts)
+        return np.random.default_rng(2).normal(size=(len(texts), 12))
+
+    table = piece_vectors(tok, 4, encode, tmp_path / "p.npy")
+    assert table.shape == (len(tok), 4) and not table[0].any() and table[1:].any()
+    assert "river" in seen or any(not s.startswith("##") for s in seen)
+    assert np.array_equal(piece_vectors(tok, 4, None, tmp_path / "p.npy"), table)  # cached
+
+
+def test_matryoshka_loss_counts_every_prefix() -> None:
+    cfg = StudentConfig(corpus=Path("."), out=Path("."), dims=(4, 2), proj_dim=4)
+    pred, target = torch.randn(6, 4), torch.randn(6, 4)
+    q, p = torch.randn(5, 4), torch.randn(5, 4)
+    _, parts = student_loss(pred, target, q, p, cfg)
+    one = StudentConfig(corpus=Path("."), out=Path("."), dims=(4,), proj_dim=4)
+    _, only_full = student_loss(pred, target, q, p, one)
+    assert parts["mnr"] > only_full["mnr"] and parts["geometry"] > only_full["geometry"]
+    assert parts["distill"] == pytest.approx(only_full["distill"])
+
+
+def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
+    root, path = tiny
+    cfg = StudentConfig(corpus=root / "corpus", out=tmp_path / "s", tokenizer=path, embed_dim=8, d_h=8,
+                        proj_dim=16, dims=(16, 8), batch_size=16, pairs_batch=8, steps=40, val_rows=16,
+                        eval_every=20, lr=3e-3)
+    rng = np.random.default_rng(3)
+    last = train_student(cfg, teacher_encode=lambda texts: rng.normal(size=(len(texts), 12)))
+    assert last["step"] == 40 and {"val_cosine", "pair_acc@16", "pair_acc@8"} <= set(last)
+    payload = load_checkpoint(tmp_path / "s" / "student.pt")
+    assert PieceTokenizer.from_str(payload["tokenizer"]).encode(["river"]) == \
+        PieceTokenizer.from_file(path).encode(["river"])
+    assert payload["matryoshka_dims"] == [16, 8] and payload["config"]["proj_dim"] == 16
+    assert not any("/" in str(v) for v in payload["train_config"].values())  # no machine paths
+    lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
