@@ -12,7 +12,8 @@ import gzip
 import json
 from pathlib import Path
 
-from disan.pieces import PieceTokenizer, teacher_tokenizer_file
+from disan.distill.teacher import teacher_tokenizer_file
+from disan.text.pieces import PieceTokenizer
 from disan.text.tokenizer import Vocab
 
 SETS = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from disan import corpus
-from disan.corpus_sources import Source, detokenize
+from disan.distill.corpus import build as corpus
+from disan.distill.corpus.sources import Source, detokenize
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -73,7 +73,7 @@ def _mail(folder: Path, name: str, text: str) -> None:
 
 
 def test_mailing_lists_keep_what_the_writer_wrote(tmp_path: Path) -> None:
-    from disan.corpus_sources import SOURCES
+    from disan.distill.corpus.sources import SOURCES
 
     source = next(s for s in SOURCES if s.name == "mailing-lists")
     assert source.default and source.npm  # conversational text users embed: in the default corpus
@@ -85,7 +85,7 @@ def test_mailing_lists_keep_what_the_writer_wrote(tmp_path: Path) -> None:
 
 
 def test_npm_sources_need_their_folder(tmp_path: Path, monkeypatch) -> None:
-    from disan.corpus_sources import SOURCES
+    from disan.distill.corpus.sources import SOURCES
 
     monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
     source = next(s for s in SOURCES if s.name == "mailing-lists")
@@ -102,8 +102,8 @@ def test_npm_sources_need_their_folder(tmp_path: Path, monkeypatch) -> None:
 def test_a_missing_or_failing_fetch_tool_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
     # Both used to end in a traceback: RuntimeError and CalledProcessError are not the CLI's
     # one-line errors.
-    from disan import corpus_sources
     from disan.cli import main
+    from disan.distill.corpus import sources as corpus_sources
 
     monkeypatch.setattr(corpus, "eval_keys", lambda _data: set())
     monkeypatch.setattr(corpus_sources.shutil, "which", lambda _tool: None)
@@ -127,8 +127,8 @@ def _git(*args: str, cwd: Path) -> str:
 def test_git_sources_read_their_recorded_commit(tmp_path: Path, monkeypatch) -> None:
     """An opt-in repository source (the trivia questions) is read at the commit it records, from
     a clone made once in --git-dir; the answers are not sentences, so only the questions count."""
-    from disan import corpus_sources
-    from disan.corpus_sources import SOURCES, Source
+    from disan.distill.corpus import sources as corpus_sources
+    from disan.distill.corpus.sources import SOURCES, Source
 
     trivia = next(s for s in SOURCES if s.name == "trivia-questions")
     assert trivia.default and trivia.git and not trivia.debian
@@ -162,7 +162,7 @@ def test_movie_reviews_are_the_review_sentences_alone(tmp_path: Path) -> None:
     and neither is the pos/neg folder a review sits in (the source is text to label, not labels)."""
     import zipfile
 
-    from disan.corpus_sources import SOURCES
+    from disan.distill.corpus.sources import SOURCES
 
     reviews = next(s for s in SOURCES if s.name == "movie-reviews")
     assert not reviews.default and reviews.git.endswith("@5db857e6f7df11eabb5e5665836db9ec8df07e28")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from disan import corpus
-from disan.corpus_docs import Doc, html_sections, man_sections, pod_sections
-from disan.corpus_sources import Source
+from disan.distill.corpus import build as corpus
+from disan.distill.corpus.documents import Doc, html_sections, man_sections, pod_sections
+from disan.distill.corpus.sources import Source
 
 STORY = ("The river rose three metres overnight after the storm. Farmers moved their cattle to higher "
          "ground before dawn. The council opened two shelters in the town hall. Roads to the north stayed "

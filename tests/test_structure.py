@@ -31,10 +31,7 @@ DISAN_LAYERS = [
     ["disan.eval"],
     ["disan", "disan.cli"],  # the package (`disan.Encoder`) and the console script
 ]
-# Modules of the distillation pipeline still flat in disan/ (rewritten on another branch; they move
-# into disan/distill/ after it lands): ranked as part of disan.distill meanwhile.
-PENDING = {"disan.corpus": "disan.distill", "disan.corpus_sources": "disan.distill",
-           "disan.teacher": "disan.distill", "disan.question_variants": "disan.distill"}
+PENDING: dict[str, str] = {}
 # service/'s layers, lowest first, like text-embeddings-inference's backends <- core <- router: the
 # HTTP front may use the engine and the backend, never the other way round.
 SERVICE_LAYERS = [

@@ -1,5 +1,5 @@
-"""disan.student: a piece-reading student distilled from a teacher cache, with pairs and
-Matryoshka prefixes; disan.pieces: the tokenizer it carries."""
+"""disan.distill.student: a piece-reading student distilled from a teacher cache, with pairs and
+Matryoshka prefixes; disan.text.pieces: the tokenizer it carries."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 tokenizers = pytest.importorskip("tokenizers")
 
-from disan import corpus  # noqa: E402
+from disan.distill.corpus import build as corpus  # noqa: E402
+from disan.distill.corpus.documents import Doc  # noqa: E402
+from disan.distill.corpus.sources import Source  # noqa: E402
+from disan.distill.student import PieceRows, StudentConfig, piece_vectors, student_loss, train_student  # noqa: E402
+from disan.distill.teacher import TeacherCache  # noqa: E402
+from disan.text.pieces import PieceTokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
-from disan.corpus_docs import Doc  # noqa: E402
-from disan.corpus_sources import Source  # noqa: E402
-from disan.pieces import PieceTokenizer  # noqa: E402
-from disan.student import PieceRows, StudentConfig, piece_vectors, student_loss, train_student  # noqa: E402
-from disan.teacher import TeacherCache  # noqa: E402
 
 WORDS = ("river storm farmer cattle council shelter road water kernel module driver memory page "
          "cache disk file network packet server client query answer question title").split()
@@ -115,3 +115,18 @@ def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
     assert not any("/" in str(v) for v in payload["train_config"].values())  # no machine paths
     lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
+    import argparse
+
+    from disan.distill import student_cli
+
+    parser = argparse.ArgumentParser()
+    student_cli.add_arguments(parser)
+    args = parser.parse_args(["--corpus", "c", "--out", str(tmp_path), "--dims", "64", "32", "--steps", "7",
+                              "--lr", "0.01", "--max-minutes", "2.5", "--relations", "heading"])
+    cfg = student_cli.config(args)
+    assert (cfg.dims, cfg.steps, cfg.lr, cfg.max_minutes, cfg.relations) == ((64, 32), 7, 0.01, 2.5,
+                                                                             ("heading",))
+    assert cfg.corpus == Path("c") and cfg.teacher is None and cfg.batch_size == 128

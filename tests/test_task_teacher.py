@@ -179,7 +179,7 @@ def test_a_fit_saved_in_bf16_is_not_continued_where_auto_means_fp32(staged: Path
                                                                      monkeypatch, capsys) -> None:
     """`--precision auto` is bf16 on one machine and fp32 on another: the saved settings hold what
     it meant where the fit ran, so a resume elsewhere does not switch precision halfway."""
-    from disan import teacher
+    from disan.distill import teacher
 
     monkeypatch.setattr(teacher, "native_bf16", lambda device: True)
     monkeypatch.setattr(teacher, "bf16_faster_on_cpu", lambda: True)
@@ -192,7 +192,7 @@ def test_a_fit_saved_in_bf16_is_not_continued_where_auto_means_fp32(staged: Path
 
 def test_a_fit_saved_with_auto_before_it_was_resolved_goes_on(staged: Path, tmp_path: Path, monkeypatch,
                                                                capsys) -> None:
-    from disan import teacher
+    from disan.distill import teacher
     from disan.distill.task_teacher import cli as task_teacher
 
     class Stop(Exception):
@@ -303,8 +303,8 @@ def test_unlabelled_labels_a_corpus_resumably_and_train_reads_it(staged: Path, t
     """`--unlabelled CORPUS`: a `disan corpus` folder's sentences, each once by its tokens and none
     of them a training example, labelled in chunks (resumable) into unlabelled_<folder>.npz, which
     `disan train --augmented` adds to the training set."""
-    from disan import corpus
-    from disan.corpus_sources import Source
+    from disan.distill.corpus import build as corpus
+    from disan.distill.corpus.sources import Source
     from disan.train.checkpoint import load_checkpoint
 
     phrases = [json.loads(r)["text"] for r in gzip.decompress(

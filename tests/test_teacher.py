@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import write_corpus_folder
 
-from disan.teacher import TeacherCache, encode_corpus
+from disan.distill.teacher import TeacherCache, encode_corpus
 
 
 def _vectors(texts: list[str]) -> np.ndarray:
@@ -79,7 +79,7 @@ class _RecordingModel:
 def test_cpu_autocast_only_where_bf16_is_native_and_faster(monkeypatch, has_bf16, faster, precision,
                                                            want) -> None:
     torch = pytest.importorskip("torch")
-    from disan import teacher
+    from disan.distill import teacher
     from disan.train import word_vectors as embeddings
 
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
@@ -96,7 +96,7 @@ def test_cpu_autocast_only_where_bf16_is_native_and_faster(monkeypatch, has_bf16
 
 def test_the_cpu_bf16_timing_is_a_cached_answer_that_draws_nothing_from_torch() -> None:
     torch = pytest.importorskip("torch")
-    from disan import teacher
+    from disan.distill import teacher
 
     teacher.bf16_faster_on_cpu.cache_clear()
     torch.manual_seed(3)
@@ -145,7 +145,7 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
     pytest.importorskip("torch")
     from sentence_transformers import SentenceTransformer
 
-    from disan import teacher
+    from disan.distill import teacher
     from disan.train import word_vectors as embeddings
     from research.slim import slim_teacher
 
@@ -160,8 +160,8 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
 
 
 def test_derived_corpus_keeps_the_prefix_vectors_and_appends_questions(tmp_path: Path) -> None:
-    from disan.corpus import read_corpus
-    from disan.teacher import derive_corpus
+    from disan.distill.corpus.build import read_corpus
+    from disan.distill.teacher import derive_corpus
 
     sentences = ["a cat sat .", "why not ?", "dogs run .", "it rains .", "who is he ?", "no .", "how many ?"]
     write_corpus_folder(tmp_path / "src", sentences)
@@ -187,7 +187,7 @@ def test_derived_corpus_keeps_the_prefix_vectors_and_appends_questions(tmp_path:
 
 
 def test_derive_refuses_to_overwrite_its_source_or_keep_nothing(tmp_path: Path) -> None:
-    from disan.teacher import derive_corpus
+    from disan.distill.teacher import derive_corpus
 
     sentences = ["a cat sat .", "who is he ?"]
     write_corpus_folder(tmp_path / "src", sentences)
@@ -200,8 +200,8 @@ def test_derive_refuses_to_overwrite_its_source_or_keep_nothing(tmp_path: Path) 
 
 
 def test_derive_appends_another_corpus_without_the_kept_rows(tmp_path: Path) -> None:
-    from disan.corpus import read_corpus
-    from disan.teacher import derive_corpus
+    from disan.distill.corpus.build import read_corpus
+    from disan.distill.teacher import derive_corpus
 
     sentences = ["a cat sat .", "dogs run .", "it rains .", "no ."]
     write_corpus_folder(tmp_path / "src", sentences)
@@ -233,8 +233,8 @@ def test_a_reader_opens_an_existing_cache_and_refuses_a_missing_one(tmp_path: Pa
 def test_disan_teacher_says_what_auto_ran_in(tmp_path: Path, monkeypatch, capsys, faster, want) -> None:
     """`auto` depends on the machine (a flag and a timing), so the log says what it chose."""
     pytest.importorskip("torch")
-    from disan import teacher
     from disan.cli import main
+    from disan.distill import teacher
 
     write_corpus_folder(tmp_path / "c", ["a cat sat .", "dogs run ."])
     monkeypatch.setattr(teacher, "native_bf16", lambda device: True)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus import read_corpus
 from disan.data.readers import holdout_split, read_examples
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, LR_DECAYS, PAIR_LOSSES
-from disan.teacher import TEACHERS, TeacherCache
+from disan.distill.corpus.build import read_corpus
+from disan.distill.teacher import TEACHERS, TeacherCache
 from disan.train.word_vectors import STATIC_SOURCES
 
 TEACHER_DIM = 384

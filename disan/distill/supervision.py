@@ -12,7 +12,7 @@
 
 Never a dev or test pair: the NLI triples leave out the held-out SNLI dev slice that NLI model
 selection uses, as the corpus does, and the sentiment phrases every evaluation text the corpus
-excludes (`disan.corpus.eval_keys`, by exact match).
+excludes (`disan.distill.corpus.build.eval_keys`, by exact match).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from disan.corpus import eval_keys, key
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
 from disan.data.sts import train_pairs
+from disan.distill.corpus.build import eval_keys, key
 from disan.model import DiSANEncoder
 from disan.optional import require
 from disan.runtime.batching import sorted_batches

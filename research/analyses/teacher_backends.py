@@ -25,8 +25,8 @@ import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
 from bench.report import run_and_report
-from disan.corpus import read_corpus
-from disan.teacher import TEACHERS, bf16_autocast, native_bf16, resolved_precision
+from disan.distill.corpus.build import read_corpus
+from disan.distill.teacher import TEACHERS, bf16_autocast, native_bf16, resolved_precision
 from disan.train.word_vectors import _sentence_encoder
 
 # name -> quantize_dynamic keyword arguments (None: the fp32 graph as exported)
@@ -48,7 +48,7 @@ VARIANTS: dict[str, dict | None] = {
 
 def export_teacher(model, path: Path, sample: list[str]) -> None:
     """The transformer plus mean pooling and L2 normalisation (what the teacher's vector is)."""
-    import torch  # optional (`train` extra), as in disan.teacher
+    import torch  # optional (`train` extra), as in disan.distill.teacher
 
     class Pooled(torch.nn.Module):
         def __init__(self, transformer: torch.nn.Module) -> None:
@@ -103,7 +103,7 @@ def timed(encode, sentences: list[str], warm: list[str], repeats: int) -> tuple[
 
 
 def run(args: argparse.Namespace) -> dict:
-    import torch  # optional (`train` extra), as in disan.teacher
+    import torch  # optional (`train` extra), as in disan.distill.teacher
 
     torch.set_num_threads(args.threads)
     sentences = read_corpus(args.corpus)[0][args.start:args.start + args.sentences]

@@ -21,9 +21,9 @@ from sklearn.linear_model import Ridge
 
 from bench.report import run_and_report
 from disan.data.readers import read_jsonl
+from disan.distill.teacher import TeacherCache
 from disan.distill.whitening import principal_axes
 from disan.eval.transfer import BASELINES, checkpoint_encoder, classifier
-from disan.teacher import TeacherCache
 
 CUTS = (16, 32, 64, 128, 256)
 BANDS = ((0, 16), (16, 64), (64, 128), (128, 256), (256, 512), (512, 768))

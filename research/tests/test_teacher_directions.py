@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from disan.teacher import TeacherCache  # noqa: E402
+from disan.distill.teacher import TeacherCache  # noqa: E402
 from research.analyses import teacher_directions as bench  # noqa: E402
 
 DIM = 17  # 16 loud coordinates and one quiet one: the band 16-64 is that one alone

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from disan.teacher import bf16_autocast
+from disan.distill.teacher import bf16_autocast
 
 
 class Classifier:

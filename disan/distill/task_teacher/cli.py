@@ -41,7 +41,7 @@ import numpy as np
 from disan.data.recipes import RECIPES
 from disan.distill.task_teacher.classifier import Classifier, accuracy, predict
 from disan.distill.task_teacher.labels import class_count, label, label_augmented, label_unlabelled
-from disan.teacher import bf16_autocast, resolved_precision
+from disan.distill.teacher import bf16_autocast, resolved_precision
 from disan.train.soft_labels import labelled, training_keys
 
 # the sentence-level training file of each recipe: what the teacher is fine-tuned on by default

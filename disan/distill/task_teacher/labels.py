@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from disan.bundle.manifest import sha256_file
-from disan.corpus import read_corpus
 from disan.data.recipes import RECIPES
+from disan.distill.corpus.build import read_corpus
 from disan.distill.task_teacher.augment import MASK, Augmenter
 from disan.distill.task_teacher.classifier import Classifier, predict
 from disan.text.tokenizer import tokenize

@@ -3,7 +3,7 @@ find them in HTML, Perl's POD, roff man pages and part-of-speech tagged text.
 
 A `Doc` is what a source yields when it knows more than paragraphs: a title that describes the
 text below it (a heading and its section, a question and its answer, a package's one-line
-description and its long one, a headline and its story). `disan.corpus` cuts its paragraphs into
+description and its long one, a headline and its story). `disan.distill.corpus.build` cuts its paragraphs into
 sentences and passages and pairs the title with the first passage, so the student learns to find a
 passage from a short text that asks for it.
 """

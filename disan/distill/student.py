@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from disan.train.checkpoint import write_checkpoint
-from disan.corpus import read_corpus
+from disan.distill.corpus.build import read_corpus
+from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig, DiSANEncoder
-from disan.pieces import PAD, PieceTokenizer, teacher_tokenizer_file
-from disan.teacher import TeacherCache
+from disan.text.pieces import PAD, PieceTokenizer
+from disan.train.checkpoint import write_checkpoint
 
 
 @dataclass(frozen=True)

