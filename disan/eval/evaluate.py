@@ -3,6 +3,7 @@
     disan eval --bundle models/default --task sst5 --data ../shared/data      # SST-5 test
     disan eval --bundle models/default --task snli --data snli_1.0_test.jsonl
     disan eval --bundle models/default --transfer --data ../shared/data       # SentEval-style
+    disan eval --bundle models/default --retrieval DIR [DIR ...] --baselines minilm   # BEIR layout
 
 Task eval prints accuracy, macro-F1 and the confusion matrix and writes a JSON report. SST-2 is
 scored with the 5-class sentiment graph: P(negative) = p0 + p1 against P(positive) = p3 + p4.
@@ -40,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/transfer"),
                         help="--transfer: where the markdown table, JSON and bar chart go")
-    parser.add_argument("--baselines", default="glove,minilm", help="--transfer: comma list or ''")
+    parser.add_argument("--retrieval", type=Path, nargs="+", metavar="DIR",
+                        help="retrieval (nDCG@10, MRR@10, R@100; disan.eval.retrieval) on folders in BEIR's "
+                             "layout: corpus.jsonl, queries.jsonl, qrels/test.tsv, gzipped or not")
+    parser.add_argument("--baselines", default=None,
+                        help="comma list or '': --transfer (default glove,minilm), --retrieval "
+                             "(minilm,mpnet; default none)")
     parser.add_argument("--protocol", default="fixed",
                         help="--transfer: fixed (C = 1, alpha = 1) or tuned (C and alpha chosen by "
                              "cross-validation on the training data only)")
@@ -115,6 +121,12 @@ def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", ba
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan eval`."""
+    if args.retrieval:
+        from disan.eval.retrieval import run_retrieval  # pytrec_eval (`eval` extra)
+
+        return run_retrieval(args)
+    if args.baselines is None:  # --transfer's default
+        args.baselines = "glove,minilm"
     if args.transfer:
         # imported here: the transfer suite pulls scikit-learn/scipy, plain task eval does not
         from disan.eval.transfer import run_transfer
@@ -127,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         run_sts(args)
         return 0
     if not args.task:
-        raise ValueError("give --task (snli|mnli|sick-e|sst5|sst2), --transfer or --sts")
+        raise ValueError("give --task (snli|mnli|sick-e|sst5|sst2), --transfer, --sts or --retrieval DIR")
     report = evaluate_task(args.bundle, args.task, args.data, args.variant, args.batch_size)
     print(format_report(report))
     out = args.report or Path("runs") / f"eval_{args.task}_{args.variant}.json"

@@ -1,0 +1,228 @@
+"""`disan eval --retrieval` (disan.eval.retrieval): BEIR-layout folders read in both layouts, exact top-k
+ranking, the metrics against pytrec_eval and known values, and the command's report and errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from disan.cli import main
+from disan.eval.retrieval import (
+    cut,
+    evaluate_set,
+    format_table,
+    load_set,
+    metrics,
+    read_qrels,
+    top_k,
+)
+
+
+def needs_pytrec_eval():
+    return pytest.importorskip("pytrec_eval", reason="pytrec_eval is not installed (pip install '.[eval]')")
+
+
+# Tiny words of tests/conftest.py's WORDS, so the tiny bundle knows them.
+DOCS = [
+    {"_id": "d1", "title": "dog", "text": "a dog is running in the park"},
+    {"_id": "d2", "title": "", "text": "the woman is reading a book at the table"},
+    {"_id": "d3", "title": "guitar", "text": "a man is playing the guitar in the street"},
+    {"_id": "d4", "title": "film", "text": "a boring movie with a terrible plot"},
+    # longer than the tiny bundle's 128-token window: embedded in windows, never truncated
+    {"_id": "long", "title": "rain", "text": " ".join(["the children are walking in the rain ."] * 30)},
+]
+QUERIES = [{"_id": "q1", "text": "dog running"}, {"_id": "q2", "text": "man playing guitar"},
+           {"_id": "q3", "text": "children walking in the rain"}, {"_id": "q4", "text": "not judged"}]
+QRELS = [("q1", "d1", 1), ("q2", "d3", 2), ("q2", "d1", 1), ("q3", "long", 1)]
+
+
+def write(path: Path, text: str, gz: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+def beir_folder(root: Path, layout: str = "beir", gz: bool = False, header: bool = True) -> Path:
+    """A BEIR folder: `beir` (qrels/test.tsv) or `flat` (qrels.tsv, the staged sets' layout)."""
+    jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
+    write(root / "corpus.jsonl", jsonl(DOCS), gz)
+    write(root / "queries.jsonl", jsonl(QUERIES), gz)
+    tsv = "".join(f"{q}\t{d}\t{s}\n" for q, d, s in QRELS)
+    tsv = ("query-id\tcorpus-id\tscore\n" if header else "") + tsv
+    write(root / ("qrels/test.tsv" if layout == "beir" else "qrels.tsv"), tsv, gz)
+    return root
+
+
+@pytest.mark.parametrize(("layout", "gz", "header"), [
+    ("beir", False, True), ("beir", True, False), ("flat", True, True), ("flat", False, False)])
+def test_load_reads_both_layouts_plain_or_gzipped(tmp_path: Path, layout: str, gz: bool, header: bool):
+    folder = beir_folder(tmp_path / "set", layout, gz, header)
+    s = load_set(folder)
+    suffix = ".gz" if gz else ""
+    assert s.files == {"corpus": "corpus.jsonl" + suffix, "queries": "queries.jsonl" + suffix,
+                       "qrels": ("qrels/test.tsv" if layout == "beir" else "qrels.tsv") + suffix}
+    assert s.name == "set"
+    assert s.doc_ids == ["d1", "d2", "d3", "d4", "long"]
+    assert s.docs[0] == "dog a dog is running in the park"  # title + " " + text
+    assert s.docs[1] == "the woman is reading a book at the table"  # no title: no leading blank
+    assert s.query_ids == ["q1", "q2", "q3"] and s.unjudged_queries == 1  # q4 has no judgements
+    assert s.qrels == {"q1": {"d1": 1}, "q2": {"d3": 2, "d1": 1}, "q3": {"long": 1}}
+    assert s.summary()["qrels"] == 4 and s.judged_missing == 0
+
+
+def test_qrels_errors_name_the_line(tmp_path: Path):
+    bad = tmp_path / "test.tsv"
+    bad.write_text("q1\td1\t1\nq1\td2\tyes\n")
+    with pytest.raises(ValueError, match=r"test.tsv:2: score 'yes' is not an integer"):
+        read_qrels(bad)
+    bad.write_text("q1\td1\n")
+    with pytest.raises(ValueError, match=r"test.tsv:1: 3 columns expected"):
+        read_qrels(bad)
+
+
+def test_judged_query_missing_from_queries_is_an_error(tmp_path: Path):
+    folder = beir_folder(tmp_path / "set")
+    (folder / "qrels" / "test.tsv").write_text("q1\td1\t1\nq9\td1\t1\n")
+    with pytest.raises(ValueError, match="1 judged queries are not in queries.jsonl"):
+        load_set(folder)
+
+
+def test_top_k_is_exact_in_blocks():
+    rng = np.random.default_rng(0)
+    queries = rng.normal(size=(37, 8)).astype(np.float32)
+    docs = rng.normal(size=(1000, 8)).astype(np.float32)
+    full = queries @ docs.T
+    want = np.argsort(-full, axis=1, kind="stable")[:, :100]
+    for cells in (1 << 24, 5000, 150):  # one block; blocks of queries and documents; one query a block
+        idx, scores = top_k(queries, docs, 100, cells=cells)
+        np.testing.assert_array_equal(idx, want)
+        np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-6)
+    idx, _ = top_k(queries, docs[:7], 100)  # fewer documents than k: all of them, ranked
+    assert idx.shape == (37, 7)
+
+
+def test_metrics_known_values():
+    needs_pytrec_eval()
+    qrels = {"q1": {"a": 2, "b": 1}, "q2": {"c": 1}}
+    perfect = {"q1": {"a": 0.9, "b": 0.8, "x": 0.1}, "q2": {"c": 0.5, "y": 0.4}}
+    assert metrics(qrels, perfect) == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}
+    # q1 swapped: trec_eval's nDCG takes the judgements' gains as they are (not 2^gain - 1);
+    # q2's one relevant document at rank 11: outside nDCG@10 and MRR@10, inside recall@100
+    swapped = {"q1": {"b": 0.9, "a": 0.8}, "q2": {**{f"z{i}": 1 - i / 100 for i in range(10)}, "c": 0.01}}
+    ndcg_q1 = (1 + 2 / math.log2(3)) / (2 + 1 / math.log2(3))
+    got = metrics(qrels, swapped)
+    assert got["ndcg@10"] == pytest.approx(ndcg_q1 / 2, abs=1e-6)
+    assert got["mrr@10"] == pytest.approx(0.5)  # q1: 1 (b is relevant too), q2: 0 (not 1/11)
+    assert got["recall@100"] == pytest.approx(1.0)
+    # a judged query the run lacks counts 0
+    assert metrics(qrels, {"q1": perfect["q1"]}) == {"ndcg@10": 0.5, "mrr@10": 0.5, "recall@100": 0.5}
+
+
+def test_metrics_are_pytrec_evals():
+    pytrec_eval = needs_pytrec_eval()
+    rng = np.random.default_rng(1)
+    docs = [f"d{i}" for i in range(300)]
+    qrels = {f"q{q}": {docs[j]: int(rng.integers(0, 4)) for j in rng.choice(300, 12, replace=False)}
+             for q in range(20)}
+    run = {q: {d: float(s) for d, s in zip(docs, rng.normal(size=300), strict=True)} for q in qrels}
+    run = cut(run, 100)
+    got = metrics(qrels, run)
+    ev = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+    top10 = {q: dict(sorted(r.items(), key=lambda kv: -kv[1])[:10]) for q, r in run.items()}
+    rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    assert got["ndcg@10"] == pytest.approx(np.mean([v["ndcg_cut_10"] for v in ev.values()]))
+    assert got["recall@100"] == pytest.approx(np.mean([v["recall_100"] for v in ev.values()]))
+    assert got["mrr@10"] == pytest.approx(np.mean([v["recip_rank"] for v in rr.values()]))
+    assert 0 < got["ndcg@10"] < 1 and got["mrr@10"] <= 1
+
+
+def test_evaluate_set_with_a_perfect_encoder(tmp_path: Path):
+    needs_pytrec_eval()
+    s = load_set(beir_folder(tmp_path / "set"))
+    # a text's vector: one-hot of the judged document it belongs to (queries point at their best)
+    best = {"q1": "d1", "q2": "d3", "q3": "long"}
+    texts = dict(zip(s.docs, s.doc_ids, strict=True)) | dict(zip(s.queries, [best[q] for q in s.query_ids],
+                                                                 strict=True))
+
+    def encode(batch: list[str]) -> np.ndarray:
+        return np.stack([np.eye(len(s.doc_ids))[s.doc_ids.index(texts[t])] for t in batch])
+
+    result = evaluate_set(s, encode)
+    assert result["mrr@10"] == 1.0 and result["recall@100"] == 1.0 and result["ndcg@10"] < 1.0  # q2 misses d1
+    assert result["docs"] == 5 and result["queries"] == 3
+
+
+def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
+    from disan.runtime.encoder import Encoder
+    from disan.eval.retrieval import disan_encoder
+
+    # 120 + 120 tokens: most of the dogs are past the first window
+    long_text = "the children are walking in the rain . " * 15 + "a dog is running in the park . " * 15
+    encode = disan_encoder(tiny_bundle, "fp32")
+    got = encode([long_text, "a dog"])
+    windows = Encoder(tiny_bundle, variant="fp32", long_texts="window")
+    want = windows.encode([long_text, "a dog"], normalize=True)
+    truncated = Encoder(tiny_bundle, variant="fp32", long_texts="truncate")
+    cut_vec = truncated.encode([long_text], normalize=True)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.linalg.norm(got[0] - cut_vec[0]) > 1e-3  # the windows see the whole text
+
+
+def test_cli_prints_the_table_and_writes_the_report(tiny_bundle: Path, tmp_path: Path, capsys):
+    needs_pytrec_eval()
+    a = beir_folder(tmp_path / "alpha", "beir", gz=False)
+    b = beir_folder(tmp_path / "beta", "flat", gz=True)
+    out = tmp_path / "out" / "report.json"
+    code = main(["eval", "--retrieval", str(a), str(b), "--bundle", str(tiny_bundle), "--baselines", "",
+                 "--report", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    label = f"DiSAN ({tiny_bundle})"
+    head = "| model | alpha nDCG@10 | alpha MRR@10 | alpha R@100 | beta nDCG@10 | beta MRR@10 | beta R@100 |"
+    assert head in stdout
+    assert f"| {label} | " in stdout and f"report: {out}" in stdout
+    report = json.loads(out.read_text())
+    assert report["sets"]["alpha"]["docs"] == 5 and report["sets"]["beta"]["queries"] == 3
+    assert report["sets"]["beta"]["files"]["qrels"] == "qrels.tsv.gz"
+    row = report["models"][label]
+    assert set(row) == {"alpha", "beta"}
+    for per_set in row.values():
+        assert set(per_set) >= {"ndcg@10", "mrr@10", "recall@100", "docs", "queries", "seconds"}
+        assert 0 <= per_set["ndcg@10"] <= 1 and per_set["recall@100"] == 1.0  # 5 documents, top 100
+    assert row["alpha"]["ndcg@10"] == row["beta"]["ndcg@10"]  # the same texts in both layouts
+    assert format_table(report) in stdout
+
+
+@pytest.mark.parametrize(("make", "flags", "message"), [
+    ("no-queries", [], "no queries (queries.jsonl or queries.jsonl.gz)"),
+    ("no-folder", [], "no such folder"),
+    ("ok", ["--baselines", "minilm,glove"], "unknown --baselines entry 'glove' for --retrieval"),
+])
+def test_cli_errors_are_one_line(tmp_path: Path, capsys, make: str, flags: list[str], message: str):
+    folder = tmp_path / "set"
+    if make != "no-folder":
+        beir_folder(folder)
+    if make == "no-queries":
+        (folder / "queries.jsonl").unlink()
+    code = main(["eval", "--retrieval", str(folder), "--bundle", str(tmp_path / "no-bundle"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.startswith("disan eval: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_without_pytrec_eval_names_the_extra(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pytrec_eval", None)  # `import pytrec_eval` fails, as uninstalled
+    code = main(["eval", "--retrieval", str(beir_folder(tmp_path / "set"))])
+    err = capsys.readouterr().err
+    assert code == 2
+    want = "disan eval: pytrec_eval is not installed; `disan eval` needs: pip install '.[eval]'"
+    assert err.strip() == want
