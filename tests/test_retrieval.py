@@ -161,8 +161,8 @@ def test_evaluate_set_with_a_perfect_encoder(tmp_path: Path):
 
 
 def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
-    from disan.runtime.encoder import Encoder
     from disan.eval.retrieval import disan_encoder
+    from disan.runtime.encoder import Encoder
 
     # 120 + 120 tokens: most of the dogs are past the first window
     long_text = "the children are walking in the rain . " * 15 + "a dog is running in the park . " * 15
