@@ -26,6 +26,11 @@
 #                                             pieces as the reply holds; KIT/FILE in ARGS is
 #                                             a file of the kit (KIT/augmented.npz)
 #   bash .gpurun/run.sh back FILE...          FILEs in pieces to $OUT while the reply holds them
+#   bash .gpurun/run.sh student MINUTES ARGS  (a kit of pack-student.sh, with its last piece) the
+#                                             teacher encodes the corpus for at most MINUTES (a
+#                                             shuffled prefix: every source), then `disan distill
+#                                             student ARGS` on it; student.pt back in fp16 with
+#                                             its metrics
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
 # kit's folder from /tmp/kit.
@@ -153,5 +158,16 @@ case $step in
   sentiment)
     unpack
     sentiment "$@" ;;
+  student)
+    unpack
+    minutes=$1; shift
+    python3 -m disan.cli distill teacher --corpus "$kit/corpus" --teacher mpnet --device "$dev" \
+      --batch-size 512 --max-minutes "$minutes"
+    run=$(mktemp -d "$kit/student-XXXX")
+    [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
+    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "$@"
+    python3 -m research slim "$run/student.pt" "$kit/student16.pt"
+    cp "$run/metrics.jsonl" "$OUT/"
+    pieces "$kit/student16.pt" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "research" / "gpu-lease" / "pack.sh", ROOT / "research" / "gpu-lease" / "device.sh",
            ROOT / "research" / "gpu-lease" / "pack-sentiment.sh",
+           ROOT / "research" / "gpu-lease" / "pack-student.sh",
            ROOT / "research" / "gpu-lease" / "kit-lib.sh",
            ROOT / "bench" / "gpu_device.sh"]
 
@@ -265,3 +266,14 @@ def test_a_phase_goes_on_from_the_last_run_on_the_machine(tmp_path: Path, bash: 
     assert start(second) == (scratch / "best.pt").resolve()
     assert start(third) == (second / "best.pt").resolve()
     assert (out / "best16.pt.part-0").read_text() == str(third)  # the last phase came back
+
+
+def test_the_student_packer_names_a_missing_corpus_file_before_any_work(tmp_path: Path, bash: str) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("corpus.json", "sentences.txt", "kinds.npy"):
+        (corpus / name).write_text("x")
+    got = subprocess.run([bash, str(SCRIPTS[3]), str(corpus)], capture_output=True, text=True, cwd=ROOT,
+                         check=False)
+    assert got.returncode == 2 and got.stdout.strip().endswith("pairs.npy: missing (a corpus from "
+                                                               "`disan distill corpus`?)"), got.stdout

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Pack what a lease for the subword-piece student needs (`device.sh student`) into carry-sized
+# pieces. Run here, from the repo root:
+#
+#   research/gpu-lease/pack-student.sh CORPUS_DIR [PIECES.npy] [DATA_DIR]
+#     CORPUS_DIR  a `disan distill corpus` folder: its texts, kinds and pairs travel, not its
+#                 teacher cache (the GPU encodes them faster than the cache could travel)
+#     PIECES.npy  the token table's start (`disan distill student` writes RUN/pieces.npy on its
+#                 first run: the teacher's vector of each piece alone, PCA-reduced), sent in fp16
+#                 so the GPU spends no time on it; `-` for none (the device computes it)
+#     DATA_DIR    staged data (default ../shared/data): the dev sets the run is checked on
+#
+# Writes .gpurun/q00, q01, ... and .gpurun/run.sh (= research/gpu-lease/device.sh), as pack.sh.
+set -euo pipefail
+. "$(dirname "$0")/kit-lib.sh"
+corpus=${1:?usage: research/gpu-lease/pack-student.sh CORPUS_DIR [PIECES.npy] [DATA_DIR]}
+pieces=${2:--}; data=${3:-../shared/data}
+for f in corpus.json sentences.txt kinds.npy pairs.npy; do
+  [ -f "$corpus/$f" ] || { echo "$corpus/$f: missing (a corpus from \`disan distill corpus\`?)"; exit 2; }
+done
+[ "$pieces" = - ] || [ -f "$pieces" ] || { echo "$pieces: missing"; exit 2; }
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK" "$kit/data/sts-other"
+add_teacher "$kit/cache"
+cp "$corpus/corpus.json" "$corpus/sentences.txt" "$corpus/kinds.npy" "$corpus/pairs.npy" "$kit/corpus/"
+[ "$pieces" = - ] || add_cache_file "$pieces" "$kit/cache"
+cp "$data"/stsb/dev.jsonl.gz "$kit/data/stsb/"
+cp "$data"/senteval/SICK/sick_dev.jsonl.gz "$kit/data/senteval/SICK/"
+cp "$data"/sts-other/dev.jsonl.gz "$kit/data/sts-other/"
+split_kit "$work"
