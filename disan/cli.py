@@ -39,8 +39,10 @@ COMMANDS = {
 }
 # `disan distill STEP`: step -> (module, help, extra), as COMMANDS.
 DISTILL = {
-    "corpus": ("disan.corpus", "build the distillation corpus (staged text + Debian packages)", "train"),
-    "teacher": ("disan.teacher", "cache a teacher's sentence vectors of a corpus (resumable)", "train"),
+    "corpus": ("disan.corpus",
+               "build the distillation corpus (staged text + Debian packages)", "train"),
+    "teacher": ("disan.teacher",
+                "cache a teacher's sentence vectors of a corpus (resumable)", "train"),
     "task-teacher": ("disan.distill.task_teacher.cli", "fine-tune a sentence-transformer on a sentiment "
                      "task and write its soft labels of the training examples (for train --soft-targets)",
                      "train"),

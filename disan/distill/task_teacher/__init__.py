@@ -3,5 +3,6 @@ fit and the command), its classifier (`classifier`), the labels it writes in res
 (`labels`), sentence variants for it to label (`augment`) and trained sentiment models' mean as the
 teacher instead (`checkpoints`, `--checkpoints`).
 
-May import: as `disan.distill` (its parent), and the pending flat `disan.corpus` / `disan.teacher`.
+May import: as `disan.distill` (its parent), and the pending flat `disan.corpus` /
+`disan.teacher`.
 """
