@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from research.question_variants import HEADS, NOUNS, head_class, split_question, variants, with_variants
 
@@ -61,16 +60,3 @@ def test_with_variants_is_deterministic_and_keeps_every_question_first() -> None
     assert out[0] == questions[0] and out[-1] == questions[1] and len(out) == 4
     assert with_variants(questions, per_question=0) == questions
     assert set(HEADS) == set(NOUNS)
-
-
-def test_the_variants_source_reads_the_trivia_questions(tmp_path: Path) -> None:
-    from disan.distill.corpus.sources import SOURCES
-
-    source = next(s for s in SOURCES if s.name == "trivia-question-variants")
-    assert not source.default and source.git == next(s.git for s in SOURCES if s.name == "trivia-questions")
-    (tmp_path / "categories").mkdir()
-    (tmp_path / "categories" / "general").write_text(
-        "#Q How many legs does a spider have?\n^ Eight\nA Eight\n\n#Q Who wrote Hamlet?\n^ Shakespeare\n")
-    out = list(source.read(tmp_path))
-    assert out[0] == "How many legs does a spider have?" and out[-1] == "Who wrote Hamlet?"
-    assert len(out) == 5 and all(v.endswith(" does a spider have?") for v in out[1:4])
