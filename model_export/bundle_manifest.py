@@ -41,11 +41,16 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
     encoder = getattr(encoder, "encoder", encoder)  # the NLI model's, or the bare distilled one
     present = set().union(*(v["fp32"] for v in layout.values()))
     labels = {"nli": loaded["nli"][2], "sentiment": loaded["sentiment"][2]}
+    # the sizes the distilled encoder was trained to serve (`disan distill student` records them;
+    # model_export.embed.load_embed checked them); only when it has them: a bundle without serves
+    # only embedding_dim (disan.bundle.manifest.matryoshka_dims)
+    trained = payloads["embed"].get("matryoshka_dims") if has_embed else None
+    dims = {} if trained is None else {"matryoshka_dims": [int(m) for m in trained]}
     manifest: dict[str, Any] = {
         "name": name,  # the model name the service reports
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
-        "embedding_dim": encoder.out_dim, "word_embedding_dim": encoder.cfg.embed_dim,
+        "embedding_dim": encoder.out_dim, "word_embedding_dim": encoder.cfg.embed_dim, **dims,
         "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs),
                        "source": graph_source(g, has_embed),
                        "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}

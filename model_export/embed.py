@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from disan.bundle.manifest import matryoshka_dims
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.tokenizer import UNK, Vocab
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
@@ -30,6 +31,10 @@ def load_embed(path: Path) -> tuple[dict[str, Any], DiSANEncoder, Vocab]:
     if model.cfg.task != TASK:
         raise ValueError(f"{path}: is a '{model.cfg.task}' checkpoint, expected a sentence encoder "
                          f"(task '{TASK}', from `disan pretrain`) for --embed")
+    trained = payload.get("matryoshka_dims")  # the sizes it was trained to serve: the manifest's
+    if trained is not None:
+        trained = list(trained) if isinstance(trained, tuple) else trained
+        matryoshka_dims({"matryoshka_dims": trained}, getattr(model, "encoder", model).out_dim, where=path)
     return payload, model, vocab
 
 

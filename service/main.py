@@ -24,6 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
+from disan.bundle.manifest import matryoshka_dims
 from service.common.errors import Unauthorized
 from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
 from service.http.asgi import BodyPolicy, GateMiddleware, send_error
@@ -75,14 +76,16 @@ class DisanApp(FastAPI):
             self.openapi_schema = None
             return schema
         patched = copy.deepcopy(schema)
+        sizes = matryoshka_dims(runtime.manifest, runtime.dim)
         for model in patched.get("components", {}).get("schemas", {}).values():
             dims = model.get("properties", {}).get("dimensions")
             if dims is not None:
                 dims.clear()
-                dims.update({"anyOf": [{"type": "integer", "enum": [runtime.dim]}, {"type": "null"}],
+                dims.update({"anyOf": [{"type": "integer", "enum": sizes}, {"type": "null"}],
                              "title": "Dimensions",
-                             "description": f"accepted for OpenAI compatibility: only {runtime.dim}, "
-                                            "this model's dim (vectors are never shortened)"})
+                             "description": f"one of {sizes}, the sizes this model was trained to "
+                                            "serve: each vector's first `dimensions` components, "
+                                            f"then normalised where asked; omitted: {runtime.dim}"})
         self.openapi_schema = patched
         return patched
 

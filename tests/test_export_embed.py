@@ -320,3 +320,31 @@ def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(ti
         from disan.text.tokenizer import merged_vocab
 
         merged_vocab(nli_vocab, Vocab([*own.itos[2:], "dog", "man"], unknown_rows=2))
+
+
+def test_export_writes_the_trained_sizes_and_changes_no_route(embed_bundle, embed_ckpt, tiny_checkpoints,
+                                                             tmp_path):
+    """A checkpoint with `matryoshka_dims` (`disan distill student`) gives a manifest with them, and
+    the same routes as without (bundle-diff: all the same); without, the manifest has none; sizes
+    that are not prefixes of its vector are refused before anything is exported."""
+    from disan.train.checkpoint import write_checkpoint
+    from model_export.bundle_diff import compare
+
+    assert "matryoshka_dims" not in load_manifest(embed_bundle)
+    payload = load_checkpoint(embed_ckpt)
+    sizes = [PROJ_DIM, PROJ_DIM // 2, PROJ_DIM // 4]
+    write_checkpoint(tmp_path / "nested" / "student.pt", {**payload, "matryoshka_dims": sizes})
+    out = tmp_path / "bundle"
+    manifest = build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, sets=("cpu",),
+                            fp16=False, embed_path=tmp_path / "nested" / "student.pt", log=lambda *_: None,
+                            name="tiny-distilled")
+    assert manifest["matryoshka_dims"] == load_manifest(out)["matryoshka_dims"] == sizes
+    report = compare(embed_bundle, out)
+    assert report["changed"] == [] and {r["status"] for r in report["routes"].values()} == {"same"}
+    assert Encoder(out).matryoshka_dims == sizes
+    bad = [2 * PROJ_DIM, PROJ_DIM]  # larger than the vector
+    write_checkpoint(tmp_path / "bad" / "student.pt", {**payload, "matryoshka_dims": bad})
+    with pytest.raises(BundleError, match=r"matryoshka_dims \[48, 24\]"):
+        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "refused",
+                     embed_path=tmp_path / "bad" / "student.pt", log=lambda *_: None)
+    assert not (tmp_path / "refused").exists()

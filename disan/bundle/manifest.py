@@ -44,6 +44,10 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
                                                 (its graph, the weight bytes it reads, the
                                                 tokenizer); equal across bundles = the same
                                                 outputs (`model_export.bundle_diff`)
+    "matryoshka_dims": [D, m2, ...]            optional: the sizes the embed route's encoder was
+                                                trained to serve (Matryoshka: its vector's first
+                                                m components are a vector too), descending from
+                                                embedding_dim; absent: only D (`matryoshka_dims`)
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths; each checkpoint a source was made from named once, under its sha256, in
@@ -198,6 +202,7 @@ def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[st
     if not isinstance(sets, dict) or not sets:
         raise BundleError(f"{path}: manifest lists no graph sets")
     served = routes(manifest, path)  # raises on a route that cannot be served
+    matryoshka_dims(manifest, where=path)  # raises on sizes that are not prefixes of the vector
     # a graph a (non-explain) route points at is as required as the contract's own
     needed = [*REQUIRED_GRAPHS, *(g for r, g in served.items()
                                   if not r.endswith("_explain") and g not in REQUIRED_GRAPHS)]
@@ -228,6 +233,27 @@ def routes(manifest: dict[str, Any], where: str | Path = MANIFEST_NAME) -> dict[
         if not route.endswith("_explain") and graph not in (manifest.get("graphs") or {}):
             raise BundleError(f"{where}: route {route!r} -> {graph!r}, which the bundle lacks")
     return {**ROUTES, **given}
+
+
+def matryoshka_dims(manifest: dict[str, Any], dim: int | None = None,
+                    where: str | Path = MANIFEST_NAME) -> list[int]:
+    """The vector sizes the embed route serves, largest first: the manifest's `matryoshka_dims`
+    (the prefixes its encoder was trained to make vectors of their own), or [the whole vector's
+    size] where it has none (every bundle exported from a checkpoint without them). `dim`: the
+    whole size (default: the manifest's embedding_dim). Raises BundleError unless the sizes are
+    distinct positive integers, descending, the first the whole size."""
+    whole = manifest.get("embedding_dim") if dim is None else dim
+    given = manifest.get("matryoshka_dims")
+    if given is None:
+        return [int(whole)] if isinstance(whole, int) and not isinstance(whole, bool) else []
+    ok = (isinstance(given, list) and bool(given)
+          and all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in given)
+          and all(a > b for a, b in zip(given, given[1:], strict=False))
+          and (whole is None or given[0] == whole))
+    if not ok:
+        raise BundleError(f"{where}: matryoshka_dims {given!r} must be distinct positive integers, "
+                          f"largest first, the first the embedding dim ({whole})")
+    return list(given)
 
 
 def fingerprints_in_use(manifest: dict[str, Any], graph_set: str, variant: str) -> dict[str, str]:

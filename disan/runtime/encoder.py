@@ -3,6 +3,8 @@
     from disan import Encoder
     enc = Encoder("models/default")
     vectors = enc.encode(["A man plays a guitar.", "Someone is eating."], normalize=True)
+    short = enc.encode(["A man plays a guitar."], normalize=True,   # a prefix the model was
+                       dimensions=enc.matryoshka_dims[-1])           # trained for, normalised
     enc.similarity(["a query"], ["doc one", "doc two"])   # cosine matrix [1, 2]
     enc.nli([("A man sleeps.", "Nobody is awake.")])      # [{"label", "scores"}]
     enc.sentiment(["What a film!"])                      # [{"label", "polarity", "scores"}]
@@ -27,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
 from disan.runtime.runtime import Runtime, RuntimeOptions
@@ -36,8 +39,8 @@ from disan.text.windowing import LONG_TEXT_POLICIES, LongTextPolicy
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
 LongTexts = Literal["window", "truncate", "error"]
-__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "normalized", "prediction",
-           "sentiment_prediction"]
+__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "normalized",
+           "prediction", "prefixed", "sentiment_prediction"]
 
 
 class TextTooLong(ValueError):
@@ -117,6 +120,12 @@ class Encoder:
     def max_tokens(self) -> int:
         return self.runtime.max_tokens
 
+    @property
+    def matryoshka_dims(self) -> list[int]:
+        """The `dimensions` `encode` takes, largest (`dim`) first: the sizes the bundle's encoder
+        was trained to serve as prefixes of its vector (disan.bundle.manifest.matryoshka_dims)."""
+        return matryoshka_dims(self.runtime.manifest, self.dim)
+
     def __repr__(self) -> str:
         rt = self.runtime
         return (f"Encoder({rt.name!r}, dim={rt.dim}, {rt.graph_set}/{rt.variant} on {rt.provider}, "
@@ -175,14 +184,18 @@ class Encoder:
         return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress, route))
 
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, normalize: bool = False,
-               show_progress: bool = False) -> np.ndarray:
-        """Sentence vectors float32 [N, D] (a single string: [D]), L2-normalised if asked."""
+               show_progress: bool = False, dimensions: int | None = None) -> np.ndarray:
+        """Sentence vectors float32 [N, D] (a single string: [D]), L2-normalised if asked.
+        `dimensions`: each vector's first `dimensions` components, then normalised if asked
+        (Matryoshka); one of `matryoshka_dims`, else ValueError naming them."""
+        problem = None if dimensions is None else dimensions_problem(dimensions, self.matryoshka_dims)
+        if problem is not None:
+            raise ValueError(problem)
         one = isinstance(texts, str)
         prepared = self.prepare(text_list([texts] if one else texts))
         with _progress(show_progress, len(prepared.rows)) as bar:
             vectors = self.embed_prepared(prepared, batch_size, bar)
-        if normalize:
-            vectors = normalized(vectors)
+        vectors = prefixed(vectors, dimensions, normalize)
         return vectors[0] if one else vectors
 
     def iter_encode(self, texts: Iterable[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
@@ -275,6 +288,25 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (float32), as /embed's normalize=true."""
     vectors = vectors.astype(np.float32, copy=False)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None:
+    """Why `dimensions` cannot be served (not an integer, or not one of the `allowed` sizes, which
+    the message names), or None: the one message of `Encoder.encode` and the service."""
+    if not isinstance(dimensions, (int, np.integer)) or isinstance(dimensions, bool):
+        return f"dimensions: an integer, one of {list(allowed)}; got {type(dimensions).__name__}"
+    if int(dimensions) not in allowed:
+        return (f"dimensions: {dimensions} is not a size this model was trained to serve; "
+                f"the sizes are {list(allowed)} (its vectors' first components, then normalised)")
+    return None
+
+
+def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """Rows cut to their first `dimensions` components (None: whole), then L2-normalised if
+    `normalize`: a Matryoshka vector (prefix, then normalise)."""
+    if dimensions is not None and dimensions < vectors.shape[-1]:
+        vectors = np.ascontiguousarray(vectors[..., :dimensions])
+    return normalized(vectors) if normalize else vectors
 
 
 def prediction(probs: np.ndarray, labels: list[str]) -> dict:

@@ -24,8 +24,8 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "request_too_large": (413, "too many texts, a text over max_chars_per_text or max_tokens_per_text, "
                                "a request over max_tokens_per_request, too many JSON values, too many "
                                "explain texts or tokens, or a body too big"),
-    "invalid_request": (422, "empty list or text, wrong field type, token-id input, or a text over "
-                        "max_tokens with long_text=error"),
+    "invalid_request": (422, "empty list or text, wrong field type, token-id input, a text over "
+                        "max_tokens with long_text=error, or `dimensions` not a size the model serves"),
     "overloaded": (429, "too many requests in progress or the batching queue is full; retry after "
                         "Retry-After seconds"),
     "headers_too_large": (431, "the request line and headers exceed max_header_bytes"),

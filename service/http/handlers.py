@@ -17,6 +17,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
+from disan.bundle.manifest import matryoshka_dims
+from disan.runtime.encoder import dimensions_problem, prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
 from service.http.schemas import (
     EmbedRequest,
@@ -64,17 +66,34 @@ def token_count(items: list[Tokenized]) -> int:
     return sum(len(t.ids) for t in items)
 
 
+def prefix_size(engine: Engine, dimensions: int | None) -> int | None:
+    """How many components of each vector to send (None: all): a request's `dimensions` when it
+    is one of the sizes the model was trained to serve, else a 422 naming them."""
+    if dimensions is None:
+        return None
+    runtime = engine.require_ready()
+    problem = dimensions_problem(dimensions, matryoshka_dims(runtime.manifest, runtime.dim))
+    if problem is not None:
+        raise InvalidRequest(problem)
+    return dimensions if dimensions < runtime.dim else None
+
+
 async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
     """POST /embed: each text's DiSAN vector (a long text's: its windows pooled); `normalize`
     L2-normalises them; `explain` adds each text's tokens and source2token weights; `notes` says
-    which texts were windowed, truncated or empty."""
+    which texts were windowed, truncated or empty; `dimensions` cuts them to a trained prefix
+    (before they are normalised)."""
     policy = long_text(body, engine)
+    size = prefix_size(engine, body.dimensions)
+    normalize = body.normalize and size is None  # a prefix is normalised once cut
     if body.explain:
-        vectors, items, explanations = await engine.embed_explained(body.texts, body.normalize, policy)
+        vectors, items, explanations = await engine.embed_explained(body.texts, normalize, policy)
     else:
-        vectors, items = await engine.embed(body.texts, body.normalize, policy)
+        vectors, items = await engine.embed(body.texts, normalize, policy)
+    if size is not None:
+        vectors = prefixed(vectors, size, body.normalize)
     runtime = engine.require_ready()
-    result = {"model": runtime.name, "dim": runtime.dim,
+    result = {"model": runtime.name, "dim": size or runtime.dim,
               "embeddings": encode_embeddings(vectors, body.encoding_format),
               "usage": {"tokens": token_count(items)}}
     if body.explain:
@@ -129,18 +148,19 @@ def models_result(engine: Engine) -> dict[str, Any]:
 
 
 async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine) -> dict[str, Any]:
-    """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64)."""
+    """POST /v1/embeddings in OpenAI's shape (normalised vectors, optional base64; `dimensions`:
+    a trained prefix of each vector, normalised once cut)."""
     one = isinstance(body.input, str)
     texts = [body.input] if one else body.input
     runtime = engine.require_ready()
     check_model(engine, body.model)
-    if body.dimensions is not None and body.dimensions != runtime.dim:
-        raise InvalidRequest(f"dimensions: this model produces {runtime.dim}-dim vectors, "
-                             f"got {body.dimensions}")
+    size = prefix_size(engine, body.dimensions)
     s = engine.settings
     policy = "truncate" if s.openai_truncate else s.openai_long_text
-    vectors, items = await engine.embed(texts, True, policy, OneText("input") if one else "input",
+    vectors, items = await engine.embed(texts, size is None, policy, OneText("input") if one else "input",
                                         s.openai_max_inputs)
+    if size is not None:
+        vectors = prefixed(vectors, size, True)
     data = list(encode_embeddings(vectors, body.encoding_format))
     tokens = token_count(items)
     return {"object": "list", "model": runtime.name,

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
-from disan.bundle.manifest import fingerprints_in_use
+from disan.bundle.manifest import fingerprints_in_use, matryoshka_dims
 from service.common.errors import ERROR_TABLE, Unauthorized
 from service.http.asgi import unless_disconnected
 from service.http.handlers import (
@@ -193,7 +193,8 @@ async def info(engine: EngineDep) -> dict:
     s = engine.settings
     m = rt.manifest
     return {
-        "model": rt.name, "dim": rt.dim, "provider": rt.provider, "providers": rt.providers,
+        "model": rt.name, "dim": rt.dim, "matryoshka_dims": matryoshka_dims(m, rt.dim),
+        "provider": rt.provider, "providers": rt.providers,
         "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,
         "limits": {"max_texts_per_request": s.max_texts_per_request,
                    "max_chars_per_text": s.max_chars_per_text, "max_tokens": rt.max_tokens,

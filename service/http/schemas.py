@@ -20,6 +20,9 @@ _LONG_TEXT = ("texts over max_tokens: window (cut into windows of max_tokens, ea
               "token-weighted mean), truncate (keep the first max_tokens), error (422); omitted: the "
               "server's long_text (window by default)")
 _TRUNCATE = "same as long_text=truncate (kept for older clients)"
+_DIMENSIONS = ("vectors of this many components: each vector's first `dimensions`, then normalised "
+               "where asked (Matryoshka); one of the sizes the model was trained to serve (GET /info "
+               "`matryoshka_dims`, the largest its dim), any other a 422 naming them; omitted: dim")
 # Requests are strict (no 0 -> False, "5" -> 5 coercion) so the API accepts exactly what its
 # OpenAPI schema says, and unknown fields are errors (a typo like "text" is reported, not ignored).
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -46,6 +49,7 @@ class EmbedRequest(BaseModel):
         "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
     explain: bool = Field(False, description="also return each text's tokens and source2token "
                           "weights (at most max_explain_texts texts; needs the encoder_explain graph)")
+    dimensions: int | None = Field(None, description=_DIMENSIONS)
 
 
 class TokenWeights(BaseModel):
@@ -220,7 +224,7 @@ class OpenAIEmbeddingsRequest(BaseModel):
                               "the response (a server with openai_strict_model accepts only its name "
                               "and model_aliases)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, description="must equal the model's dim if given")
+    dimensions: int | None = Field(None, description=_DIMENSIONS)
     user: str | None = None
 
     @field_validator("input", mode="before")
@@ -275,6 +279,9 @@ class Status(BaseModel):
 class Info(BaseModel):
     model: str
     dim: int
+    matryoshka_dims: list[int] = Field(description="the `dimensions` /embed and /v1/embeddings take, "
+                                       "largest (dim) first: the prefixes of the vector the model "
+                                       "was trained to serve as vectors (the bundle manifest's)")
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
     variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")
