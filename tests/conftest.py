@@ -366,3 +366,50 @@ def make_batcher(runner, **kw):
 
     kw.setdefault("length", lambda s: len(s))
     return MicroBatcher("test", runner, **kw)
+
+
+def write_awkward_corpus(path: Path, texts: list[str]) -> tuple[list[str], list[str | None]]:
+    """`texts` as the JSONL, CSV or TXT file `path` names (by its suffix), with what `disan embed`
+    reads its own way: blank and whitespace-only lines (no rows), CRLF and LF endings, a raw U+2028
+    inside a text (`str.splitlines` breaks there, `disan embed` does not), and unreadable rows (not
+    UTF-8; not JSON, not an object, a null; a CSV record with a field too many), in a multi-line
+    quoted CSV field, CSV ids that look like integers (`007`, read as strings). Returns the flags
+    that read it and the rows as read (a row's text, None where it is unreadable): row numbers are
+    positions in that list. JSONL and TXT ids are row numbers; CSV's are `--id-column key`."""
+    import json
+
+    fmt, out, rows = path.suffix.lstrip("."), bytearray(), []
+    if fmt == "csv":
+        out += b"key,text\r\n"
+    for i, text in enumerate(texts):
+        text = text + ("\u2028the dog" if i % 7 == 1 else "")
+        end = b"\r\n" if i % 5 == 0 else b"\n"
+        row: str | None = text
+        if fmt == "jsonl":
+            if i % 11 == 3:
+                line, row = b"{not json", None
+            elif i % 13 == 5:
+                line, row = b'{"text": null}', None
+            elif i % 17 == 7:
+                line, row = json.dumps(text).encode(), None  # a JSON string, not an object
+            elif i % 19 == 11:
+                line, row = b'{"text": "caf\xe9"}', None
+            else:
+                line = json.dumps({"text": text, "n": i}, ensure_ascii=False).encode()
+        elif fmt == "csv":
+            if i % 9 == 4:
+                text = row = text + "\nsecond line, \"quoted\""
+            line = f'{i:03d},"{text.replace(chr(34), chr(34) * 2)}"'.encode()
+            if i % 10 == 6:
+                line, row = line + b",extra", None
+            elif i % 19 == 11:
+                line, row = line[:-1] + b' caf\xe9"', None
+        else:
+            line = f"  {text}\t".encode() if i % 8 == 2 else text.encode()
+            if i % 19 == 11:
+                line, row = b"caf\xe9", None
+        out += line + end + (b"\n  \n" if i % 6 == 2 and fmt != "csv" else b"")
+        rows.append(row)
+    path.write_bytes(bytes(out))
+    flags = ["--column", "text"] + (["--id-column", "key"] if fmt == "csv" else [])
+    return flags, rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import itertools
 import json
 import os
 import signal
@@ -21,9 +22,12 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("tqdm")
 
+from conftest import write_awkward_corpus  # noqa: E402
+
 from disan import Encoder  # noqa: E402
 from disan.bundle.manifest import load_manifest, write_manifest  # noqa: E402
 from disan.cli import main  # noqa: E402
+from disan.embed.inputs import Position, cut, read_rows  # noqa: E402
 from disan.embed.shards import PROGRESS, read_output  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +79,31 @@ def test_every_input_format_gives_the_encoders_vectors(tiny_bundle, encoder, tmp
     assert ids == (list(range(len(TEXTS))) if suffix == ".txt" else [f"doc-{i}" for i in range(len(TEXTS))])
     np.testing.assert_allclose(vectors, encoder.encode(TEXTS), rtol=1e-5, atol=1e-6)
     assert len(list((tmp_path / "out").glob("part-*.parquet"))) == 6
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".txt"])
+def test_a_line_file_cut_into_pieces_reads_back_as_the_whole_file(tmp_path, suffix):
+    """`--ray`'s workers read a JSONL, CSV or TXT file piece by piece, each from the byte offset
+    `cut` found (as a resumed job does): the rows, their numbers, ids and unreadable rows are the
+    whole file's, at any piece size, through blank lines, CRLF, a raw U+2028, multi-line CSV fields
+    and rows that are not UTF-8."""
+    src = tmp_path / f"in{suffix}"
+    flags, expected = write_awkward_corpus(src, TEXTS)
+    fmt, id_column = suffix[1:], "key" if suffix == ".csv" else None
+    whole = list(read_rows(src, fmt, "text", id_column))
+    assert [r.text for r in whole] == expected and [r.number for r in whole] == list(range(len(expected)))
+    assert [r.id for r in whole if r.error is None][:3] == (["000", "001", "002"] if id_column else [0, 1, 2])
+    for size in (1, 4, 10, 1000):
+        pieces = list(cut(src, fmt, size))
+        assert [n for _, n in pieces] == [min(size, len(whole) - k) for k in range(0, len(whole), size)]
+        again = [r for where, n in pieces
+                 for r in itertools.islice(read_rows(src, fmt, "text", id_column, start=where), n)]
+        assert again == whole
+    position = Position()
+    rows = read_rows(src, fmt, "text", id_column, position=position)
+    head = list(itertools.islice(rows, 25))  # a job stopped after 25 rows, resumed from its progress
+    assert position.offset is not None and head + list(read_rows(src, fmt, "text", id_column,
+                                                                 start=position)) == whole
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "npy", "jsonl"])

@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="run on Ray Data: a cluster address (ray://host:10001, auto) or `local` "
-                             "(starts a local instance); Parquet in, sharded Parquet out")
+                             "(starts a local instance); any input format above, sharded Parquet out")
     parser.add_argument("--ray-actors", type=int, default=0,
                         help="Ray: actors (one onnxruntime session each); 0 = one per GPU, else per 2 CPUs")
     parser.add_argument("--ray-cpus", type=int, default=0, help="--ray local: CPUs to give it (0: all)")

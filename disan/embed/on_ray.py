@@ -1,13 +1,24 @@
 """`disan embed --ray ADDRESS`: the same job on Ray Data, for corpora past one machine (the `ray` extra).
 
-The driver reads only the Parquet metadata and cuts the input into pieces of at most
-`--shard-size` rows (file, row group, slice), each carrying the row number of its first row. A Ray
-Data pipeline maps the pieces over an actor pool (`map_batches` with an `ActorPoolStrategy`): each
-actor loads the bundle once (one onnxruntime session set, a GPU per actor where the cluster has
-GPUs) and turns a piece into a table of `id` and `embedding`, the same schema and vectors as the
-single-process path (both embed through `disan.Encoder`). `write_parquet` writes the output as
-shards. The bundle travels through the object store and the `disan` package as a `py_modules`
+The driver cuts the input into pieces of at most `--shard-size` rows, each carrying the row number
+of its first row: for Parquet from the metadata alone (file, row group, slice); for JSONL, CSV and
+TXT from one scan of the lines (CSV: the records) that notes the byte offset where each piece
+begins (`disan.embed.inputs.cut`). A Ray Data pipeline maps the pieces over an actor pool
+(`map_batches` with an `ActorPoolStrategy`): each actor loads the bundle once (one onnxruntime
+session set, a GPU per actor where the cluster has GPUs), reads its pieces with the single-process
+path's readers (`disan.embed.inputs`: a line file's piece is a resumed read from its offset), and
+turns a piece into a table of `id` and `embedding`. So the rows, their numbers and ids, the
+unreadable rows and the vectors are the single-process path's, whatever the format: both read
+through `disan.embed.inputs` and embed through `disan.Encoder`. `write_parquet` writes the output
+as shards. The bundle travels through the object store and the `disan` package as a `py_modules`
 runtime env, so workers need the `embed` extra's packages but neither the bundle nor this checkout.
+
+Why not `ray.data.read_json` / `read_csv` / `read_text` for the line formats: they number no rows
+(an id is the row number unless `--id-column`), and they read rows differently from `disan embed`:
+`read_text` decodes a whole file at once (one byte that is not UTF-8 fails the job, where
+`disan embed` skips that row) and splits lines at U+2028 and the other `str.splitlines` breaks
+(which JSON strings may hold raw); `read_json` and `read_csv` infer column types (a CSV id `007`
+becomes 7) and fail the whole read at a malformed line, where `disan embed` skips and counts it.
 
 Fault tolerance is Ray Data's: an actor that dies is restarted and its pieces run again (actors
 get `max_restarts=-1`, `max_task_retries=-1`); a piece's output is a pure function of the piece,
@@ -15,12 +26,14 @@ so a retry neither loses nor duplicates rows. A driver that dies loses the run (
 --overwrite); the single-process path is the resumable one.
 
 Input and output are paths every worker can reach: local paths on one machine (`--ray local`),
-shared storage or object-store URIs (s3://, gs://) on a cluster (docs/corpus.md).
+shared storage or (Parquet) object-store URIs (s3://, gs://) on a cluster (docs/corpus.md). A
+gzip JSONL, CSV or TXT file cannot be cut by byte offset: `--ray` refuses it in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 import tempfile
@@ -31,7 +44,8 @@ from typing import Any
 import numpy as np
 
 import disan
-from disan.embed.inputs import CorpusError
+from disan.embed.inputs import CorpusError, Position, Row, checked_row, cut, detect_format, read_rows
+from disan.embed.shards import id_array
 from disan.optional import require
 from disan.runtime.encoder import Encoder, TextTooLong, normalized
 
@@ -59,8 +73,8 @@ def parquet_files(source: str) -> tuple[Any, list[str]]:
 
 
 def pieces(source: str, column: str, id_column: str | None, size: int) -> list[dict[str, Any]]:
-    """The job cut into pieces of at most `size` rows, in input order, each with its first row's
-    number; checks the columns once, here, before any worker starts."""
+    """A Parquet job cut into pieces of at most `size` rows, in input order, each with its first
+    row's number; checks the columns once, here, before any worker starts."""
     fs, files = parquet_files(source)
     out, first = [], 0
     for file in files:
@@ -74,14 +88,47 @@ def pieces(source: str, column: str, id_column: str | None, size: int) -> list[d
             rows = meta.row_group(g).num_rows
             for start in range(0, rows, size):
                 length = min(size, rows - start)
-                out.append({"file": file, "row_group": g, "start": start, "length": length, "first": first})
+                out.append({"file": file, "row_group": g, "start": start, "offset": -1, "length": length,
+                            "first": first})
                 first += length
     return out
+
+
+def input_format(source: str, given: str | None) -> str:
+    """The input's format: Parquet for a directory or a URI, else `--input-format` or the suffix
+    (as without --ray); a combination --ray cannot read is a one-line CorpusError."""
+    if "://" in source or Path(source).is_dir():
+        fmt = given or "parquet"
+        if fmt != "parquet":
+            where = "a URI" if "://" in source else "a directory"
+            raise CorpusError(f"{source}: --ray reads {where} as Parquet; a {fmt} input must be one local "
+                              "or shared file")
+        return fmt
+    return detect_format(Path(source), given)
+
+
+def line_pieces(source: str, fmt: str, column: str, id_column: str | None,
+                size: int) -> list[dict[str, Any]]:
+    """A JSONL, CSV or TXT job cut into pieces of at most `size` rows (one scan of the file),
+    each with the byte offset it starts at and its first row's number. The columns are checked
+    here, on the first row, as the single-process path checks them, before any worker starts."""
+    path = Path(source).absolute()  # not resolved: the name (.tsv, .gz) says how to read it, as without --ray
+    if not path.is_file():
+        raise CorpusError(f"{source}: no such file")
+    if path.suffix.lower() == ".gz":
+        raise CorpusError(f"{source}: --ray cuts a {fmt} file among its workers by byte offset, which a "
+                          "gzip file does not allow; gunzip it, or run without --ray")
+    next(iter(read_rows(path, fmt, column, id_column)), None)  # a missing column: one line, now
+    return [{"file": str(path), "row_group": -1, "start": 0, "offset": where.offset, "length": length,
+             "first": where.rows} for where, length in cut(path, fmt, size)]
 
 
 def bundle_files(bundle: Path) -> dict[str, bytes]:
     """A bundle's files (manifest, vocab, graphs, weights) to ship through the object store."""
     return {p.name: p.read_bytes() for p in bundle.iterdir() if p.is_file() and not p.name.endswith(".md")}
+
+
+PIECE = ("file", "row_group", "start", "offset", "length", "first")
 
 
 class EmbedActor:
@@ -99,7 +146,8 @@ class EmbedActor:
             self.encoder = Encoder(folder, providers=options["providers"], variant=options["variant"],
                                    threads=options["threads"], long_texts=options["long_texts"],
                                    overlap=options["overlap"])
-        self.fs = parquet_files(source)[0]
+        self.format = options.get("input_format", "parquet")
+        self.fs = parquet_files(source)[0] if self.format == "parquet" else None
         self.column, self.id_column, self.options = column, id_column, options
         self._group: tuple[tuple[str, int], Any] | None = None  # the last row group read (pieces share it)
 
@@ -110,34 +158,46 @@ class EmbedActor:
                 self._group = ((file, group), pq.ParquetFile(fh).read_row_group(group, columns=columns))
         return self._group[1].slice(start, length)
 
+    def read_piece(self, file: str, group: int, start: int, length: int, first: int,
+                   offset: int) -> list[Row]:
+        """A piece's rows, as the single-process path reads them (`disan.embed.inputs`)."""
+        if self.format != "parquet":  # a resumed read from the piece's offset, `length` rows of it
+            rows = read_rows(Path(file), self.format, self.column, self.id_column,
+                             start=Position(first, offset))
+            return list(itertools.islice(rows, length))
+        table = self.rows(file, group, start, length)
+        texts = table.column(self.column).to_pylist()
+        ids = table.column(self.id_column).to_pylist() if self.id_column else None
+        return [checked_row(first + i, text, ids[i] if ids is not None else first + i, self.column,
+                            self.id_column) for i, text in enumerate(texts)]
+
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
-        tables = [self.embed_piece(*(batch[k][i] for k in ("file", "row_group", "start", "length", "first")))
-                  for i in range(len(batch["file"]))]
+        tables = [self.embed_piece(**{k: batch[k][i] for k in PIECE}) for i in range(len(batch["file"]))]
         return pa.concat_tables(tables)
 
-    def embed_piece(self, file: str, group: int, start: int, length: int, first: int) -> Any:
-        table = self.rows(str(file), int(group), int(start), int(length))
-        texts = table.column(self.column).to_pylist()
-        numbers = range(int(first), int(first) + len(texts))
-        ids = table.column(self.id_column).to_pylist() if self.id_column else list(numbers)
-        keep = [i for i, t in enumerate(texts) if isinstance(t, str)]
-        if len(keep) < len(texts) and self.options["on_bad_row"] == "fail":
-            bad = next(i for i, t in enumerate(texts) if not isinstance(t, str))
-            raise CorpusError(f"row {numbers[bad]}: {self.column!r} is {texts[bad]!r}, not text")
-        prepared = self.encoder.prepare([texts[i] for i in keep], [numbers[i] for i in keep])
+    def embed_piece(self, file: str, row_group: int, start: int, length: int, first: int,
+                    offset: int = -1) -> Any:
+        rows = self.read_piece(str(file), int(row_group), int(start), int(length), int(first), int(offset))
+        good = [r for r in rows if r.error is None]
+        if len(good) < len(rows) and self.options["on_bad_row"] == "fail":
+            bad = next(r for r in rows if r.error is not None)
+            raise CorpusError(f"row {bad.number}: {bad.error}")
+        prepared = self.encoder.prepare([r.text for r in good], [r.number for r in good])
         vectors = self.encoder.embed_prepared(prepared, self.options["batch_size"])
         if self.options["normalize"]:
             vectors = normalized(vectors)
         dim = self.encoder.dim
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
-        return pa.table({"id": pa.array([ids[i] for i in keep]), "embedding": embedding})
+        # The ids as a single-process shard holds them (integers int64; any string makes them strings).
+        return pa.table({"id": pa.array(id_array([r.id for r in good])), "embedding": embedding})
 
 
 def actor_options(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     """What each actor needs of the command line (`EmbedActor`'s `options`)."""
     return {"providers": args.providers, "variant": args.variant, "threads": threads,
-            "long_texts": args.long_texts, "overlap": args.window_overlap, "batch_size": args.batch_size,
-            "normalize": args.normalize, "on_bad_row": args.on_bad_row}
+            "input_format": input_format(str(args.input), args.input_format), "long_texts": args.long_texts,
+            "overlap": args.window_overlap, "batch_size": args.batch_size, "normalize": args.normalize,
+            "on_bad_row": args.on_bad_row}
 
 
 def actor_layout(args: argparse.Namespace) -> tuple[int, dict[str, float], int]:
@@ -182,14 +242,20 @@ def _our_error(exc: BaseException) -> str | None:
 def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
     """`disan embed --ray`: returns the exit status (the CLI prints the error line on a raise)."""
     source, out = str(args.input), str(args.output)
-    if not (source.endswith(".parquet") or Path(source).is_dir() or "://" in source):
-        raise CorpusError(f"{source}: --ray reads Parquet (a file or a directory of them); convert it, "
-                          "or run without --ray")
+    fmt = input_format(source, args.input_format)
     if (args.output_format or "parquet") != "parquet":
         raise CorpusError("--ray writes Parquet (--output-format parquet); npy and jsonl are single-process")
     if "://" not in out and Path(out).exists() and any(Path(out).iterdir()) and not args.overwrite:
         raise CorpusError(f"{out} is not empty: use another -o, or --overwrite")
-    work = pieces(source, args.column, args.id_column, args.shard_size)
+    if fmt == "parquet":
+        work = pieces(source, args.column, args.id_column, args.shard_size)
+    else:
+        work = line_pieces(source, fmt, args.column, args.id_column, args.shard_size)
+    if not work:  # no rows: nothing for Ray to do (and Ray Data makes no dataset of no blocks)
+        if "://" not in out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        print(f"disan embed: {source} has no rows; nothing written to {out}", file=sys.stderr)
+        return 0
     started = time.perf_counter()
     ours = connect(args)
     try:

@@ -101,7 +101,7 @@ def clear_uncommitted(out: Path, committed: int) -> int:
     return gone
 
 
-def _id_array(ids: Sequence[Any]) -> np.ndarray:
+def id_array(ids: Sequence[Any]) -> np.ndarray:
     """Ids as one numpy type: integers stay int64; any string makes them all strings."""
     if all(isinstance(i, int) for i in ids):
         return np.asarray(ids, dtype=np.int64)
@@ -111,22 +111,22 @@ def _id_array(ids: Sequence[Any]) -> np.ndarray:
 def write_shard(out: Path, index: int, fmt: str, ids: Sequence[Any], vectors: np.ndarray) -> list[Path]:
     """Write shard `index` (every file atomically); returns its files."""
     files = shard_files(out, index, fmt)
-    id_array = _id_array(ids)
+    ids_out = id_array(ids)
     if fmt == "parquet":
         pa = require("pyarrow", "embed")
         pq = require("pyarrow.parquet", "embed")
         dim = vectors.shape[1]
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
-        table = pa.table({"id": pa.array(id_array), "embedding": embedding})
+        table = pa.table({"id": pa.array(ids_out), "embedding": embedding})
         # Float vectors do not compress (snappy: 0.4% smaller, twice the write time; measured on
         # 10k x 600 float32): only the ids are compressed.
         compression = {"id": "snappy", "embedding": "none"}
         atomic_write(files[0], lambda fh: pq.write_table(table, fh, compression=compression))
     elif fmt == "npy":
-        atomic_write(files[0], lambda fh: np.save(fh, id_array, allow_pickle=False))
+        atomic_write(files[0], lambda fh: np.save(fh, ids_out, allow_pickle=False))
         atomic_write(files[1], lambda fh: np.save(fh, vectors.astype(np.float32, copy=False)))
     elif fmt == "jsonl":
-        atomic_write(files[0], lambda fh: _write_jsonl(fh, id_array, vectors))
+        atomic_write(files[0], lambda fh: _write_jsonl(fh, ids_out, vectors))
     else:
         raise ValueError(f"unknown output format {fmt!r} (one of {', '.join(OUTPUT_FORMATS)})")
     return files
