@@ -1,7 +1,7 @@
 """`disan` console script: serve, embed, evaluate, train and export DiSAN sentence embeddings.
 
 Commands: serve | embed | eval | train | export | verify | bundle-diff | calibrate | distill, where
-`disan distill STEP` runs the distillation pipeline's steps (corpus | teacher | task-teacher |
+`disan distill STEP` runs the distillation pipeline's steps (corpus | teacher | student | task-teacher |
 pretrain | extend-vocab | borrow-words | merge). The steps' old top-level spellings (`disan
 pretrain ...`) still work and are not listed. Research commands (experiment grids, ensembles,
 widening, slimming) run from a checkout: `python -m research COMMAND`.
@@ -26,7 +26,7 @@ COMMANDS = {
     "embed": ("disan.embed.cli", "embed a corpus file (JSONL/CSV/TXT/Parquet), resumable; --ray: on Ray",
               "embed"),
     "eval": ("disan.eval.evaluate", "evaluate a bundle on its tasks, or bundles and checkpoints on STS "
-             "(--sts) and frozen-vector transfer (--transfer)", "train"),
+             "(--sts), frozen-vector transfer (--transfer) and retrieval (--retrieval)", "train"),
     "train": ("disan.train.cli", "train a DiSAN model on NLI or sentiment data", "train"),
     "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
@@ -35,7 +35,7 @@ COMMANDS = {
     "calibrate": ("model_export.calibrate", "add class offsets chosen on the recipe's dev set, as a bundle "
                   "serves the model, to an NLI or two-class sentiment model's head (a prior shift)", "train"),
     "distill": ("disan.distill", "the distillation pipeline, one step a subcommand: corpus, teacher, "
-                "task-teacher, pretrain, extend-vocab, borrow-words, merge", "train"),
+                "student, task-teacher, pretrain, extend-vocab, borrow-words, merge", "train"),
 }
 # `disan distill STEP`: step -> (module, help, extra), as COMMANDS.
 DISTILL = {
