@@ -1,6 +1,6 @@
 """`python -m research COMMAND ...`: the research commands, run from a checkout (not in the wheel).
 
-    python -m research experiment experiments/sst5_ablation.toml --data ../shared/data --out runs/grid
+    python -m research experiment research/experiments/sst5_ablation.toml --data ../shared/data
     python -m research ensemble | widen | slim ...
 
 Same conventions as `disan`'s commands (disan/cli.py): one module a command with

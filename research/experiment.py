@@ -1,7 +1,7 @@
 """`disan experiment`: run a grid of `disan train` configurations x seeds, resumably; tabulate it.
 
-    disan experiment experiments/sst5_ablation.toml            # run (or resume) every unfinished run
-    disan experiment experiments/sst5_ablation.toml --table    # mean ± std per row -> stdout + .md
+    python -m research experiment research/experiments/sst5_ablation.toml          # run (or resume) it
+    python -m research experiment research/experiments/sst5_ablation.toml --table  # mean ± std -> .md
 
 The grid spec (TOML) names the experiment, its seeds, the `disan train` options shared by every
 row (`[train]`, TrainConfig field names) and the rows, each a name plus its own overrides:
@@ -230,7 +230,7 @@ def _lock(path: Path):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the `disan experiment` options."""
-    p.add_argument("spec", help="grid spec (TOML), e.g. experiments/sst5_ablation.toml")
+    p.add_argument("spec", help="grid spec (TOML), e.g. research/experiments/sst5_ablation.toml")
     p.add_argument("--table", action="store_true",
                    help="print mean ± std per row, write results/<name>.md and a dev-curve PNG; no training")
     p.add_argument("--runs-dir", default="runs/experiments",

@@ -116,7 +116,8 @@ def test_plan_runs_stage_by_stage_seed_major(tmp_path) -> None:
         ("disan", 1), ("diag", 1), ("disan", 2), ("diag", 2), ("slow", 1), ("slow", 2)]
 
 
-@pytest.mark.parametrize("spec_path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("spec_path", sorted((REPO / "research" / "experiments").glob("*.toml")),
+                         ids=lambda p: p.name)
 def test_shipped_specs_are_valid_disan_train_commands(tmp_path, spec_path: Path) -> None:
     """Every row of every shipped grid spec parses as `disan train` flags (choices included) and
     resolves to a TrainConfig holding the row's options, without training anything."""

@@ -28,13 +28,13 @@ def test_bad_specs_give_a_one_line_error(tmp_path, capsys, rows: str, message: s
 
 
 def test_shipped_ablation_rows_build_distinct_models() -> None:
-    """Every row of experiments/sst5_ablation.toml reaches the model as its own architecture."""
+    """Every row of research/experiments/sst5_ablation.toml reaches the model as its own architecture."""
     import numpy as np
 
     torch = pytest.importorskip("torch")
     import disan.train.loop  # torch
 
-    spec = S.load_spec(REPO / "experiments" / "sst5_ablation.toml", S.train_fields())
+    spec = S.load_spec(REPO / "research" / "experiments" / "sst5_ablation.toml", S.train_fields())
     ids = torch.randint(2, 30, (3, 6))
     outputs, configs = {}, {}
     for row in spec.rows:
