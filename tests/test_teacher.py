@@ -143,6 +143,7 @@ def test_a_slim_fp16_teacher_encodes_under_bf16_autocast(monkeypatch, tmp_path: 
     whose layer norms refused bf16 autocast (`disan teacher` died on the dry run of a GPU lease).
     `embeddings._sentence_encoder`, which every reader of a teacher folder goes through, casts it."""
     pytest.importorskip("torch")
+    pytest.importorskip("sentence_transformers", reason="the teacher's loader is the `mpnet` extra")
     from sentence_transformers import SentenceTransformer
 
     from disan.distill import teacher
