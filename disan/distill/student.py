@@ -119,13 +119,13 @@ def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | Non
     related = cosine_matrix(target)
     geometry = sum(F.mse_loss(cosine_matrix(pred[:, :m]), related) for m in cfg.dims)
     loss = distill + cfg.geometry_weight * geometry
-    parts = {"distill": distill.item(), "geometry": float(geometry)}
+    parts = {"distill": distill.item(), "geometry": geometry.item()}
     if q is not None:
         labels = torch.arange(len(q), device=q.device)
         mnr = sum(F.cross_entropy(cfg.mnr_scale * F.normalize(q[:, :m], dim=-1)
                                   @ F.normalize(p[:, :m], dim=-1).T, labels) for m in cfg.dims)
         loss = loss + cfg.pairs_weight * mnr
-        parts["mnr"] = float(mnr)
+        parts["mnr"] = mnr.item()
     return loss, parts
 
 
