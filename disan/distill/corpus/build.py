@@ -24,7 +24,7 @@ import argparse
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -106,14 +106,6 @@ def eval_keys(data: Path) -> set[str]:
     keys.update(" ".join(t) for ex in held for t in ex.texts)
     keys.discard("")
     return keys
-
-
-def sentences_of(source: Source, root: Path, min_tokens: int, max_tokens: int) -> Iterator[str]:
-    for item in source.read(root):
-        for paragraph in as_doc(item).paragraphs:
-            for sentence in split_sentences(paragraph):
-                if keep(sentence, min_tokens, max_tokens):
-                    yield sentence
 
 
 def query_like(text: str, max_tokens: int) -> bool:

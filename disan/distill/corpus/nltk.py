@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from disan.distill.corpus.documents import Doc, chunks, unescape, untag
@@ -42,7 +42,7 @@ def brown(root: Path) -> Iterator[Doc]:
         yield Doc([untag(" ".join(p).split(), "/") for p in chunks(text.splitlines())])
 
 
-def plain(name: str, pattern: str = r"\.txt$") -> callable:
+def plain(name: str, pattern: str = r"\.txt$") -> Callable[[Path], Iterator[Doc]]:
     """A corpus of plain-text files with paragraphs separated by blank lines (speeches)."""
     def read(root: Path) -> Iterator[Doc]:
         for _, text in _files(_zip(root, name), pattern):
@@ -136,7 +136,7 @@ def pros_cons(root: Path) -> Iterator[Doc]:
             yield Doc([unescape(body)])
 
 
-def product_reviews(name: str) -> callable:
+def product_reviews(name: str) -> Callable[[Path], Iterator[Doc]]:
     """Amazon product reviews (Hu and Liu): `[t]` titles, then the review's sentences after `##`."""
     def read(root: Path) -> Iterator[Doc]:
         for _, text in _files(_zip(root, name), r"\.txt$"):
