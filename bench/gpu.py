@@ -29,7 +29,7 @@ Parts (each usable alone, so a run fits a time-limited GPU lease):
   removed (issue 82).
 
 Without a usable CUDA provider it stops with one line (exit 2). `--smoke` runs every part on
-the CPU provider with tiny sizes, so tests/test_bench_gpu.py keeps the script from rotting.
+the CPU provider with tiny sizes, so tests/bench/test_bench_gpu.py keeps the script from rotting.
 Only 127.0.0.1 is contacted.
 """
 

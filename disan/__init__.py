@@ -1,7 +1,7 @@
 """DiSAN: Directional Self-Attention Network sentence encoders (Shen et al., AAAI 2018).
 
 `disan.Encoder` (disan/runtime/encoder.py, on onnxruntime) is the Python API: text in, vectors out.
-Packages by concept; each may import only those before it in this order (tests/test_structure.py):
+Packages by concept; each may import only those before it in this order (tests/repo/test_structure.py):
 
     text      tokenizer, long-text windows                          torch-free
     model.py  all model math (one file)                             torch

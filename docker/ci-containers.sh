@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the images and run the compose files for real, without Docker: podman + runc, base images
-# bootstrapped from Debian's archive (no registry is reachable), then tests/test_containers_live.py.
+# bootstrapped from Debian's archive (no registry is reachable), then tests/repo/test_containers_live.py.
 # Called by .ci/run; runs as root (rootful podman, mmdebstrap). Prints "SKIP containers: ..." and
 # exits 0 only where podman cannot be installed; any other failure fails CI.
 #
@@ -164,9 +164,9 @@ if [ -f "$STATE/replaced-images" ]; then
 fi
 
 # ------------------------------------------------------------------------------ run
-log "running tests/test_containers_live.py"
+log "running tests/repo/test_containers_live.py"
 DISAN_CONTAINERS_LIVE=1 DISAN_GPU_IMAGE=$GPU_IMAGE DISAN_LB_IMAGE=$LB_IMAGE PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
-    python -m pytest tests/test_containers_live.py -x -q -p no:cacheprovider -s
+    python -m pytest tests/repo/test_containers_live.py -x -q -p no:cacheprovider -s
 # Untagged leftovers of earlier runs' builds on our base (old builder stages, about 1 GB a run);
 # this run's stay as the next run's layer cache.
 [ -z "$stale_images" ] || podman rmi $stale_images >/dev/null 2>&1 || true

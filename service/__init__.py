@@ -3,7 +3,7 @@
 Nothing in this package may import torch: the service image installs only the `serve` extra.
 `service.main.create_app(settings)` builds the app; `disan serve` (service/cli.py) runs it.
 
-Layers (tests/test_structure.py enforces them; each may import only the ones below it):
+Layers (tests/repo/test_structure.py enforces them; each may import only the ones below it):
 
     service.main, service.cli   entry points: build the app, run `disan serve`
     service.http                the HTTP front: routes, fast path, ASGI/protocol, schemas, web page

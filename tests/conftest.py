@@ -252,7 +252,7 @@ train = { mask_kind = "diag" }
 """
 
 
-# ---- a fake staged SST-5 (tests/test_task_teacher.py, test_checkpoint_teacher.py) ----
+# ---- a fake staged SST-5 (tests/disan/distill/test_task_teacher.py, test_checkpoint_teacher.py) ----
 def write_fake_sst5(root: Path, words: list[str], sentences: int, more_phrases: int, longest: int) -> Path:
     """`root`/sst/ with SST-5's four files of random `words` (labels 0..4 in turn); the phrase file
     holds the sentences and `more_phrases` more. Returns `root`."""
@@ -275,7 +275,7 @@ def write_fake_sst5(root: Path, words: list[str], sentences: int, more_phrases: 
     return root
 
 
-# ---- exported tiny bundles (tests/test_export.py, test_verify.py, test_weights.py) ----
+# ---- exported tiny bundles (tests/model_export/test_export.py, test_verify.py, test_weights.py) ----
 @pytest.fixture
 def bundle_copy(tiny_bundle, tmp_path) -> Path:
     """A private copy of the shared bundle, for tests that modify files."""

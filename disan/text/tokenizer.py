@@ -87,7 +87,7 @@ def _tokenize_ascii(text: str) -> list[str]:
     far cheaper than a regex scan). No token spans a space and a word's edges look the same to
     `\\b` whether a space or the text's end is next, so words are tokenized one by one: a word
     of letters/digits is one `\\w+` token and a lone character one token, without the regex.
-    tests/test_text.py checks this path against the general one on random text.
+    tests/disan/text/test_text.py checks this path against the general one on random text.
     """
     if not text.isprintable():
         text = text.translate(_ASCII_CONTROLS)

@@ -11,7 +11,7 @@ other request, OpenAPI included, is FastAPI's. What the stack would have done is
 the same code: admission control before the body is read, the body policy
 (`service.http.asgi.BodyPolicy`), the request metrics (`Metrics.on_request`, `Metrics.on_inference`),
 the timing headers, the request models and parsing (stdlib json, then strict pydantic), the
-handlers, the API-key check and the error table. tests/test_fastpath.py checks both paths give
+handlers, the API-key check and the error table. tests/service/http/test_fastpath.py checks both paths give
 identical answers; one deliberate difference: the API key is checked before the body is read
 (FastAPI decodes the JSON first, so a keyless malformed body gets 400 there and 401 here).
 `Settings.fast_path=false` turns the fast path off (e.g. to trace requests with FastAPI's

@@ -30,7 +30,7 @@ from disan.cli import main  # noqa: E402
 from disan.embed.inputs import Position, cut, read_rows  # noqa: E402
 from disan.embed.shards import PROGRESS, read_output  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
 
 

@@ -1,4 +1,4 @@
-"""Containers cannot drift from the code (statically; tests/test_containers_live.py runs them).
+"""Containers cannot drift from the code (statically; tests/repo/test_containers_live.py runs them).
 
 This lints the Dockerfiles (hadolint) and compose files (check-jsonschema, compose-spec schema),
 then checks what they *use* against the code: every CMD parses with the real `disan` CLI, every
@@ -33,7 +33,7 @@ from disan.cli import COMMANDS  # noqa: E402
 from service import cli as serve_cli  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 SERVICE_DOCKERFILES = [DOCKER / "service-gpu.Dockerfile", DOCKER / "service-cpu.Dockerfile"]
@@ -349,5 +349,5 @@ def test_no_image_is_removed_while_builds_run_side_by_side() -> None:
     build = re.search(r"^build\(\) \{.*?^\}", script, re.M | re.S).group(0)
     assert "podman rmi" not in build and "replaced-images" in build
     after = script[script.index("python_images &\nnginx_image &\nwait_all\n"):]
-    assert after.index("replaced-images") < after.index("tests/test_containers_live.py")
+    assert after.index("replaced-images") < after.index("tests/repo/test_containers_live.py")
     assert "podman rmi $(sort -u" in after

@@ -40,7 +40,7 @@ if os.environ.get("DISAN_CONTAINERS_LIVE") != "1":
 if shutil.which("podman") is None or shutil.which("podman-compose") is None:
     pytest.fail("DISAN_CONTAINERS_LIVE=1 but podman / podman-compose are not on PATH")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE, SCALE = ROOT / "docker-compose.yml", ROOT / "docker-compose.scale.yml"
 GPU_IMAGE = os.environ.get("DISAN_GPU_IMAGE", "localhost/disan-serve:gpu-debian")
 LB_IMAGE = os.environ.get("DISAN_LB_IMAGE", "localhost/disan-nginx:debian")

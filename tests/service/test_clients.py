@@ -1,7 +1,7 @@
 """The clients people plug an embedding server into, against a live server on 127.0.0.1 run with
 its defaults, each client with its defaults (base URL and key set, nothing else): `openai` (sync
 and async, float and base64), LangChain's `OpenAIEmbeddings`, LlamaIndex's `OpenAIEmbedding` and
-`OpenAILikeEmbedding`. More clients: tests/test_clients_more.py.
+`OpenAILikeEmbedding`. More clients: tests/service/test_clients_more.py.
 
 Each test skips when its client is not installed (they come with the dev extra).
 """

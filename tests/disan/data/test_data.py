@@ -10,7 +10,7 @@ import pytest
 
 from disan.data import readers as D
 
-STAGED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+STAGED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 
 def write(path: Path, lines: list[str], gz: bool = False) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from disan.bundle.manifest import load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "models" / "default"
 STAGED = ROOT.parent / "shared" / "data"
 

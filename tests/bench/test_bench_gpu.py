@@ -64,7 +64,7 @@ def test_without_cuda_it_stops_with_one_line(tiny_bundle, snli_dir, tmp_path):
         pytest.skip("this host has CUDA: the no-CUDA message cannot be shown here")
     r = subprocess.run([sys.executable, "-m", "bench.gpu", "--bundle", str(tiny_bundle), "--data",
                         str(snli_dir), "--json", str(tmp_path / "x.json")],
-                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("bench.gpu: ") and "CUDA" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x.json").exists()

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from service.main import create_app
 from service.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 WEB_FILES = ["index.html", "app.js", "style.css"]
 
 

@@ -16,7 +16,7 @@ import pytest
 from service.cli import env_name
 from service.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SERVE_COMMAND = "pip install '.[serve-cpu]' && disan serve"

@@ -183,7 +183,7 @@ def test_a_python_without_matplotlib_trains_and_skips_only_the_figure(files, tmp
             "from disan.cli import main\n"
             f"raise SystemExit(main({[str(a) for a in args]!r}))")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[3])
     assert got.returncode == 0, got.stderr[-2000:]
     assert (out / "best.pt").is_file() and (out / "metrics.jsonl").is_file()
     assert not (out / "curves.png").exists()

@@ -21,7 +21,7 @@ from bench.load import check_loopback, run_load
 from service import cli
 from service.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse(*argv: str) -> argparse.Namespace:

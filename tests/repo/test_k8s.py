@@ -27,7 +27,7 @@ from service.settings import Settings
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 VARIANTS = ("cpu", "gpu")
 COMPOSE_SERVICE = {"gpu": "disan", "cpu": "disan-cpu"}  # docker-compose.yml service per variant

@@ -10,7 +10,7 @@ import pytest
 from disan.distill.corpus import build as corpus
 from disan.distill.corpus.sources import Source, detokenize
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
 def _source(name: str, paragraphs: list[str]) -> Source:

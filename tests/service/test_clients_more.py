@@ -14,7 +14,7 @@ from test_clients import chunks, documents, reference
 
 from service.settings import Settings
 
-SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "default"
 # Twenty distinct scenes, eighty invoices: 100 documents; each query paraphrases one scene.
 SCENES = [
     "A man is playing a guitar on a stage in front of a crowd.",

@@ -27,7 +27,7 @@ from service.main import create_app
 from service.settings import Settings
 
 uvicorn = pytest.importorskip("uvicorn")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES  # noqa: E402
 from disan.distill import supervision  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
 def test_cosent_rewards_the_scores_order() -> None:
