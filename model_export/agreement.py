@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from disan.bundle.manifest import GRAPHS, routes, variant_files
+from disan.bundle.manifest import GRAPHS, graph_tokenizer, routes, variant_files
 from disan.data.readers import read_jsonl
 from disan.data.recipes import DEV_FILES
+from disan.text.pieces import AnyTokenizer, read_tokenizer
 from disan.text.tokenizer import Vocab
 from model_export.sessions import run_graph, session, trim
 
@@ -54,7 +55,7 @@ def agreement_data(dev_root: Path | None, vocab: Vocab, limit: int, seed: int = 
             "pairs": [(sentence(), sentence()) for _ in range(n)], "texts": [sentence() for _ in range(n)]}
 
 
-def _run_rows(sess, graph: str, vocab: Vocab, texts: list[str], max_len: int, size: int = 64
+def _run_rows(sess, graph: str, vocab: AnyTokenizer, texts: list[str], max_len: int, size: int = 64
               ) -> list[list[np.ndarray]]:
     """Every output of a sentence graph per text (token axes cut to the text), in input order."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # less padding per batch
@@ -88,7 +89,14 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str,
                       data: dict[str, Any]) -> dict[str, Any]:
     """A variant of a set vs the set's fp32 graphs: each sentence graph on the sentiment texts
     (first output: labels or cosine; every output: max |diff|), and NLI as served on the pairs."""
-    vocab = Vocab.load(bundle_dir / manifest["vocab"])
+    readers: dict[str, AnyTokenizer] = {}
+
+    def reader(graph: str) -> AnyTokenizer:  # the word vocabulary, or the graph's piece tokenizer
+        file = graph_tokenizer(manifest, graph)
+        if file not in readers:
+            readers[file] = read_tokenizer(bundle_dir / file)
+        return readers[file]
+
     max_len = manifest["max_len"]
     ref_files, files = variant_files(manifest, set_name, "fp32"), variant_files(manifest, set_name, variant)
     report: dict[str, Any] = {"data": data["source"]}
@@ -96,8 +104,8 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str,
     for graph, file in files.items():
         if graph == "nli_head" or graph not in ref_files:
             continue
-        ref = _run_rows(session(bundle_dir / ref_files[graph]), graph, vocab, data["texts"], max_len)
-        got = _run_rows(session(bundle_dir / file), graph, vocab, data["texts"], max_len)
+        ref = _run_rows(session(bundle_dir / ref_files[graph]), graph, reader(graph), data["texts"], max_len)
+        got = _run_rows(session(bundle_dir / file), graph, reader(graph), data["texts"], max_len)
         probs = GRAPHS[graph].outputs[0] == "probs"
         entry = _agreement(np.stack([r[0] for r in ref]), np.stack([g[0] for g in got]), probs,
                            gold_texts if probs else None)
@@ -111,8 +119,10 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str,
     encoder = routes(manifest)["nli"]  # the NLI model's encoder feeds the head
     for names in (ref_files, files):
         enc, head = session(bundle_dir / names[encoder]), session(bundle_dir / names["nli_head"])
-        u = np.stack([r[0] for r in _run_rows(enc, encoder, vocab, [p for p, _ in data["pairs"]], max_len)])
-        v = np.stack([r[0] for r in _run_rows(enc, encoder, vocab, [h for _, h in data["pairs"]], max_len)])
+        u = np.stack([r[0] for r in _run_rows(enc, encoder, reader(encoder), [p for p, _ in data["pairs"]],
+                                              max_len)])
+        v = np.stack([r[0] for r in _run_rows(enc, encoder, reader(encoder), [h for _, h in data["pairs"]],
+                                              max_len)])
         nli_probs.append(run_graph(head, "nli_head", u, v)[0])
     report[NLI] = _agreement(nli_probs[0], nli_probs[1], True, gold)
     report[NLI]["max_abs_diff"] = float(np.abs(nli_probs[0] - nli_probs[1]).max())

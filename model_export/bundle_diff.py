@@ -27,7 +27,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from disan.bundle.manifest import available_variants, load_manifest, routes, sha256_file, variant_files
+from disan.bundle.manifest import (
+    available_variants,
+    graph_tokenizer,
+    load_manifest,
+    routes,
+    sha256_file,
+    variant_files,
+)
 
 
 def graph_fingerprint(path: Path, digests: dict[tuple[str, int, int], str] | None = None) -> str:
@@ -63,7 +70,7 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
     export` records them as the manifest's `route_fingerprints` (what `/info` reports for the
     graphs in use); `compare` recomputes them from the files, trusting no manifest."""
     manifest = load_manifest(bundle) if manifest is None else manifest
-    reading = {"vocab": sha256_file(bundle / manifest["vocab"]), "max_len": manifest.get("max_len")}
+    reading: dict[str, str] = {}  # tokenizer file -> its sha256: how texts become a graph's ids
     graphs = manifest.get("graphs") or {}
     cache: dict[str, str] = {}  # graph file -> its fingerprint
     digests: dict[tuple[str, int, int], str] = {}  # stored tensor -> sha256 of its bytes
@@ -75,7 +82,11 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
                 continue
             if file not in cache:
                 cache[file] = graph_fingerprint(bundle / file, digests)
-            spec = json.dumps({"graph": graphs.get(graph), "weights": cache[file], **reading},
+            tokenizer = graph_tokenizer(manifest, graph)
+            if tokenizer not in reading:
+                reading[tokenizer] = sha256_file(bundle / tokenizer)
+            spec = json.dumps({"graph": graphs.get(graph), "weights": cache[file],
+                               "vocab": reading[tokenizer], "max_len": manifest.get("max_len")},
                               sort_keys=True)
             out.setdefault(route, {})[f"{set_name}/{variant}"] = hashlib.sha256(spec.encode()).hexdigest()
     return out

@@ -14,6 +14,8 @@ from disan.bundle.manifest import GRAPH_SETS, GRAPHS, ROUTES
 
 # Routes of a bundle with a distilled sentence encoder: /nli keeps the NLI model's own encoder.
 EMBED_ROUTES = {"nli": "nli_encoder", "nli_explain": "nli_encoder_explain"}
+VOCAB_FILE = "vocab.json"  # the word vocabulary (every bundle)
+PIECES_FILE = "tokenizer.json"  # a piece encoder's subword tokenizer (model_export.embed.piece_tokenizer)
 
 
 def versions() -> dict[str, str]:
@@ -44,16 +46,19 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
     # the sizes the distilled encoder was trained to serve (`disan distill student` records them;
     # model_export.embed.load_embed checked them); only when it has them: a bundle without serves
     # only embedding_dim (disan.bundle.manifest.matryoshka_dims)
+    pieces = has_embed and bool(payloads["embed"].get("tokenizer"))  # the encoder reads subword pieces
     trained = payloads["embed"].get("matryoshka_dims") if has_embed else None
     dims = {} if trained is None else {"matryoshka_dims": [int(m) for m in trained]}
     manifest: dict[str, Any] = {
         "name": name,  # the model name the service reports
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "vocab": "vocab.json", "vocab_size": len(vocab), "max_len": max_len,
+        "vocab": VOCAB_FILE, "vocab_size": len(vocab), "max_len": max_len,
         "embedding_dim": encoder.out_dim, "word_embedding_dim": encoder.cfg.embed_dim, **dims,
         "graphs": {g: {"inputs": list(spec.inputs), "outputs": list(spec.outputs),
                        "source": graph_source(g, has_embed),
-                       "labels": labels[spec.task] if spec.outputs[0] == "probs" else None}
+                       "labels": labels[spec.task] if spec.outputs[0] == "probs" else None,
+                       **({"tokenizer": PIECES_FILE} if pieces and graph_source(g, has_embed) == "embed"
+                          else {})}
                    for g, spec in GRAPHS.items() if g in present},
     }
     if has_embed:  # without, the defaults (disan.bundle.manifest.ROUTES): the bundle reads as before routes
@@ -80,7 +85,12 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
     # every checkpoint it names once, in the lineage (disan.bundle.lineage)
     manifest["sources"], manifest["lineage"] = flat(
         {task: provenance(path, payloads[task]) for task, path in paths.items()})
-    if has_embed:
+    if pieces:
+        manifest["models"]["embed"]["vocab"] = {
+            "tokenizer": PIECES_FILE, "pieces": loaded["embed"][0].cfg.vocab_size - 1,
+            "note": "the encoder reads subword pieces through tokenizer.json (model id = piece id + 1, "
+                    "0 = padding); its graphs name it, /nli and /sentiment read vocab.json"}
+    elif has_embed:
         own = loaded["embed"][1]
         manifest["models"]["embed"]["vocab"] = {
             "own_words": len(own), "bundle_words": len(vocab), "unknown_rows": vocab.unknown_rows,

@@ -1,5 +1,9 @@
 """A distilled sentence encoder in a bundle (`disan export --embed CKPT`): its vocabulary, its table.
 
+An encoder that reads subword pieces (`disan distill student`) keeps its own table and ids: the
+bundle carries its tokenizer.json, and the manifest names it for the encoder's graphs
+(`piece_tokenizer`). What follows is about an encoder that reads words.
+
 A bundle has one `vocab.json`, and the NLI and sentiment models were trained on one vocabulary
 while a distilled encoder (`disan pretrain --corpus`) brings its own. The bundle's vocabulary is
 the NLI model's followed by the encoder's words it lacks, in the encoder's order: the NLI and
@@ -18,6 +22,7 @@ import torch
 
 from disan.bundle.manifest import matryoshka_dims
 from disan.model import DiSANConfig, DiSANEncoder
+from disan.text.pieces import PieceTokenizer
 from disan.text.tokenizer import UNK, Vocab
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
 
@@ -36,6 +41,14 @@ def load_embed(path: Path) -> tuple[dict[str, Any], DiSANEncoder, Vocab]:
         trained = list(trained) if isinstance(trained, tuple) else trained
         matryoshka_dims({"matryoshka_dims": trained}, getattr(model, "encoder", model).out_dim, where=path)
     return payload, model, vocab
+
+
+def piece_tokenizer(payload: dict[str, Any]) -> PieceTokenizer | None:
+    """The subword tokenizer a piece encoder checkpoint carries (`disan distill student`), None
+    for a word encoder. A piece encoder is exported as it is, with its tokenizer.json beside the
+    bundle's vocab.json: its graphs read piece ids (disan.bundle.manifest.graph_tokenizer)."""
+    text = payload.get("tokenizer")
+    return PieceTokenizer.from_str(text) if text else None
 
 
 def reindexed(encoder: DiSANEncoder, own: Vocab, bundle: Vocab) -> DiSANEncoder:

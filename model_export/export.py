@@ -36,7 +36,7 @@ from disan.bundle.manifest import (
 )
 from disan.text.tokenizer import merged_vocab
 from model_export.bundle_diff import route_fingerprints
-from model_export.bundle_manifest import bundle_manifest
+from model_export.bundle_manifest import PIECES_FILE, VOCAB_FILE, bundle_manifest
 from model_export.served import served_accuracy
 
 FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_io_types: ids int64, "
@@ -277,15 +277,22 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     payloads, loaded = load_sources(nli_path, sentiment_path)
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
+    pieces = None  # the distilled encoder's subword tokenizer, when it reads pieces
     if embed_path is not None:
-        from model_export.embed import load_embed, reindexed  # torch, as above
+        from model_export.embed import load_embed, piece_tokenizer, reindexed  # torch, as above
 
         payloads["embed"], own_model, own_vocab = load_embed(embed_path)
-        vocab = merged_vocab(loaded["nli"][1], own_vocab)
-        embed = reindexed(own_model, own_vocab, vocab)
+        pieces = piece_tokenizer(payloads["embed"])
+        if pieces is None:
+            vocab = merged_vocab(loaded["nli"][1], own_vocab)
+            embed = reindexed(own_model, own_vocab, vocab)
+            log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
+                f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
+        else:
+            embed = own_model.eval()
+            log(f"the encoder reads {len(pieces) - 1} subword pieces ({PIECES_FILE}); /nli and "
+                f"/sentiment read the NLI model's {len(vocab)} words ({VOCAB_FILE})")
         loaded["embed"] = (embed, own_vocab, [])
-        log(f"vocabulary: {len(vocab)} words, the NLI model's {len(loaded['nli'][1])} then "
-            f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
     # the models the graphs and the parity check use hold exactly the stored tables
     as_stored({task: model for task, (model, _, _) in loaded.items()}, storage, matrices)
     sent_model = loaded["sentiment"][0]
@@ -298,7 +305,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                                                   chunk_cells, int8_embedding, log, embed)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
             weights = {**write_graphs(paths, files, tmp, storage, matrices), "aliases": aliases}
-        vocab.save(tmp / "vocab.json")
+        vocab.save(tmp / VOCAB_FILE)
+        if pieces is not None:
+            pieces.save(tmp / PIECES_FILE)
         paths_by_task = {"nli": nli_path, "sentiment": sentiment_path, "embed": embed_path}
         manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
                                    {t: p for t, p in paths_by_task.items() if t in loaded})

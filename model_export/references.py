@@ -48,8 +48,9 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
             raise ValueError(f"--checkpoints: no .pt file with sha256 {src.get('sha256')} among "
                              f"{[str(p) for p in places]} (the {task} source, exported from a file "
                              f"named {src.get('file')!r})")
-        model, own_vocab, _ = model_from_checkpoint(load_checkpoint(match))
-        if task == "embed":
+        payload = load_checkpoint(match)
+        model, own_vocab, _ = model_from_checkpoint(payload)
+        if task == "embed" and not payload.get("tokenizer"):  # a piece encoder keeps its own ids
             if vocab is None:
                 raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
             model = reindexed(model, own_vocab, vocab)

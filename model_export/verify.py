@@ -31,11 +31,13 @@ from disan.bundle.manifest import (
     GRAPHS,
     BundleError,
     available_variants,
+    graph_tokenizer,
     load_manifest,
     routes,
     variant_files,
     write_manifest,
 )
+from disan.text.pieces import AnyTokenizer, read_tokenizer
 from disan.text.tokenizer import Vocab
 from model_export.agreement import NLI, agreement_data, meets_bars, variant_agreement
 from model_export.references import references_from_bundle, references_from_checkpoints
@@ -72,12 +74,13 @@ class Case:
         return Case(self.name, np.tile(self.ids, (reps, 1))[:batch], np.tile(self.mask, (reps, 1))[:batch])
 
 
-def token_stream(vocab: Vocab, texts: list[str]) -> list[int]:
+def token_stream(vocab: AnyTokenizer, texts: list[str]) -> list[int]:
     """All texts' token ids concatenated (UNKs included): the pool real-sentence cases cut from."""
     return [i for t in texts for i in vocab.text_ids(t)]
 
 
-def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, seed: int = 0) -> list[Case]:
+def parity_cases(vocab: AnyTokenizer, max_len: int, texts: list[str] | None = None, seed: int = 0
+                 ) -> list[Case]:
     """Random and real batches at every (length, batch size) in LENGTHS x BATCH_SIZES."""
     rng = np.random.default_rng(seed)
     stream = token_stream(vocab, list(texts or SAMPLE_TEXTS))
@@ -97,6 +100,20 @@ def parity_cases(vocab: Vocab, max_len: int, texts: list[str] | None = None, see
                 enc = Vocab.pad(rows)
                 cases.append(Case(f"{kind}/n={n}/B={b}", enc.ids, enc.mask))
     return cases
+
+
+def graph_cases(bundle_dir: Path, manifest: dict[str, Any], texts: list[str] | None = None):
+    """graph -> its `parity_cases`, read through the tokenizer that graph reads (the word
+    vocabulary, or a piece tokenizer: disan.bundle.manifest.graph_tokenizer); one set per file."""
+    made: dict[str, list[Case]] = {}
+
+    def cases_of(graph: str) -> list[Case]:
+        file = graph_tokenizer(manifest, graph)
+        if file not in made:
+            made[file] = parity_cases(read_tokenizer(bundle_dir / file), manifest["max_len"], texts)
+        return made[file]
+
+    return cases_of
 
 
 def _torch_outputs(module, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -133,9 +150,7 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
 
     `done` (file -> report) skips files another set already checked (the shared graphs).
     """
-    vocab = Vocab.load(bundle_dir / manifest["vocab"])
-    cases = parity_cases(vocab, manifest["max_len"], texts)
-    pairs = [(case, cases[-1 - k].tiled(case.ids.shape[0])) for k, case in enumerate(cases)]
+    cases_of = graph_cases(bundle_dir, manifest, texts)
     nli_encoder = routes(manifest)["nli"]  # the NLI model's encoder: `encoder`, or `nli_encoder`
     report: dict[str, Any] = {}
     for graph, file in files.items():
@@ -144,6 +159,8 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
         if done is not None and file in done:
             report[graph] = done[file]
             continue
+        cases = cases_of(nli_encoder if graph == "nli_head" else graph)
+        pairs = [(case, cases[-1 - k].tiled(case.ids.shape[0])) for k, case in enumerate(cases)]
         sess, entry = session(bundle_dir / file), _new_report(len(cases))
         for prem, hyp in pairs:
             if graph == "nli_head":  # the head alone, fed the PyTorch NLI encoder's vectors
@@ -157,6 +174,8 @@ def check_parity(bundle_dir: Path, manifest: dict[str, Any], references: dict[st
         if done is not None:
             done[file] = report[graph]
     enc, head = session(bundle_dir / files[nli_encoder]), session(bundle_dir / files["nli_head"])
+    cases = cases_of(nli_encoder)
+    pairs = [(case, cases[-1 - k].tiled(case.ids.shape[0])) for k, case in enumerate(cases)]
     entry = _new_report(len(cases))
     for prem, hyp in pairs:
         u = run_graph(enc, nli_encoder, prem.ids, prem.mask)[0]
@@ -171,8 +190,7 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
                       ) -> dict[str, Any]:
     """Without PyTorch: every sentence graph's padded rows vs the same rows alone; the CPU and
     GPU fp32 sets against each other; each explain graph's first output vs its plain graph."""
-    vocab = Vocab.load(bundle_dir / manifest["vocab"])
-    cases = [c for c in parity_cases(vocab, manifest["max_len"], texts) if c.ids.shape[0] > 1]
+    cases_of = graph_cases(bundle_dir, manifest, texts)
     fp32 = {s: variant_files(manifest, s, v) for s, v in available_variants(manifest) if v == "fp32"}
     report: dict[str, Any] = {}
     checked: set[str] = set()
@@ -182,7 +200,7 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
                 continue
             checked.add(file)
             sess, worst = session(bundle_dir / file), 0.0
-            for case in cases:
+            for case in (c for c in cases_of(graph) if c.ids.shape[0] > 1):
                 batch_out = run_graph(sess, graph, case.ids, case.mask)
                 for r in range(0, case.ids.shape[0], 5):  # a few rows each: keeps verify quick
                     n = int(case.mask[r].sum())
@@ -200,7 +218,8 @@ def check_consistency(bundle_dir: Path, manifest: dict[str, Any], texts: list[st
             continue
         a, b = session(bundle_dir / file_a), session(bundle_dir / file_b)
         diff = max(float(np.abs(run_graph(a, graph_a, c.ids, c.mask)[0]
-                                - run_graph(b, graph_b, c.ids, c.mask)[0]).max()) for c in cases)
+                                - run_graph(b, graph_b, c.ids, c.mask)[0]).max())
+                   for c in cases_of(graph_a) if c.ids.shape[0] > 1)
         report[f"{set_a}/{graph_a} vs {set_b}/{graph_b}"] = {"max_abs_diff": diff, "passed": diff <= FP32_TOL}
     return report
 

@@ -44,7 +44,7 @@ def word_rate(vocab: Vocab, items: list[str]) -> tuple[int, int]:
 
 
 def piece_rate(tok: PieceTokenizer, items: list[str]) -> tuple[int, int]:
-    ids = tok.encode(items)
+    ids = tok.batch_ids(items)
     return sum(map(len, ids)), sum(row.count(tok.unk_id) for row in ids)
 
 

@@ -44,6 +44,11 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
                                                 (its graph, the weight bytes it reads, the
                                                 tokenizer); equal across bundles = the same
                                                 outputs (`model_export.bundle_diff`)
+    "graphs"[graph]["tokenizer"]: "tokenizer.json"   optional: the graph reads subword pieces
+                                                through this Hugging Face tokenizer file
+                                                (disan.text.pieces) instead of the bundle's
+                                                word vocabulary (`graph_tokenizer`); a route and
+                                                its explain route read the same one
     "matryoshka_dims": [D, m2, ...]            optional: the sizes the embed route's encoder was
                                                 trained to serve (Matryoshka: its vector's first
                                                 m components are a vector too), descending from
@@ -202,6 +207,7 @@ def load_manifest(bundle_dir: str | Path, verify_hashes: bool = True) -> dict[st
     if not isinstance(sets, dict) or not sets:
         raise BundleError(f"{path}: manifest lists no graph sets")
     served = routes(manifest, path)  # raises on a route that cannot be served
+    check_tokenizers(manifest, served, path)
     matryoshka_dims(manifest, where=path)  # raises on sizes that are not prefixes of the vector
     # a graph a (non-explain) route points at is as required as the contract's own
     needed = [*REQUIRED_GRAPHS, *(g for r, g in served.items()
@@ -233,6 +239,38 @@ def routes(manifest: dict[str, Any], where: str | Path = MANIFEST_NAME) -> dict[
         if not route.endswith("_explain") and graph not in (manifest.get("graphs") or {}):
             raise BundleError(f"{where}: route {route!r} -> {graph!r}, which the bundle lacks")
     return {**ROUTES, **given}
+
+
+def graph_tokenizer(manifest: dict[str, Any], graph: str) -> str:
+    """The file `graph` reads text through: its own "tokenizer" (subword pieces, a Hugging Face
+    tokenizer.json) or the bundle's word vocabulary ("vocab")."""
+    entry = (manifest.get("graphs") or {}).get(graph) or {}
+    return str(entry.get("tokenizer") or manifest.get("vocab", "vocab.json"))
+
+
+def is_piece_tokenizer(file: str, manifest: dict[str, Any]) -> bool:
+    """Whether a `graph_tokenizer` file is a piece tokenizer (not the word vocabulary)."""
+    return file != str(manifest.get("vocab", "vocab.json"))
+
+
+def check_tokenizers(manifest: dict[str, Any], served: dict[str, str], where: str | Path) -> None:
+    """Raise BundleError unless every graph's "tokenizer" is a .json file name listed with a hash
+    and each explain route reads what its route reads (explanations show the model's tokens)."""
+    files = manifest.get("files") or {}
+    for graph, entry in (manifest.get("graphs") or {}).items():
+        name = (entry or {}).get("tokenizer")
+        if name is None:
+            continue
+        listed = not files or name in files
+        if not isinstance(name, str) or "/" in name or not name.endswith(".json") or not listed:
+            raise BundleError(f"{where}: graph {graph!r} names tokenizer {name!r}: expected a .json file of "
+                              "the bundle, listed in its files")
+    for route, graph in served.items():
+        plain = served.get(route.removesuffix("_explain"))
+        if route.endswith("_explain") and plain and graph in (manifest.get("graphs") or {}) \
+                and graph_tokenizer(manifest, graph) != graph_tokenizer(manifest, plain):
+            raise BundleError(f"{where}: route {route!r} reads {graph_tokenizer(manifest, graph)} but "
+                              f"{route.removesuffix('_explain')!r} reads {graph_tokenizer(manifest, plain)}")
 
 
 def matryoshka_dims(manifest: dict[str, Any], dim: int | None = None,

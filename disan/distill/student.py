@@ -66,7 +66,7 @@ class PieceRows:
     def __init__(self, tok: PieceTokenizer, texts: list[str], max_pieces: int, chunk: int = 65536):
         parts, lengths = [], []
         for start in range(0, len(texts), chunk):
-            for ids in tok.encode(texts[start:start + chunk]):
+            for ids in tok.batch_ids(texts[start:start + chunk]):
                 ids = ids[:max_pieces] or [tok.unk_id or 1]
                 parts.append(np.asarray(ids, np.int32))
                 lengths.append(len(ids))

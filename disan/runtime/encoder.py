@@ -132,11 +132,13 @@ class Encoder:
                 f"max_tokens={rt.max_tokens}, long_texts={self.long_texts.value!r})")
 
     # ---- tokenize ----
-    def prepare(self, texts: Sequence[str], numbers: Sequence[int] | None = None) -> Prepared:
-        """Token id rows of `texts`: one per text, or a long text's windows (see the class).
-        `numbers` name the texts in a `TextTooLong` message (corpus row numbers; default: index)."""
-        items, refused = prepare_texts(texts, self.runtime.vocab, self.runtime.max_tokens, self.long_texts,
-                                       self.overlap)
+    def prepare(self, texts: Sequence[str], numbers: Sequence[int] | None = None,
+                route: str = "embed") -> Prepared:
+        """Token id rows of `texts` as `route`'s graph reads them: one per text, or a long text's
+        windows (see the class). `numbers` name the texts in a `TextTooLong` message (corpus row
+        numbers; default: index)."""
+        items, refused = prepare_texts(texts, self.runtime.tokenizer(route), self.runtime.max_tokens,
+                                       self.long_texts, self.overlap)
         if refused:
             first = refused[0]
             raise TextTooLong(numbers[first.index] if numbers is not None else first.index, first.tokens,
@@ -221,8 +223,8 @@ class Encoder:
         if head not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no nli_head graph")
         premises, hypotheses = pair_lists(pairs)
-        u = self.embed_prepared(self.prepare(premises), batch_size, route="nli")
-        v = self.embed_prepared(self.prepare(hypotheses), batch_size, route="nli")
+        u = self.embed_prepared(self.prepare(premises, route="nli"), batch_size, route="nli")
+        v = self.embed_prepared(self.prepare(hypotheses, route="nli"), batch_size, route="nli")
         step = self.limits.max_batch_size
         probs = [self.runtime.graphs[head].run(u[i:i + step], v[i:i + step])[0]
                  for i in range(0, len(u), step)]
@@ -234,7 +236,7 @@ class Encoder:
         probabilities are its windows' pooled by token counts, as its vectors are."""
         if "sentiment" not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no sentiment graph")
-        prepared = self.prepare(text_list(texts))
+        prepared = self.prepare(text_list(texts), route="sentiment")
         rows = prepared.rows
         probs = np.empty((len(rows), len(self.runtime.labels["sentiment"])), dtype=np.float32)
         for idx in self.batches(rows, batch_size):

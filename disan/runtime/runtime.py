@@ -13,7 +13,9 @@ providers actually in use are read from the live sessions, never assumed.
 
 Which graph serves what follows the manifest's routes (`disan.bundle.manifest.routes`, `graph_for`):
 `embed` runs the embed route's encoder (a distilled one in a bundle exported with `--embed`),
-`nli` the NLI route's encoder (the NLI model's own) and then `nli_head`.
+`nli` the NLI route's encoder (the NLI model's own) and then `nli_head`. Each graph reads text
+through the bundle's word vocabulary or the subword tokenizer its manifest entry names
+(`tokenizer(route)`): a distilled piece encoder beside word-level NLI and sentiment models.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from disan.bundle.manifest import (
     GRAPHS,
     TOKEN_AXES,
     BundleError,
+    graph_tokenizer,
     load_manifest,
     routes,
     variant_files,
@@ -43,6 +46,7 @@ from disan.runtime.ort_session import (  # RuntimeOptions is part of this module
     preload_cuda,
     requested_providers,
 )
+from disan.text.pieces import AnyTokenizer, read_tokenizer
 from disan.text.tokenizer import Vocab
 
 __all__ = ["ExplainFlags", "Runtime", "RuntimeOptions", "load_offline"]
@@ -98,6 +102,7 @@ class Runtime(ExplainFlags):
         self.vocab.spelling = options.spelling
         if options.spelling:
             self.vocab.index_spelling()  # now, not on the first request with a misspelt word
+        self.readers: dict[str, AnyTokenizer] = {vocab_file.name: self.vocab}
         providers = requested_providers(options.providers)
         if CUDA in providers:
             preload_cuda()
@@ -135,7 +140,19 @@ class Runtime(ExplainFlags):
     def _load(self, name: str, options: RuntimeOptions, providers: list[str]) -> Graph:
         file = variant_files(self.manifest, self.graph_set, self.variant)[name]
         self.graphs[name] = Graph(name, self.bundle_dir / file, options, providers)
+        reader = graph_tokenizer(self.manifest, name)
+        if reader not in self.readers:
+            try:
+                self.readers[reader] = read_tokenizer(self.bundle_dir / reader)
+            except Exception as exc:  # a missing package says which extra; a bad file, which file
+                raise BundleError(f"{self.bundle_dir / reader}: cannot load the tokenizer of graph "
+                                  f"{name} ({exc})") from exc
         return self.graphs[name]
+
+    def tokenizer(self, route: str = "embed") -> AnyTokenizer:
+        """How texts become the ids of `route`'s graph: the bundle's word vocabulary, or the
+        subword tokenizer the manifest names for that graph (disan.bundle.manifest.graph_tokenizer)."""
+        return self.readers[graph_tokenizer(self.manifest, self.graph_for(route))]
 
     @property
     def provider(self) -> str:
@@ -216,9 +233,10 @@ class Runtime(ExplainFlags):
         """`embed_explain` of the NLI route's encoder (what /nli's explanation runs on)."""
         return self.per_row(self.graph_for("nli_explain"), rows)
 
-    def text_ids(self, text: str) -> list[int]:
-        """Raw text -> token ids cut to `max_tokens` (the offline path; the service checks limits)."""
-        return self.vocab.text_ids(text, self.max_tokens)
+    def text_ids(self, text: str, route: str = "embed") -> list[int]:
+        """Raw text -> `route`'s token ids cut to `max_tokens` (the offline path; the service
+        checks limits)."""
+        return self.tokenizer(route).text_ids(text, self.max_tokens)
 
     def warmup(self) -> None:
         """Run every graph once on a few shapes so first requests do not pay allocation costs."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disan.text.tokenizer import UNK, UNK_TOKEN, Vocab
+from disan.text.pieces import AnyTokenizer
 from disan.text.windowing import LongTextPolicy, pool_windows, split_windows
 
 
@@ -60,7 +60,7 @@ class Refused:
     size: bool
 
 
-def prepare_texts(texts: Sequence[str], vocab: Vocab, max_tokens: int, policy: LongTextPolicy,
+def prepare_texts(texts: Sequence[str], vocab: AnyTokenizer, max_tokens: int, policy: LongTextPolicy,
                   overlap: int = 0, max_tokens_per_text: int | None = None
                   ) -> tuple[list[PreparedText], list[Refused]]:
     """Every text prepared under `policy` (module docstring), and the texts refused; when any
@@ -72,7 +72,7 @@ def prepare_texts(texts: Sequence[str], vocab: Vocab, max_tokens: int, policy: L
         n = len(tokens)
         if n == 0:
             # The model sees one unknown word (every row needs a position); explanations show it.
-            out.append(PreparedText([UNK_TOKEN], [], [[UNK]], empty=True, length=0))
+            out.append(PreparedText([vocab.unk_token], [], [[vocab.unk_id]], empty=True, length=0))
         elif n <= max_tokens:
             ids = vocab.ids(tokens)
             out.append(PreparedText(tokens, ids, [ids], length=n))

@@ -177,6 +177,16 @@ class Encoded:
     lengths: list[int]
 
 
+def pad_rows(rows: Sequence[Sequence[int]], min_len: int = 1) -> Encoded:
+    """Right-pad id lists into an `Encoded` batch."""
+    lengths = [len(r) for r in rows]
+    width = max([min_len, *lengths])
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    return Encoded(ids=ids, mask=ids != PAD, lengths=lengths)
+
+
 class Vocab:
     """Word <-> id map with PAD=0 and UNK=1, saved as JSON next to the model.
 
@@ -187,6 +197,9 @@ class Vocab:
     less than that it is the same in both texts. The rows are existing ones, so this costs no
     bytes; a model whose table is shorter than the vocabulary (a bundle's NLI and sentiment
     models) reads those ids as UNK, as it reads every id past its table."""
+
+    unk_id = UNK  # what an empty text reads as (every row needs one position)
+    unk_token = UNK_TOKEN
 
     def __init__(self, words: Iterable[str], unknown_rows: int = 0):
         self.itos: list[str] = [PAD_TOKEN, UNK_TOKEN]
@@ -302,15 +315,7 @@ class Vocab:
         """Tokenize and pad `texts` (see `text_ids`)."""
         return self.pad([self.text_ids(t, max_len) for t in texts], min_len=min_len)
 
-    @staticmethod
-    def pad(rows: Sequence[Sequence[int]], min_len: int = 1) -> Encoded:
-        """Right-pad id lists into an `Encoded` batch."""
-        lengths = [len(r) for r in rows]
-        width = max([min_len, *lengths])
-        ids = np.zeros((len(rows), width), dtype=np.int64)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
-        return Encoded(ids=ids, mask=ids != PAD, lengths=lengths)
+    pad = staticmethod(pad_rows)
 
     def to_json(self) -> dict:
         extra = {"unknown_rows": self.unknown_rows} if self.unknown_rows else {}

@@ -176,7 +176,7 @@ async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, An
     items = await engine.tokenize_only(body.texts)
     runtime = engine.require_ready()
     limit = runtime.max_tokens
-    vocab = runtime.vocab
+    vocab = runtime.tokenizer("embed")
     return {"model": runtime.name, "max_tokens": limit,
             "results": [{"tokens": t.tokens, "ids": t.ids,
                          "unknown": [i for i, tok in enumerate(t.tokens) if tok not in vocab],

@@ -187,12 +187,13 @@ class Engine:
                       max_tokens_per_request=s.max_tokens_per_request)
 
     def prepare(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts",
-                max_items: int | None = None, member: str = "") -> list[Tokenized]:
-        """Enforce limits cheaply first (count, characters), then tokenize, window and check tokens."""
+                max_items: int | None = None, member: str = "", route: str = "embed") -> list[Tokenized]:
+        """Enforce limits cheaply first (count, characters), then tokenize (as `route`'s graph
+        reads), window and check tokens."""
         runtime = self.require_ready()
         t0 = time.perf_counter()
         self.check_sizes(texts, field, max_items, member)
-        out = prepare_texts(texts, runtime.vocab, self.limits(policy), field, member)
+        out = prepare_texts(texts, runtime.tokenizer(route), self.limits(policy), field, member)
         timing = CURRENT.get()
         if timing is not None:
             timing.tokenize_s += time.perf_counter() - t0
@@ -200,11 +201,12 @@ class Engine:
         return out
 
     async def prepare_async(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts",
-                            max_items: int | None = None, member: str = "") -> list[Tokenized]:
+                            max_items: int | None = None, member: str = "", route: str = "embed"
+                            ) -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
         if sum(map(len, texts)) > _INLINE_CHARS:
-            return await asyncio.to_thread(self.prepare, texts, policy, field, max_items, member)
-        return self.prepare(texts, policy, field, max_items, member)
+            return await asyncio.to_thread(self.prepare, texts, policy, field, max_items, member, route)
+        return self.prepare(texts, policy, field, max_items, member, route)
 
     async def _run(self, graph: str, payloads: list[Any]) -> list[Any]:
         try:
@@ -279,8 +281,10 @@ class Engine:
                                   f"{self.settings.max_texts_per_request} per request")
         if explain:
             self.check_explain(len(pairs), "pairs", encoder_explain)
-        premises = await self.prepare_async([p for p, _ in pairs], policy, "pairs", member=".premise")
-        hypotheses = await self.prepare_async([h for _, h in pairs], policy, "pairs", member=".hypothesis")
+        premises = await self.prepare_async([p for p, _ in pairs], policy, "pairs", member=".premise",
+                                            route="nli")
+        hypotheses = await self.prepare_async([h for _, h in pairs], policy, "pairs", member=".hypothesis",
+                                              route="nli")
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
         if not explain:
@@ -311,7 +315,7 @@ class Engine:
         runtime = self.require_ready()
         if explain:
             self.check_explain(len(texts), "texts", runtime.graph_for("sentiment_explain"))
-        items = await self.prepare_async(texts, policy)
+        items = await self.prepare_async(texts, policy, route="sentiment")
         labels = runtime.labels["sentiment"]
         results = []
         if explain:
@@ -331,7 +335,7 @@ class Engine:
     # ---- tokenizing alone (/tokenize) ----
     async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
         """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
-        vocab = self.require_ready().vocab
+        vocab = self.require_ready().tokenizer("embed")
         self.check_sizes(texts, field)
 
         def run() -> list[Tokenized]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from disan.text.pieces import AnyTokenizer
 from disan.text.prepare import PreparedText, flat_rows, pool
 from disan.text.prepare import prepare_texts as prepare_rows
-from disan.text.tokenizer import Vocab
 from disan.text.windowing import LongTextPolicy
 from service.common.errors import InvalidRequest, RequestTooLarge
 
@@ -63,7 +63,7 @@ def _refusal(problems: list[tuple[bool, str]]) -> InvalidRequest | RequestTooLar
     return RequestTooLarge(message) if any(big for big, _ in problems) else InvalidRequest(message)
 
 
-def prepare_texts(texts: Sequence[str], vocab: Vocab, limits: Limits, field: str = "texts",
+def prepare_texts(texts: Sequence[str], vocab: AnyTokenizer, limits: Limits, field: str = "texts",
                   member: str = "") -> list[Tokenized]:
     """Tokenize `texts` and apply `limits` (module docstring); errors name every offending item."""
     out, refused = prepare_rows(texts, vocab, limits.max_tokens, limits.policy, limits.overlap,

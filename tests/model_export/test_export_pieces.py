@@ -1,0 +1,163 @@
+"""`disan export --embed` with an encoder that reads subword pieces (`disan distill student`): the
+bundle carries its tokenizer.json, the manifest names it for the encoder's graphs, and the runtime,
+`Encoder` and the service read each route's text through its graph's tokenizer (pieces for the
+embedding routes, words for /nli and /sentiment)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import WORDS, make_tiny_checkpoint, wait_ready
+
+from disan.bundle.manifest import BundleError, graph_tokenizer, load_manifest, write_manifest
+from disan.text.tokenizer import Vocab
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+tokenizers = pytest.importorskip("tokenizers")
+
+from disan import Encoder  # noqa: E402
+from disan.runtime.runtime import load_offline  # noqa: E402
+from disan.text.pieces import PieceTokenizer, read_tokenizer  # noqa: E402
+from disan.train.checkpoint import load_checkpoint, model_from_checkpoint, write_checkpoint  # noqa: E402
+from model_export.bundle_diff import compare, route_fingerprints  # noqa: E402
+from model_export.export import build_bundle  # noqa: E402
+from model_export.verify import verify_bundle  # noqa: E402
+
+torch.set_num_threads(1)
+
+# "phytosterol" is a word no vocabulary of the tiny models has: the piece encoder still reads it
+# as pieces it knows, where a word model reads one unknown id.
+TEXTS = ["a man is playing the guitar", "phytosterol lowers cholesterol", "the movie was great !", "dog"]
+
+
+def _piece_tokenizer() -> PieceTokenizer:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    corpus = [" ".join(WORDS)] * 4 + ["phyto sterol cholesterol lowers plays playing"] * 4
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=160, special_tokens=["[UNK]"]))
+    return PieceTokenizer(tok)
+
+
+@pytest.fixture(scope="module")
+def piece_ckpt(tmp_path_factory) -> Path:
+    """A tiny piece encoder checkpoint as `disan distill student` writes one: no word list, its
+    tokenizer.json inside, Matryoshka sizes."""
+    tok = _piece_tokenizer()
+    path = tmp_path_factory.mktemp("pieces") / "student.pt"
+    filler = Vocab([f"w{i}" for i in range(len(tok) - 2)])  # a table of len(tok) rows
+    make_tiny_checkpoint(path, "encoder", filler, [], seed=7, proj_dim=16, embed_dim=12)
+    payload = load_checkpoint(path)
+    payload.update(vocab=[], tokenizer=tok.to_str(), matryoshka_dims=[16, 8])
+    write_checkpoint(path, payload)
+    return path
+
+
+@pytest.fixture(scope="module")
+def piece_bundle(tmp_path_factory, tiny_checkpoints, piece_ckpt) -> Path:
+    out = tmp_path_factory.mktemp("piece-bundle") / "bundle"
+    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=piece_ckpt,
+                 log=lambda *_: None, name="tiny-pieces", sets=("cpu",))
+    return out
+
+
+def _reference(ckpt: Path, texts: list[str]) -> np.ndarray:
+    payload = load_checkpoint(ckpt)
+    model, _, _ = model_from_checkpoint(payload)
+    tok = PieceTokenizer.from_str(payload["tokenizer"])
+    enc = tok.encode(texts)
+    with torch.no_grad():
+        return model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
+
+
+def test_the_manifest_names_the_piece_tokenizer_for_the_encoders_graphs(piece_bundle) -> None:
+    manifest = load_manifest(piece_bundle)
+    assert (piece_bundle / "tokenizer.json").is_file() and "tokenizer.json" in manifest["files"]
+    assert graph_tokenizer(manifest, "encoder") == "tokenizer.json"
+    assert graph_tokenizer(manifest, "nli_encoder") == "vocab.json"
+    assert graph_tokenizer(manifest, "sentiment") == "vocab.json"
+    assert manifest["models"]["embed"]["vocab"]["tokenizer"] == "tokenizer.json"
+    assert manifest["verification"]["passed"]
+    assert manifest["matryoshka_dims"] == [16, 8]
+
+
+def test_each_route_reads_through_its_graphs_tokenizer(piece_bundle, piece_ckpt) -> None:
+    runtime = load_offline(piece_bundle)
+    assert isinstance(runtime.tokenizer("embed"), PieceTokenizer)
+    assert isinstance(runtime.tokenizer("nli"), Vocab) and isinstance(runtime.tokenizer("sentiment"), Vocab)
+    pieces = runtime.tokenizer("embed").tokens("phytosterol")
+    assert len(pieces) > 1 and "[UNK]" not in pieces  # a word no vocabulary has, read as pieces
+    encoder = Encoder(piece_bundle)
+    got, want = encoder.encode(TEXTS), _reference(piece_ckpt, TEXTS)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() > 0.9999, cos
+    assert encoder.encode(TEXTS, dimensions=8).shape == (len(TEXTS), 8)
+    assert [r["label"] for r in encoder.nli([(TEXTS[0], TEXTS[2])])][0] in runtime.labels["nli"]
+    assert len(encoder.sentiment(TEXTS)) == len(TEXTS)
+
+
+def test_verify_checks_the_piece_graphs_with_piece_ids(piece_bundle, piece_ckpt, tiny_checkpoints) -> None:
+    report = verify_bundle(piece_bundle, checkpoints=[piece_ckpt, tiny_checkpoints.nli,
+                                                      tiny_checkpoints.sentiment])
+    assert report["passed"], json.dumps(report)[:2000]
+
+
+def test_the_fingerprint_reads_the_tokenizer_file(piece_bundle, tmp_path) -> None:
+    """Another tokenizer.json is another embed route (the same graphs read other ids); the
+    word routes stay the same."""
+    copy = tmp_path / "copy"
+    shutil.copytree(piece_bundle, copy)
+    data = json.loads((copy / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[5:7]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (copy / "tokenizer.json").write_text(json.dumps(data))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    write_manifest(copy, manifest)
+    diff = compare(piece_bundle, copy)
+    assert "embed" in diff["changed"] and "nli" not in diff["changed"] and "sentiment" not in diff["changed"]
+    assert route_fingerprints(piece_bundle)["embed"] != route_fingerprints(copy)["embed"]
+
+
+def test_a_graph_naming_a_missing_or_odd_tokenizer_is_refused(piece_bundle, tmp_path) -> None:
+    for name in ("../tokenizer.json", "tokenizer.txt", "absent.json"):
+        copy = tmp_path / name.replace("/", "_")
+        shutil.copytree(piece_bundle, copy)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["graphs"]["encoder"]["tokenizer"] = name
+        write_manifest(copy, manifest)
+        with pytest.raises(BundleError, match="tokenizer"):
+            load_manifest(copy)
+
+
+def test_read_tokenizer_tells_words_from_pieces(piece_bundle) -> None:
+    assert isinstance(read_tokenizer(piece_bundle / "vocab.json"), Vocab)
+    assert isinstance(read_tokenizer(piece_bundle / "tokenizer.json"), PieceTokenizer)
+
+
+def test_the_service_tokenizes_and_embeds_with_pieces(piece_bundle, piece_ckpt) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(bundle=piece_bundle, max_wait_ms=1.0))) as client:
+        wait_ready(client.get)
+        tokens = client.post("/tokenize", json={"texts": ["phytosterol"]}).json()["results"][0]
+        assert len(tokens["tokens"]) > 1 and tokens["unknown"] == []
+        body = client.post("/embed", json={"texts": TEXTS}).json()
+        got = np.array([d for d in body["embeddings"]], dtype=np.float32)
+        want = _reference(piece_ckpt, TEXTS)
+        cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        assert cos.min() > 0.9999
+        nli = client.post("/nli", json={"pairs": [{"premise": TEXTS[0], "hypothesis": TEXTS[2]}]})
+        assert nli.status_code == 200, nli.text
+        assert client.post("/sentiment", json={"texts": TEXTS}).status_code == 200
