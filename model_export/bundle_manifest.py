@@ -100,7 +100,14 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
                     "past the NLI and sentiment tables, so those models read it as UNK unless "
                     "they borrow this table (their config's borrowed_rows)"}
     for task in ("nli", "sentiment"):
-        if loaded[task][0].cfg.borrowed_rows:
+        if loaded[task][0].cfg.borrowed_rows and pieces:
+            manifest["models"][task]["borrowed"] = {
+                "from": "own", "rows": loaded[task][0].cfg.borrowed_rows,
+                "note": "ids past the model's own table read rows of the word table it borrowed from the "
+                        "word encoder it was fitted to (disan borrow-words), kept as its own copy "
+                        "(storage `borrowed`, the same bytes for every model that has it) because the "
+                        "bundle's encoder reads subword pieces"}
+        elif loaded[task][0].cfg.borrowed_rows:
             manifest["models"][task]["borrowed"] = {
                 "from": "embed", "rows": loaded[task][0].cfg.borrowed_rows,
                 "note": "ids past the model's own table read the embed model's row (the same stored "

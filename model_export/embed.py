@@ -82,25 +82,32 @@ def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | Non
 
 
 def as_stored(models: dict[str, Any], storage: dict[str, str],
-              matrices: dict[str, str] | None = None) -> None:
+              matrices: dict[str, str] | None = None, keep_borrowed: bool = False) -> None:
     """Make `models` ({task: model}, "embed" the re-indexed encoder) the models a bundle holds, in
     place: each table rounded to its `storage` ({task: storage}), every other parameter to its
     `matrices` storage (default fp32), and a task model that borrows words given the encoder's
     table as stored (after check_borrowed): the references of the parity checks, at export and
-    at `disan verify`."""
+    at `disan verify`. `keep_borrowed` (the encoder reads subword pieces): the task models keep
+    the word table they borrowed, rounded to `storage["borrowed"]`, instead of the encoder's."""
     from model_export.graphs.storage import (  # onnx: with torch, in the train extra
+        BORROWED,
         round_matrices,
+        round_table,
         round_tables,
     )
 
     borrowers = {task: model.encoder for task, model in models.items()
                  if task != "embed" and model.cfg.borrowed_rows}
-    check_borrowed(borrowers, models.get("embed"))
+    if not keep_borrowed:
+        check_borrowed(borrowers, models.get("embed"))
     for task, model in models.items():
         round_tables([model], storage[task])
         round_matrices(model, (matrices or {}).get(task, "fp32"))
-    for encoder in borrowers.values():  # the same values as the encoder's: one copy in the weights file
-        encoder.borrowed.copy_(models["embed"].embed.weight.detach())
+    for task, encoder in borrowers.items():
+        if keep_borrowed:  # both models' copies are the same table: the same bytes, stored once
+            round_table(encoder.borrowed, storage.get(BORROWED, "fp32"), f"{task} (its borrowed words)")
+        else:  # the same values as the encoder's: one copy in the weights file
+            encoder.borrowed.copy_(models["embed"].embed.weight.detach())
 
 
 def task_model_as_stored(model, task: str, storage: dict[str, str], matrices: dict[str, str]) -> None:

@@ -66,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "symmetric, an fp32 scale per row: a quarter) or int8+int4:N (int8 but the "
                         "table's last N rows, the rarest words, in per-row int4: an eighth); "
                         "MODEL=STORAGE sets one model's "
-                        "(nli, sentiment, embed), e.g. int8,nli=fp16,sentiment=fp16. The tables are "
+                        "(nli, sentiment, embed; borrowed: the word table the task models borrowed, "
+                        "kept beside an --embed that reads subword pieces), e.g. "
+                        "int8,nli=fp16,sentiment=fp16. The tables are "
                         "rounded to what is stored before the parity check: checked as shipped")
     parser.add_argument("--matrix-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how every other parameter (attention, heads, projections, an "
@@ -222,7 +224,8 @@ def write_graphs(paths: dict[str, Path], files: set[str], out: Path,
         check_onnx(out / file)
     kinds = sorted(set(storage.values()))
     # written only when some model's are halved: bundles before --matrix-storage read as all fp32
-    matrix_fields = ({"matrix_storage": {task: matrices.get(task, "fp32") for task in storage}}
+    matrix_fields = ({"matrix_storage": {task: matrices.get(task, "fp32") for task in storage
+                                         if task in matrices}}
                      if halved else {})
     matrix_note = "; " + MATRIX_NOTE.format(models=", ".join(halved)) if halved else ""
     return {"file": WEIGHTS_FILE, "tensors": weights.tensors, "bytes": (out / WEIGHTS_FILE).stat().st_size,
@@ -255,6 +258,7 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.embed import as_stored  # torch, as above
+    from model_export.graphs.storage import BORROWED  # onnx, as above
     from model_export.graphs.wrappers import ATTENTION_CHUNK_CELLS
     from model_export.references import references_from_models
     from model_export.verify import FP32_TOL, check_parity
@@ -271,9 +275,11 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
-    tasks = ("nli", "sentiment", "embed") if embed_path else ("nli", "sentiment")
-    storage = storage_by_model(embedding_storage, tasks)
-    matrices = storage_by_model(matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
+    # flag errors before any loading; BORROWED is known once the encoder is (below)
+    storage_by_model(embedding_storage, ("nli", "sentiment", "embed", BORROWED) if embed_path else
+                     ("nli", "sentiment"))
+    storage_by_model(matrix_storage, ("nli", "sentiment", "embed") if embed_path else ("nli", "sentiment"),
+                     MATRIX_STORAGES, "--matrix-storage")
     payloads, loaded = load_sources(nli_path, sentiment_path)
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
@@ -293,8 +299,12 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
             log(f"the encoder reads {len(pieces) - 1} subword pieces ({PIECES_FILE}); /nli and "
                 f"/sentiment read the NLI model's {len(vocab)} words ({VOCAB_FILE})")
         loaded["embed"] = (embed, own_vocab, [])
+    tasks = tuple(loaded)
+    matrices = storage_by_model(matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
+    lent = pieces is not None and any(model.cfg.borrowed_rows for model, _, _ in loaded.values())
+    storage = storage_by_model(embedding_storage, (*tasks, BORROWED) if lent else tasks)
     # the models the graphs and the parity check use hold exactly the stored tables
-    as_stored({task: model for task, (model, _, _) in loaded.items()}, storage, matrices)
+    as_stored({task: model for task, (model, _, _) in loaded.items()}, storage, matrices, keep_borrowed=lent)
     sent_model = loaded["sentiment"][0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

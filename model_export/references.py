@@ -55,8 +55,10 @@ def references_from_checkpoints(manifest: dict[str, Any], places: list[Path],
                 raise ValueError("the bundle's vocabulary is needed to check its distilled encoder")
             model = reindexed(model, own_vocab, vocab)
         models[task] = model
-    as_stored(models, {task: storage_of(manifest, task) for task in models},  # as the export did
-              {task: storage_of(manifest, task, "matrix_storage") for task in models})
+    pieces = any("tokenizer" in (g or {}) for g in (manifest.get("graphs") or {}).values())
+    storage = {task: storage_of(manifest, task) for task in (*models, *(["borrowed"] if pieces else []))}
+    as_stored(models, storage, {task: storage_of(manifest, task, "matrix_storage") for task in models},
+              keep_borrowed=pieces)  # as the export did
     return references_from_models(models["nli"], models["sentiment"], models.get("embed"))
 
 

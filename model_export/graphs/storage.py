@@ -57,6 +57,11 @@ STORAGE_NOTES = {
 }
 
 
+# The storage key ({model: storage}) of the word table task models borrowed, where the bundle's
+# encoder reads subword pieces and so cannot lend its own: the models keep their copy, stored once.
+BORROWED = "borrowed"
+
+
 def table_name(task: str) -> str:
     """The initializer name of `task`'s word-vector table."""
     return f"{task}/{TABLE_KEYS.get(task, EMBEDDING)}"
@@ -66,9 +71,10 @@ def table_storages(storage: dict[str, str]) -> dict[str, str]:
     """{initializer name: storage} of the word-vector tables, from {model: storage}: each model's
     own table, and a task model's borrowed copy of the encoder's table in the encoder's storage,
     so that both are the same bytes and the shared weights file holds them once."""
-    names = {table_name(task): kind for task, kind in storage.items()}
-    if "embed" in storage:
-        names |= {f"{task}/{BORROWED_KEY}": storage["embed"] for task in storage if task != "embed"}
+    names = {table_name(task): kind for task, kind in storage.items() if task != BORROWED}
+    lent = storage.get(BORROWED, storage.get("embed"))  # BORROWED: kept beside a piece encoder
+    if lent is not None:
+        names |= {f"{task}/{BORROWED_KEY}": lent for task in storage if task not in ("embed", BORROWED)}
     return names
 
 

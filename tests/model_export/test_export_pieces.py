@@ -62,10 +62,24 @@ def piece_ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def piece_bundle(tmp_path_factory, tiny_checkpoints, piece_ckpt) -> Path:
+def borrowed(tmp_path_factory, tiny_checkpoints) -> Path:
+    """The tiny sentiment model reading the words past its table through a word encoder's."""
+    from disan.cli import main
+
+    root = tmp_path_factory.mktemp("lent")
+    lender = make_tiny_checkpoint(root / "lender.pt", "encoder", Vocab(["violin", "piano", *WORDS]), [],
+                                  seed=5, proj_dim=16, embed_dim=12)
+    assert main(["distill", "borrow-words", str(tiny_checkpoints.sentiment), str(lender),
+                 str(root / "sentiment.pt")]) == 0
+    return root / "sentiment.pt"
+
+
+@pytest.fixture(scope="module")
+def piece_bundle(tmp_path_factory, tiny_checkpoints, borrowed, piece_ckpt) -> Path:
+    """NLI, a sentiment model that borrowed a word table, and the piece encoder (one export)."""
     out = tmp_path_factory.mktemp("piece-bundle") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=piece_ckpt,
-                 log=lambda *_: None, name="tiny-pieces", sets=("cpu",))
+    build_bundle(tiny_checkpoints.nli, borrowed, out, embed_path=piece_ckpt, log=lambda *_: None,
+                 name="tiny-pieces", sets=("cpu",), embedding_storage="fp32,borrowed=int8")
     return out
 
 
@@ -104,9 +118,9 @@ def test_each_route_reads_through_its_graphs_tokenizer(piece_bundle, piece_ckpt)
     assert len(encoder.sentiment(TEXTS)) == len(TEXTS)
 
 
-def test_verify_checks_the_piece_graphs_with_piece_ids(piece_bundle, piece_ckpt, tiny_checkpoints) -> None:
-    report = verify_bundle(piece_bundle, checkpoints=[piece_ckpt, tiny_checkpoints.nli,
-                                                      tiny_checkpoints.sentiment])
+def test_verify_checks_the_piece_graphs_with_piece_ids(piece_bundle, piece_ckpt, tiny_checkpoints,
+                                                      borrowed) -> None:
+    report = verify_bundle(piece_bundle, checkpoints=[piece_ckpt, tiny_checkpoints.nli, borrowed])
     assert report["passed"], json.dumps(report)[:2000]
 
 
@@ -161,3 +175,23 @@ def test_the_service_tokenizes_and_embeds_with_pieces(piece_bundle, piece_ckpt) 
         nli = client.post("/nli", json={"pairs": [{"premise": TEXTS[0], "hypothesis": TEXTS[2]}]})
         assert nli.status_code == 200, nli.text
         assert client.post("/sentiment", json={"texts": TEXTS}).status_code == 200
+
+
+def test_task_models_keep_the_word_table_they_borrowed(piece_bundle, borrowed) -> None:
+    """A piece encoder cannot lend its table: the sentiment model keeps its own borrowed copy,
+    stored (int8 here) and served as exported (the verify test checks it too)."""
+    from conftest import loaded, run_texts
+
+    from model_export.graphs.storage import round_table
+
+    manifest = load_manifest(piece_bundle)
+    assert manifest["verification"]["passed"]
+    assert manifest["models"]["sentiment"]["borrowed"]["from"] == "own"
+    assert manifest["weights"]["embedding_storage"]["borrowed"] == "int8"
+    model, vocab = loaded(borrowed)
+    round_table(model.encoder.borrowed, "int8", "sentiment")
+    texts = ["a man is playing the violin", "piano", "the movie was great !"]
+    want = torch.softmax(torch.from_numpy(run_texts(model, vocab, texts)), -1).numpy()
+    got = Encoder(piece_bundle).sentiment(texts)
+    labels = manifest["models"]["sentiment"]["labels"]
+    np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in got], want, atol=1e-5, rtol=0)
