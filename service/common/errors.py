@@ -164,7 +164,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
     """(type, one-line message) for a body that failed parsing or validation (pydantic errors)."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return "malformed_json", "request body is not valid JSON"
-    if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
+    if any(format_loc(e.get("loc", ())) == "body" and isinstance(e.get("input"), bytes) for e in errors):
         # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
         return "malformed_json", NOT_JSON_MESSAGE
     for e in errors:
