@@ -43,7 +43,9 @@ log = logging.getLogger("disan.service")
 LOAD_FAILURE_STATUS = 3
 
 DESCRIPTION = """DiSAN sentence embeddings, NLI and sentiment over onnxruntime with dynamic
-micro-batching. Errors always have the body `{"error": {"type", "message"}}`."""
+micro-batching, with OpenAI's, text-embeddings-inference's (TEI) and Cohere/Jina's rerank API beside
+its own. Errors have the body `{"error": {"type", "message"}}`; a TEI-shaped request's have TEI's
+`{"error", "error_type"}`."""
 
 
 class DisanApp(FastAPI):
