@@ -1,5 +1,5 @@
 """bench/rerank.py stays runnable: both of its rows against a live `disan serve` on the tiny
-bundle (one worker, a few rounds, a one-second stream).
+bundle (one worker, a few rounds, a two-second stream: the probe starts after one).
 
 Needs the tiny bundle (torch, onnx) and the service's dependencies; skips without.
 """
@@ -19,7 +19,7 @@ from bench import rerank  # noqa: E402 - after the skips: it imports the service
 def test_cost_and_stream_rows_against_a_live_server(tiny_bundle, tmp_path, capsys):
     out = tmp_path / "rerank.json"
     code = rerank.main(["--bundle", str(tiny_bundle), "--workers", "1", "--passages", "5", "--rounds", "3",
-                        "--seconds", "1", "--clients", "2", "--machine", "test", "--json", str(out)])
+                        "--seconds", "2", "--clients", "2", "--machine", "test", "--json", str(out)])
     assert code == 0, capsys.readouterr().err
     result = json.loads(out.read_text())
     rows = {r["attack"]: r for r in result["rows"]}
