@@ -28,9 +28,10 @@ from disan.bundle.manifest import matryoshka_dims
 from service.common.errors import Unauthorized
 from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
 from service.http.asgi import BodyPolicy, GateMiddleware, send_error
+from service.http.endpoints import HANDLERS
 from service.http.errors import install_error_handlers
 from service.http.fastpath import InferenceFastPath, bearer_credentials, header_value
-from service.http.handlers import HANDLERS, api_key_ok
+from service.http.handlers import api_key_ok
 from service.http.protocol import HOOKS_KEY, HttpHooks
 from service.http.routes import AUTH, DOCS_PAGES, inference, install_pages, router
 from service.inference.admission import Admission
@@ -42,7 +43,9 @@ log = logging.getLogger("disan.service")
 LOAD_FAILURE_STATUS = 3
 
 DESCRIPTION = """DiSAN sentence embeddings, NLI and sentiment over onnxruntime with dynamic
-micro-batching. Errors always have the body `{"error": {"type", "message"}}`."""
+micro-batching, with OpenAI's, text-embeddings-inference's (TEI) and Cohere/Jina's rerank API beside
+its own. Errors have the body `{"error": {"type", "message"}}`; a TEI-shaped request's have TEI's
+`{"error", "error_type"}`."""
 
 
 class DisanApp(FastAPI):

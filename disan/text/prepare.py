@@ -61,7 +61,7 @@ class Refused:
 
 
 def prepare_texts(texts: Sequence[str], vocab: AnyTokenizer, max_tokens: int, policy: LongTextPolicy,
-                  overlap: int = 0, max_tokens_per_text: int | None = None
+                  overlap: int = 0, max_tokens_per_text: int | None = None, keep_end: bool = False
                   ) -> tuple[list[PreparedText], list[Refused]]:
     """Every text prepared under `policy` (module docstring), and the texts refused; when any
     is refused, the prepared list lacks them (callers raise)."""
@@ -77,7 +77,7 @@ def prepare_texts(texts: Sequence[str], vocab: AnyTokenizer, max_tokens: int, po
             ids = vocab.ids(tokens)
             out.append(PreparedText(tokens, ids, [ids], length=n))
         elif policy is LongTextPolicy.TRUNCATE:
-            tokens = tokens[:max_tokens]
+            tokens = tokens[-max_tokens:] if keep_end else tokens[:max_tokens]
             ids = vocab.ids(tokens)
             out.append(PreparedText(tokens, ids, [ids], truncated=True, length=n))
         elif policy is LongTextPolicy.ERROR:

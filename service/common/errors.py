@@ -1,6 +1,8 @@
 """The service's error types and the ONE table mapping them to HTTP status codes (FastAPI-free).
 
-Every error response has the stable body ``{"error": {"type": ..., "message": ...}}``.
+Every error response has the stable body ``{"error": {"type": ..., "message": ...}}``, except that
+a request in text-embeddings-inference's shape gets TEI's ``{"error": ..., "error_type": ...}``
+(`tei_error_body`), with the same status code.
 500s log the details server-side and return a generic message (never a traceback or input echo).
 FastAPI's exception handlers that answer with this table live in `service.http.errors`; the
 engine, the batcher and the fast path use the types without importing FastAPI.
@@ -120,6 +122,24 @@ def error_body(etype: str, message: str, param: str | None = None, code: str | N
     return {"error": {"type": etype, "message": message, "param": param, "code": code}}
 
 
+# TEI's `error_type` (its ErrorType enum: Unhealthy, Backend, Overloaded, Validation, Tokenizer,
+# Empty) for the types of the table; every other type (a bad body, a limit, the API key) is TEI's
+# Validation. The status code stays the table's.
+TEI_ERROR_TYPES: dict[str, str] = {"overloaded": "Overloaded", "not_ready": "Unhealthy",
+                                   "internal_error": "Backend", "client_closed_request": "Backend"}
+
+
+def tei_error_body(etype: str, message: str) -> dict[str, Any]:
+    """text-embeddings-inference's error body, `{"error", "error_type"}`, for TEI-shaped requests."""
+    return {"error": message, "error_type": TEI_ERROR_TYPES.get(etype, "Validation")}
+
+
+def family_error_body(tei: bool, etype: str, message: str, param: str | None = None,
+                      code: str | None = None) -> dict[str, Any]:
+    """The error body of a request's family: TEI's for TEI-shaped requests, ours otherwise."""
+    return tei_error_body(etype, message) if tei else error_body(etype, message, param, code)
+
+
 # Type tags pydantic puts in an error's location for a union member ("input.constrained-str.0"):
 # not fields, so they are left out of the location a client reads.
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
@@ -144,7 +164,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str]:
     """(type, one-line message) for a body that failed parsing or validation (pydantic errors)."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return "malformed_json", "request body is not valid JSON"
-    if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
+    if any(format_loc(e.get("loc", ())) == "body" and isinstance(e.get("input"), bytes) for e in errors):
         # FastAPI hands over raw bytes when the Content-Type is not JSON (e.g. curl -d's form type).
         return "malformed_json", NOT_JSON_MESSAGE
     for e in errors:

@@ -27,11 +27,12 @@ from service.common.errors import (
     RequestTimeout,
     RequestTooLarge,
     ServiceError,
-    error_body,
+    family_error_body,
 )
 from service.common.metrics import Metrics
 from service.common.timing import CURRENT, RequestTiming
 from service.http.schemas import TOKEN_IDS_MESSAGE
+from service.http.tei_schemas import is_tei
 from service.inference.admission import Admission
 
 T = TypeVar("T")
@@ -183,9 +184,11 @@ async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, exc: ServiceError) -> None:
-    """An error of the table, answered directly (no app below was called)."""
-    await send_json(send, exc.status, orjson.dumps(error_body(exc.type, exc.message)), exc.headers)
+async def send_error(send: Send, exc: ServiceError, tei: bool = False) -> None:
+    """An error of the table, answered directly (no app below was called); `tei`: in TEI's shape
+    (a route only TEI has: the body, unread, cannot say)."""
+    await send_json(send, exc.status, orjson.dumps(family_error_body(tei, exc.type, exc.message)),
+                    exc.headers)
 
 
 class GateMiddleware:
@@ -214,7 +217,7 @@ class GateMiddleware:
             if inference:
                 self.admission.enter()
         except ServiceError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, is_tei(scope["path"], None))
             return
         replayed = False
 

@@ -5,7 +5,7 @@ stack cost about as much CPU as the model itself (bench/overhead.py; the figures
 bench/RESULTS.md, "per-request overhead").
 
 `DisanApp.__call__` (service.main) hands a request to `InferenceFastPath` before FastAPI's
-middleware stack runs when `claims` says so: POST on a path of `handlers.HANDLERS`, and no CORS
+middleware stack runs when `claims` says so: POST on a path of `endpoints.HANDLERS`, and no CORS
 `Origin` to answer (browsers' requests take FastAPI's path, which has the CORS middleware). Every
 other request, OpenAPI included, is FastAPI's. What the stack would have done is done here with
 the same code: admission control before the body is read, the body policy
@@ -38,14 +38,16 @@ from service.common.errors import (
     MalformedJSON,
     ServiceError,
     Unauthorized,
-    error_body,
+    family_error_body,
     public_message,
     validation_message,
 )
 from service.common.metrics import Metrics
 from service.common.timing import CURRENT, RequestTiming
 from service.http.asgi import BodyPolicy, content_length, send_error, send_json, unless_disconnected
-from service.http.handlers import HANDLERS, api_key_ok, encode_json
+from service.http.endpoints import HANDLERS
+from service.http.handlers import api_key_ok, encode_json
+from service.http.tei_schemas import is_tei
 from service.inference.admission import Admission
 from service.inference.engine import Engine
 
@@ -79,6 +81,11 @@ def is_json(content_type: str | None) -> bool:
 def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
     """Validate `body` against the request model exactly as FastAPI does (stdlib json, then
     pydantic in python mode), raising the error its path would report."""
+    return validate_body(model, load_json(body, content_type))
+
+
+def load_json(body: bytes, content_type: str | None) -> Any:
+    """The body's JSON, parsed as FastAPI parses it, or the error its path would report."""
     if not body:
         raise InvalidRequest("body: Field required")
     if not is_json(content_type):
@@ -91,6 +98,11 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
         raise MalformedJSON("request body nests too deeply") from None
     except ValueError:  # undecodable bytes: FastAPI's own 400 message
         raise MalformedJSON("There was an error parsing the body") from None
+    return data
+
+
+def validate_body(model: Any, data: Any) -> Any:
+    """`data` as the request model (strict pydantic, python mode), or FastAPI's path's error."""
     try:
         return model.model_validate(data, from_attributes=True)
     except ValidationError as exc:
@@ -99,7 +111,7 @@ def parse_body(model: Any, body: bytes, content_type: str | None) -> Any:
 
 
 class InferenceFastPath:
-    """Serves POST on `handlers.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
+    """Serves POST on `endpoints.HANDLERS` paths ahead of FastAPI (see the module docstring)."""
 
     def __init__(self, engine: Engine, metrics: Metrics, policy: BodyPolicy, admission: Admission,
                  cors: bool):
@@ -136,7 +148,7 @@ class InferenceFastPath:
                 admitted = True
             except ServiceError as exc:
                 status = exc.status
-                await send_error(send, exc)
+                await send_error(send, exc, is_tei(path, None))
                 return
             token = CURRENT.set(timing)
             status, body, headers = await self._answer(path, scope, receive, body)
@@ -151,16 +163,20 @@ class InferenceFastPath:
 
     async def _answer(self, path: str, scope: Scope, receive: Receive,
                       body: bytes) -> tuple[int, bytes, dict]:
-        """(status, JSON body, headers) of an admitted request."""
+        """(status, JSON body, headers) of an admitted request; errors in the shape of the
+        request's family (TEI's or ours: service.http.tei_schemas.is_tei)."""
         model, handler = self.endpoints[path]
+        data = None
         try:
-            request = parse_body(model, body, header_value(scope, b"content-type"))
+            data = load_json(body, header_value(scope, b"content-type"))
+            request = validate_body(model, data)
             payload = await unless_disconnected(receive, handler(request, self.engine))
         except ServiceError as exc:
             message = public_message(exc, path)
-            return exc.status, orjson.dumps(error_body(exc.type, message, exc.param, exc.code)), exc.headers
+            error = family_error_body(is_tei(path, data), exc.type, message, exc.param, exc.code)
+            return exc.status, orjson.dumps(error), exc.headers
         except Exception:  # same answer as the app's catch-all handler
             log.exception("unhandled error on %s", path)
-            return (ERROR_TABLE["internal_error"][0],
-                    orjson.dumps(error_body("internal_error", "internal server error")), {})
+            return (ERROR_TABLE["internal_error"][0], orjson.dumps(
+                family_error_body(is_tei(path, data), "internal_error", "internal server error")), {})
         return 200, encode_json(payload), {}

@@ -1,7 +1,8 @@
 """Inference handlers, HTTP-neutral: a validated request model + the engine -> a JSON-able dict.
 
 Both front ends call these: FastAPI's routes (service.http.routes) and the fast path
-(service.http.fastpath). Neither this module nor the engine knows about ASGI or FastAPI, so a new
+(service.http.fastpath), through the path table of service.http.endpoints.
+Neither this module nor the engine knows about ASGI or FastAPI, so a new
 front end (gRPC, a queue consumer) would call the same functions.
 """
 
@@ -9,13 +10,11 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel
 
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
@@ -41,8 +40,8 @@ def api_key_ok(engine: Engine, credentials: str | None) -> bool:
                                                               key.get_secret_value().encode())
 
 
-def encode_json(payload: dict[str, Any]) -> bytes:
-    """orjson bytes of a route result (numpy arrays written as lists)."""
+def encode_json(payload: Any) -> bytes:
+    """orjson bytes of a route result (a dict, or a TEI route's list; numpy arrays written as lists)."""
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -199,16 +198,16 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
             raise RequestTooLarge(f"pairs: {len(body.pairs)} items, at most {limit} per request")
         a, tokens_a = await vectors([p.a for p in body.pairs], "pairs", ".a")
         b, tokens_b = await vectors([p.b for p in body.pairs], "pairs", ".b")
-        out["scores"] = _cosine((a * b).sum(axis=1)).tolist()
+        out["scores"] = cosines((a * b).sum(axis=1)).tolist()
         tokens = tokens_a + tokens_b
     else:
         assert body.texts is not None  # the request model allows no other form
         docs, tokens = await vectors(body.texts, "texts")
         if body.query is None:
-            out["matrix"] = _cosine(docs @ docs.T).tolist()
+            out["matrix"] = cosines(docs @ docs.T).tolist()
         else:
             query, query_tokens = await vectors([body.query], OneText("query"))
-            scores = _cosine(docs @ query[0])
+            scores = cosines(docs @ query[0])
             order = np.argsort(-scores, kind="stable")[: body.top_k]
             out["ranking"] = [{"index": int(i), "score": float(scores[i])} for i in order]
             tokens += query_tokens
@@ -216,19 +215,6 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
     return out
 
 
-def _cosine(dots: np.ndarray) -> np.ndarray:
+def cosines(dots: np.ndarray) -> np.ndarray:
     """Dot products of unit vectors as float64 cosines (rounding can leave them just past +-1)."""
     return np.clip(dots.astype(np.float64), -1.0, 1.0)
-
-
-# path -> (request model, handler): what service.http.fastpath serves without FastAPI's routing.
-HANDLERS: dict[str, tuple[type[BaseModel], Callable[[Any, Engine], Awaitable[dict[str, Any]]]]] = {
-    "/embed": (EmbedRequest, embed_result),
-    "/nli": (NLIRequest, nli_result),
-    "/sentiment": (SentimentRequest, sentiment_result),
-    "/v1/embeddings": (OpenAIEmbeddingsRequest, openai_embeddings_result),
-    "/tokenize": (TokenizeRequest, tokenize_result),
-    "/similarity": (SimilarityRequest, similarity_result),
-}
-
-

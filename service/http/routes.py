@@ -19,20 +19,18 @@ from fastapi.staticfiles import StaticFiles
 from disan.bundle.manifest import fingerprints_in_use, matryoshka_dims
 from service.common.errors import ERROR_TABLE, Unauthorized
 from service.http.asgi import unless_disconnected
+from service.http.endpoints import embed_any, root_any, similarity_any, tokenize_any
+from service.http.errors import TEI_SCOPE_KEY
 from service.http.handlers import (
     api_key_ok,
     check_model,
-    embed_result,
     encode_json,
     models_result,
     nli_result,
     openai_embeddings_result,
     sentiment_result,
-    similarity_result,
-    tokenize_result,
 )
 from service.http.schemas import (
-    EmbedRequest,
     EmbedResponse,
     ErrorResponse,
     Info,
@@ -44,11 +42,25 @@ from service.http.schemas import (
     OpenAIModelList,
     SentimentRequest,
     SentimentResponse,
-    SimilarityRequest,
     SimilarityResponse,
     Status,
-    TokenizeRequest,
     TokenizeResponse,
+)
+from service.http.tei import cohere_rerank_result, predict_result, rerank_result, tei_info
+from service.http.tei_schemas import (
+    EMBED_BODY,
+    ROOT_BODY,
+    SIMILARITY_BODY,
+    TEI_MODELS,
+    TOKENIZE_BODY,
+    CohereRerankRequest,
+    CohereRerankResponse,
+    TEIErrorResponse,
+    TEIPrediction,
+    TEIPredictRequest,
+    TEIRank,
+    TEIRerankRequest,
+    TEISimpleToken,
 )
 from service.inference.engine import Engine
 
@@ -71,20 +83,25 @@ async def require_api_key(engine: EngineDep,
         raise Unauthorized()
 
 
-def _errors(*types: str) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entries for these error types, all with the shared error body."""
-    return {ERROR_TABLE[t][0]: {"model": ErrorResponse, "description": ERROR_TABLE[t][1]} for t in types}
+def _errors(*types: str, model: Any = ErrorResponse) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error types, all with the shared error body (or
+    `model`: TEI's, or either on the routes both families share)."""
+    return {ERROR_TABLE[t][0]: {"model": model, "description": ERROR_TABLE[t][1]} for t in types}
 
 
-_INFER_ERRORS = _errors("malformed_json", "request_too_large", "invalid_request", "overloaded",
-                        "internal_error", "not_ready")
+_INFER_TYPES = ("malformed_json", "request_too_large", "invalid_request", "overloaded", "internal_error",
+                "not_ready")
+_INFER_ERRORS = _errors(*_INFER_TYPES)
+# TEI's routes answer TEI's error body; the shared ones the body of the request's family.
+_TEI_ERRORS = _errors(*_INFER_TYPES, model=TEIErrorResponse)
+_EITHER_ERRORS = _errors(*_INFER_TYPES, model=ErrorResponse | TEIErrorResponse)
 # Attached by create_app only when an API key is configured, so /openapi.json tells the truth.
 AUTH = {"dependencies": [Depends(require_api_key)], "responses": _errors("unauthorized")}
 router = APIRouter()
 inference = APIRouter(responses=_INFER_ERRORS)
 
 
-def json_response(payload: dict[str, Any]) -> Response:
+def json_response(payload: Any) -> Response:
     """Serialise a route's result directly (numpy arrays included) with orjson.
 
     The routes build exactly their declared response model's shape (tests validate every
@@ -95,10 +112,69 @@ def json_response(payload: dict[str, Any]) -> Response:
     return Response(encode_json(payload), media_type="application/json")
 
 
-@inference.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings")
-async def embed(body: EmbedRequest, request: Request, engine: EngineDep) -> Response:
-    """Embed each text with the DiSAN encoder; `normalize` L2-normalises the vectors."""
-    return json_response(await unless_disconnected(request.receive, embed_result(body, engine)))
+def _family(request: Request, body: Any) -> None:
+    """Mark a TEI-shaped request, so its errors are answered in TEI's shape (service.http.errors)."""
+    if isinstance(body, TEI_MODELS):
+        request.scope[TEI_SCOPE_KEY] = True
+
+
+TEI_VECTORS = list[list[float]]
+
+
+@inference.post("/embed", response_model=EmbedResponse | TEI_VECTORS, responses=_EITHER_ERRORS,
+                summary="Sentence embeddings (ours, or TEI's body)")
+async def embed(body: EMBED_BODY, request: Request, engine: EngineDep) -> Response:
+    """Embed each text with the DiSAN encoder; `normalize` L2-normalises the vectors.
+
+    A body with `inputs` is text-embeddings-inference's (`inputs`, `normalize` (default true),
+    `truncate`, `truncation_direction`, `dimensions`), answered as TEI does: a bare list of
+    vectors; errors then have TEI's body `{"error", "error_type"}`."""
+    _family(request, body)
+    return json_response(await unless_disconnected(request.receive, embed_any(body, engine)))
+
+
+@inference.post("/", response_model=TEI_VECTORS | list[float], responses=_TEI_ERRORS,
+                summary="text-embeddings-inference's root route: embed, or similarity")
+async def tei_root(body: ROOT_BODY, request: Request, engine: EngineDep) -> Response:
+    """TEI's `POST /`, where huggingface_hub's `InferenceClient(base_url=...)` posts: TEI's embed
+    body (`inputs` a string or a list) -> a list of vectors; its similarity body (`inputs`:
+    {source_sentence, sentences}) -> a cosine per sentence. `GET /` is the playground."""
+    return json_response(await unless_disconnected(request.receive, root_any(body, engine)))
+
+
+@inference.post("/rerank", response_model=list[TEIRank], responses=_TEI_ERRORS,
+                summary="Rerank texts for a query (TEI's; bi-encoder cosine)")
+async def rerank(body: TEIRerankRequest, request: Request, engine: EngineDep) -> Response:
+    """TEI's `POST /rerank`: `[{index, score[, text]}]`, best first, for every text. The score is
+    the cosine of the query's and the text's served vectors (a bi-encoder ranking, the vectors
+    /embed sends), not a cross-encoder's: GET /info `rerank` says so. Up to
+    max_texts_per_request texts (TEI's max_client_batch_size)."""
+    return json_response(await unless_disconnected(request.receive, rerank_result(body, engine)))
+
+
+@inference.post("/v1/rerank", response_model=CohereRerankResponse, responses=_errors("not_found"),
+                summary="Cohere/Jina-compatible rerank (bi-encoder cosine)")
+async def cohere_rerank(body: CohereRerankRequest, request: Request, engine: EngineDep) -> Response:
+    """Cohere's and Jina's `POST /v1/rerank`: `documents` (strings or `{text}`), `top_n`,
+    `return_documents` (default true) -> `{id, model, results: [{index, relevance_score[,
+    document]}], usage}`, best first. `relevance_score` is the cosine of the served vectors (in
+    [-1, 1], not Cohere's calibrated [0, 1])."""
+    return json_response(await unless_disconnected(request.receive, cohere_rerank_result(body, engine)))
+
+
+@inference.post("/v2/rerank", response_model=CohereRerankResponse, responses=_errors("not_found"),
+                summary="Cohere v2 rerank (as /v1/rerank)")
+async def cohere_rerank_v2(body: CohereRerankRequest, request: Request, engine: EngineDep) -> Response:
+    """Cohere's v2 `POST /v2/rerank` (its ClientV2): answered as /v1/rerank."""
+    return json_response(await unless_disconnected(request.receive, cohere_rerank_result(body, engine)))
+
+
+@inference.post("/predict", response_model=list[TEIPrediction] | list[list[TEIPrediction]],
+                responses=_TEI_ERRORS, summary="Classification in TEI's shape (sentiment; NLI for pairs)")
+async def predict(body: TEIPredictRequest, request: Request, engine: EngineDep) -> Response:
+    """TEI's `POST /predict`: a text -> the sentiment model's classes, a pair [premise, hypothesis]
+    -> the NLI model's, each `[{label, score}]` most probable first; a batch -> a list of them."""
+    return json_response(await unless_disconnected(request.receive, predict_result(body, engine)))
 
 
 @inference.post("/nli", response_model=NLIResponse, summary="Natural language inference")
@@ -143,19 +219,25 @@ async def openai_model(model: str, engine: EngineDep) -> dict:
     return next(m for m in models_result(engine)["data"] if m["id"] == model)
 
 
-@inference.post("/tokenize", response_model=TokenizeResponse, summary="The model's tokens")
-async def tokenize(body: TokenizeRequest, request: Request, engine: EngineDep) -> Response:
+@inference.post("/tokenize", response_model=TokenizeResponse | list[list[TEISimpleToken]],
+                responses=_EITHER_ERRORS, summary="The model's tokens (ours, or TEI's body)")
+async def tokenize(body: TOKENIZE_BODY, request: Request, engine: EngineDep) -> Response:
     """Tokens and vocabulary ids as the model sees them, and whether each text is over
-    `max_tokens` (our tokens are not tiktoken's: chunk long documents with these counts)."""
-    return json_response(await unless_disconnected(request.receive, tokenize_result(body, engine)))
+    `max_tokens` (our tokens are not tiktoken's: chunk long documents with these counts).
+    A body with `inputs` is TEI's: per text, TEI's token objects `{id, text, special, start, stop}`."""
+    _family(request, body)
+    return json_response(await unless_disconnected(request.receive, tokenize_any(body, engine)))
 
 
-@inference.post("/similarity", response_model=SimilarityResponse, response_model_exclude_none=True,
-                summary="Cosine similarity of sentences")
-async def similarity(body: SimilarityRequest, request: Request, engine: EngineDep) -> Response:
+@inference.post("/similarity", response_model=SimilarityResponse | list[float],
+                response_model_exclude_none=True, responses=_EITHER_ERRORS,
+                summary="Cosine similarity of sentences (ours, or TEI's body)")
+async def similarity(body: SIMILARITY_BODY, request: Request, engine: EngineDep) -> Response:
     """`pairs` -> a cosine per pair; `query` + `texts` -> texts ranked by cosine (best first,
-    `top_k` keeps the best k); `texts` alone -> the matrix of all pairs."""
-    return json_response(await unless_disconnected(request.receive, similarity_result(body, engine)))
+    `top_k` keeps the best k); `texts` alone -> the matrix of all pairs. TEI's body (`inputs`:
+    {source_sentence, sentences}, optional `parameters`) -> a bare list of cosines, in order."""
+    _family(request, body)
+    return json_response(await unless_disconnected(request.receive, similarity_any(body, engine)))
 
 
 def model_configs(manifest: dict) -> dict[str, dict]:
@@ -193,6 +275,7 @@ async def info(engine: EngineDep) -> dict:
     s = engine.settings
     m = rt.manifest
     return {
+        **tei_info(engine),
         "model": rt.name, "dim": rt.dim, "matryoshka_dims": matryoshka_dims(m, rt.dim),
         "provider": rt.provider, "providers": rt.providers,
         "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,

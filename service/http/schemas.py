@@ -179,33 +179,34 @@ def _is_token_ids(value: object) -> bool:
     return ints(value) or (isinstance(value, list) and bool(value) and all(ints(v) for v in value))
 
 
-def _locations(indices: list[int]) -> str:
-    return ", ".join(f"input[{i}]" for i in indices)
+def _locations(indices: list[int], field: str) -> str:
+    return ", ".join(f"{field}[{i}]" for i in indices)
 
 
-def input_problem(value: object) -> str | None:
-    """What is wrong with an OpenAI `input`, naming every offending item; None when nothing is.
+def input_problem(value: object, field: str = "input", token_ids: str = TOKEN_IDS_MESSAGE) -> str | None:
+    """What is wrong with an OpenAI `input` (or TEI's `inputs`: `field`), naming every offending
+    item; None when nothing is. `token_ids` is the answer to token-id input.
 
     Each case has its own message (pydantic's union errors said "Input should be a valid string
     (and 1 more)" to all of them)."""
     if isinstance(value, str):
-        return "input: the empty string; send at least one character" if not value else None
+        return f"{field}: the empty string; send at least one character" if not value else None
     if not isinstance(value, list):
-        return (f"input: got {_JSON_TYPES.get(type(value), type(value).__name__)}, expected a string "
+        return (f"{field}: got {_JSON_TYPES.get(type(value), type(value).__name__)}, expected a string "
                 "or a non-empty list of strings")
     if not value:
-        return "input: the list is empty; send at least one string"
+        return f"{field}: the list is empty; send at least one string"
     if _is_token_ids(value):
-        return TOKEN_IDS_MESSAGE
+        return token_ids
     empty = [i for i, v in enumerate(value) if v == ""]
     wrong = [i for i, v in enumerate(value) if not isinstance(v, str)]
     parts = []
     if empty:
-        parts.append(f"{_locations(empty)}: the empty string (send at least one character; texts of "
-                     "only spaces or control characters are embedded as the empty text)")
+        parts.append(f"{_locations(empty, field)}: the empty string (send at least one character; texts "
+                     "of only spaces or control characters are embedded as the empty text)")
     if wrong:
         kinds = sorted({_JSON_TYPES.get(type(value[i]), type(value[i]).__name__) for i in wrong})
-        parts.append(f"{_locations(wrong)}: not a string (got {', '.join(kinds)})")
+        parts.append(f"{_locations(wrong, field)}: not a string (got {', '.join(kinds)})")
     return "; ".join(parts) or None
 
 
@@ -277,6 +278,30 @@ class Status(BaseModel):
 
 
 class Info(BaseModel):
+    # text-embeddings-inference's fields (its GET /info), for clients written for TEI
+    model_id: str = Field(description="TEI's: the served model's name")
+    served_model_name: str = Field(description="TEI's: the served model's name")
+    model_sha: str | None = Field(description="TEI's: the embed route's fingerprint "
+                                  "(bundle.route_fingerprints)")
+    model_dtype: str = Field(description="TEI's: the graph variant's number type (float32, float16, int8)")
+    model_type: dict[str, dict[str, str]] = Field(description="TEI's: {embedding: {pooling: source2token}}; "
+                                                  "/predict and /rerank are served too")
+    max_concurrent_requests: int = Field(description="TEI's: = limits.max_concurrent_requests")
+    max_input_length: int = Field(description="TEI's: the window (limits.max_tokens); longer texts are "
+                                  "windowed or truncated as long_text says")
+    max_batch_tokens: int = Field(description="TEI's: max_batch_size x max_input_length")
+    max_batch_requests: int | None = Field(description="TEI's: null (no such limit)")
+    max_client_batch_size: int = Field(description="TEI's: texts per request (limits.max_texts_per_request)")
+    auto_truncate: bool = Field(description="TEI's: true when long texts are accepted without truncate "
+                                "(the server's long_text is window or truncate)")
+    tokenization_workers: int
+    version: str = Field(description="this server's version")
+    sha: str | None = None
+    docker_label: str | None = None
+    rerank: dict[str, str | list[str]] = Field(
+        description="how /rerank, /v1/rerank and /v2/rerank score: the cosine of the query's and each "
+        "text's served vectors (a bi-encoder ranking, not a cross-encoder)")
+    # ours
     model: str
     dim: int
     matryoshka_dims: list[int] = Field(description="the `dimensions` /embed and /v1/embeddings take, "

@@ -34,6 +34,7 @@ from service.inference.explain import (
     token_weights,
 )
 from service.inference.longtext import (
+    TRUNCATE_LEFT,
     Limits,
     Tokenized,
     check_chars,
@@ -179,10 +180,13 @@ class Engine:
         check_chars(texts, field, member, s.max_chars_per_text)
 
     def limits(self, policy: LongTextPolicy | str) -> Limits:
-        """The long-text limits of a request under `policy` (service.inference.longtext)."""
+        """The long-text limits of a request under `policy` (service.inference.longtext; its
+        TRUNCATE_LEFT is truncate keeping the end)."""
         s = self.settings
         window = self.require_ready().max_tokens  # the setting, capped by the bundle's max_len
-        return Limits(max_tokens=window, policy=LongTextPolicy(policy),
+        keep_end = policy == TRUNCATE_LEFT
+        return Limits(max_tokens=window, keep_end=keep_end,
+                      policy=LongTextPolicy.TRUNCATE if keep_end else LongTextPolicy(policy),
                       overlap=min(s.window_overlap, window - 1), max_tokens_per_text=s.max_tokens_per_text,
                       max_tokens_per_request=s.max_tokens_per_request)
 
@@ -331,6 +335,21 @@ class Engine:
             results = [sentiment_prediction(row, labels) for row in probs]
         return results, sum(len(t.ids) for t in items)
 
+
+    async def embed_together(self, groups: list[tuple[list[str], str]], policy: LongTextPolicy | str,
+                             max_items: int | None = None) -> list[tuple[np.ndarray, list[Tokenized]]]:
+        """Normalised vectors of several lists of texts (rerank's query and its texts), each list
+        checked and tokenized under its own field (errors name `query`, `texts[3]`), then all their
+        rows queued in the batcher at once: one pass, as /embed of them all would take."""
+        prepared = [await self.prepare_async(texts, policy, field, max_items) for texts, field in groups]
+        outs = await self._run_rows(self.require_ready().graph_for("embed"),
+                                    [row for items in prepared for row in flat_rows(items)])
+        results, start = [], 0
+        for items in prepared:
+            rows = len(flat_rows(items))
+            results.append((normalized(pool_rows(items, outs[start:start + rows])), items))
+            start += rows
+        return results
 
     # ---- tokenizing alone (/tokenize) ----
     async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:

@@ -28,12 +28,15 @@ from service.common.errors import InvalidRequest, RequestTooLarge
 Tokenized = PreparedText
 # One result per text from the results of `flat_rows(items)`.
 pool_rows = pool
-__all__ = ["Limits", "OneText", "Tokenized", "check_chars", "flat_rows", "location", "pool_rows",
-           "prepare_texts", "require_fitting"]
+__all__ = ["TRUNCATE_LEFT", "Limits", "OneText", "Tokenized", "check_chars", "flat_rows", "location",
+           "pool_rows", "prepare_texts", "require_fitting"]
 
 # How to get an over-long text embedded, where it is refused (long_text=error).
 _ERROR_HINTS = {"input": "the server's openai_long_text is error; window or truncate embed it"}
 _DEFAULT_HINT = "send long_text=window or long_text=truncate"
+# The policy of a TEI request with truncate=true and truncation_direction=left: truncate, keeping
+# the text's last max_tokens tokens (service.inference.engine.Engine.limits reads it).
+TRUNCATE_LEFT = "truncate_left"
 
 
 class OneText(str):
@@ -55,6 +58,7 @@ class Limits:
     overlap: int = 0            # tokens shared by consecutive windows
     max_tokens_per_text: int = 8192
     max_tokens_per_request: int = 1 << 20
+    keep_end: bool = False      # truncate keeps the last max_tokens tokens (TRUNCATE_LEFT)
 
 
 def _refusal(problems: list[tuple[bool, str]]) -> InvalidRequest | RequestTooLarge:
@@ -67,7 +71,7 @@ def prepare_texts(texts: Sequence[str], vocab: AnyTokenizer, limits: Limits, fie
                   member: str = "") -> list[Tokenized]:
     """Tokenize `texts` and apply `limits` (module docstring); errors name every offending item."""
     out, refused = prepare_rows(texts, vocab, limits.max_tokens, limits.policy, limits.overlap,
-                                limits.max_tokens_per_text)
+                                limits.max_tokens_per_text, limits.keep_end)
     problems: list[tuple[bool, str]] = []
     for r in refused:
         where = location(field, r.index, member)
