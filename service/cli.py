@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     except BundleError as exc:
         print(f"disan serve: unusable bundle: {exc}", file=sys.stderr)
         return 2
+    if settings.otlp_endpoint is not None:
+        # late, as uvicorn below; a missing `tracing` extra is one line before the server starts
+        from service.http.tracing import require_sdk
+
+        require_sdk()
 
     import uvicorn  # imported late: `disan serve --help` and the checks above stay fast
 

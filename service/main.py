@@ -12,6 +12,7 @@ key set, everything else needs it, the API documentation (/docs, /redoc, /openap
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -34,6 +35,8 @@ from service.http.fastpath import InferenceFastPath, bearer_credentials, header_
 from service.http.handlers import api_key_ok
 from service.http.protocol import HOOKS_KEY, HttpHooks
 from service.http.routes import AUTH, DOCS_PAGES, inference, install_pages, router
+from service.http.tracing import Tracing
+from service.http.tracing import from_settings as tracing_from_settings
 from service.inference.admission import Admission
 from service.inference.engine import Engine
 from service.settings import Settings
@@ -54,8 +57,16 @@ class DisanApp(FastAPI):
 
     fast_path: InferenceFastPath | None = None
     engine: Engine | None = None
+    tracing: Tracing | None = None  # with an OTLP endpoint set (service.http.tracing)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.tracing is not None:
+            await self.tracing(scope, receive, send, self.serve)
+            return
+        await self.serve(scope, receive, send)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One ASGI call: the fast path's, the docs' key check, or FastAPI's stack."""
         if self.fast_path is not None and self.fast_path.claims(scope):
             await self.fast_path(scope, receive, send)
             return
@@ -111,6 +122,8 @@ def create_app(settings: Settings | None = None) -> DisanApp:
                                         begin_drain=engine.begin_drain)}
         finally:
             await engine.stop()
+            if app.tracing is not None:  # the spans still buffered go out (bounded by the exporter)
+                await asyncio.to_thread(app.tracing.shutdown)
 
     # docs_url/redoc_url None: FastAPI's pages load from a CDN; install_pages serves local copies.
     app = DisanApp(title="disan-serve", version=disan.__version__, description=DESCRIPTION,
@@ -136,6 +149,8 @@ def create_app(settings: Settings | None = None) -> DisanApp:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(MetricsMiddleware, metrics=metrics, route_of=RouteLabels(app.router.routes))
+    # Off unless an OTLP endpoint is set; then MissingDependency names the extra if it is missing.
+    app.tracing = tracing_from_settings(settings, RouteLabels(app.router.routes), paths=HANDLERS)
     return app
 
 

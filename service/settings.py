@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from disan.runtime.ort_session import OptimizationLevel, Providers, Variant
@@ -46,7 +46,10 @@ def default_bundle_dir() -> Path:
 class Settings(BaseSettings):
     """Service configuration; see the module docstring for how to set each field."""
 
-    model_config = SettingsConfigDict(env_prefix="DISAN_", extra="ignore", validate_default=True)
+    # populate_by_name: the fields that also read a standard variable (validation_alias) are still
+    # set by name (`disan serve`'s flags, tests).
+    model_config = SettingsConfigDict(env_prefix="DISAN_", extra="ignore", validate_default=True,
+                                      populate_by_name=True)
 
     # --- where and what to serve ---
     bundle: Path = Field(default_factory=default_bundle_dir,
@@ -187,6 +190,19 @@ class Settings(BaseSettings):
     max_explain_tokens: int = Field(1024, ge=1, le=10_000_000, description="tokens (after truncation) "
                                     "per request with explain=true; more -> 413, checked before inference")
 
+    # --- tracing (OpenTelemetry; needs the `tracing` extra) ---
+    # Off unless an endpoint is set; the standard OTEL_* variables work as for any OpenTelemetry SDK
+    # (as text-embeddings-inference's --otlp-endpoint). service.http.tracing says what is traced.
+    otlp_endpoint: str | None = Field(
+        None, validation_alias=AliasChoices("DISAN_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OTLP/HTTP collector to send a trace of each request to (base URL, e.g. "
+        "http://otel-collector:4318; /v1/traces is added); also read from the standard "
+        "OTEL_EXPORTER_OTLP_ENDPOINT; unset: no tracing. Needs the tracing extra")
+    otlp_service_name: str = Field(
+        "disan-serve", min_length=1,
+        validation_alias=AliasChoices("DISAN_OTLP_SERVICE_NAME", "OTEL_SERVICE_NAME"),
+        description="service.name of the traces; also read from the standard OTEL_SERVICE_NAME")
+
     @field_validator("cors_origins", "model_aliases", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
@@ -204,6 +220,14 @@ class Settings(BaseSettings):
         # `DISAN_API_KEY=` (an empty line in an .env file) must not lock every client out.
         if isinstance(value, str) and not value.strip():
             return None
+        return value
+
+    @field_validator("otlp_endpoint", mode="before")
+    @classmethod
+    def _empty_endpoint_is_none(cls, value: object) -> object:
+        # `OTEL_EXPORTER_OTLP_ENDPOINT=` (set empty in a compose file) means no tracing.
+        if isinstance(value, str):
+            return value.strip() or None
         return value
 
     @model_validator(mode="after")

@@ -23,6 +23,10 @@ time a call slot is free the worker builds ONE call:
 4. deliver each result, or the call's exception, to every waiting future. A failing call never
    kills the worker; items whose caller went away (cancelled future) are skipped.
 
+Each item remembers its call (`_Call`: when it ran, how big it was), from which `run` adds the
+request's queue and model time to its `RequestTiming`, and, while the request is traced, one
+`queue` stage and one `inference` stage per call that ran its items (service.http.tracing).
+
 The pending items are bounded: a request that does not fit is refused at once (`Overloaded`, 429)
 and a request's items are enqueued all-or-nothing. `abort` fails every pending and running item at
 once (the drain deadline: callers answer 503 instead of being cut off).
@@ -41,7 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from disan.runtime.batching import split_by_cells
 from service.common.errors import NotReady, Overloaded
-from service.common.timing import RequestTiming
+from service.common.timing import RequestTiming, Stage
 
 log = logging.getLogger("disan.service.batcher")
 
@@ -63,14 +67,24 @@ class BatchStats:
     on_depth: Callable[[str, int], None] | None = None  # graph, pending items
 
 
+@dataclass(eq=False, slots=True)
+class _Call:
+    """One onnxruntime call: its number in this batcher, its rows, when it ran."""
+
+    seq: int
+    size: int
+    longest: int  # the longest row's length: every row of the call is padded to it
+    started: float
+    finished: float = 0.0
+
+
 @dataclass(eq=False)
 class _Item:
     payload: Any
     length: int
     future: asyncio.Future
     request: _Request | None = None
-    started: float = 0.0
-    finished: float = 0.0
+    call: _Call | None = None  # the call that ran it
 
 
 @dataclass(eq=False)
@@ -107,6 +121,7 @@ class MicroBatcher(Generic[P, R]):
         self.stats = stats or BatchStats()
         self._queue: deque[_Request] = deque()  # arrival order
         self._calls = 0
+        self._ran = 0  # calls started (their `_Call.seq`)
         self._depth = 0  # items in self._queue (cancelled ones until they are dropped)
         self._running: set[tuple[_Item, ...]] = set()
         self._wakeup = asyncio.Event()
@@ -188,11 +203,26 @@ class MicroBatcher(Generic[P, R]):
                     it.future.exception()  # mark retrieved: one failure is reported, not N warnings
             raise
         if timing is not None:
-            first = min(it.started for it in items)
+            first = min(it.call.started for it in items)
             timing.queue_s += first - request.enqueued
-            timing.inference_s += max(it.finished for it in items) - first
+            timing.inference_s += max(it.call.finished for it in items) - first
             timing.inferred = True
+            if timing.stages is not None:
+                self._trace(timing.stages, request.enqueued, first, items)
         return results
+
+    def _trace(self, stages: list[Stage], enqueued: float, first: float, items: list[_Item]) -> None:
+        """A traced request's `queue` stage (enqueued -> its first call began) and one `inference`
+        stage per call that ran some of its items, with that call's size (all requests' rows)."""
+        stages.append(Stage("queue", enqueued, first, {"disan.graph": self.name, "disan.rows": len(items)}))
+        lengths: dict[_Call, list[int]] = {}
+        for it in items:
+            lengths.setdefault(it.call, []).append(it.length)
+        for call, mine in lengths.items():
+            stages.append(Stage("inference", call.started, call.finished, {
+                "disan.graph": self.name, "disan.batch.id": f"{self.name}#{call.seq}",
+                "disan.batch.size": call.size, "disan.batch.padded_tokens": call.size * call.longest,
+                "disan.rows": len(mine), "disan.tokens": sum(mine)}))
 
     def _enqueue(self, payloads: Sequence[P]) -> tuple[_Request, list[_Item]]:
         if self._closing or not self.running:
@@ -332,9 +362,11 @@ class MicroBatcher(Generic[P, R]):
         cells = len(items) * items[-1].length ** 2
         running = tuple(items)
         self._running.add(running)
-        t0 = time.perf_counter()
+        self._ran += 1
+        call = _Call(self._ran, len(items), items[-1].length, time.perf_counter())
+        t0 = call.started
         for it in items:
-            it.started = t0
+            it.call = call
         try:
             results = await loop.run_in_executor(self.executor, self.runner,
                                                  [it.payload for it in items])
@@ -352,9 +384,7 @@ class MicroBatcher(Generic[P, R]):
             return
         finally:
             self._running.discard(running)
-            t1 = time.perf_counter()
-            for it in items:
-                it.finished = t1
+            t1 = call.finished = time.perf_counter()
             self._last_batch_s = 0.8 * self._last_batch_s + 0.2 * (t1 - t0)
             self._item_s = 0.8 * self._item_s + 0.2 * (t1 - t0) / len(items)
             if self.stats.on_batch:

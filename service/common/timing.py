@@ -5,12 +5,26 @@ The front end (fast path or FastAPI's gate middleware) puts a fresh `RequestTimi
 front end then reports it as histograms (service.common.metrics) and as TEI-style response headers.
 A context variable reaches the handler because each request runs in one task (both front ends
 await the handler directly; threads started with asyncio.to_thread copy the context).
+
+While a request is traced (service.http.tracing, OpenTelemetry), `stages` is a list and the engine
+and the batcher append one `Stage` per tokenizing, queueing and model call to it, which become
+the request span's children; otherwise it is None and they record nothing (one `is None` test).
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Stage(NamedTuple):
+    """One step of a traced request: `time.perf_counter()` start and end, span attributes."""
+
+    name: str  # "tokenize", "queue", "inference"
+    start: float
+    end: float
+    attributes: dict[str, Any]
 
 
 @dataclass
@@ -22,6 +36,7 @@ class RequestTiming:
     inference_s: float = 0.0  # its first sentence started -> its last one finished
     tokens: int = 0
     inferred: bool = False  # the request reached the model (else there is nothing to report)
+    stages: list[Stage] | None = None  # a list only while the request is traced
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """Raw ASGI headers: milliseconds, like text-embeddings-inference's."""

@@ -231,7 +231,7 @@ class GateMiddleware:
         if not inference:
             await self.app(scope, replay, send)
             return
-        timing = RequestTiming()
+        timing = CURRENT.get() or RequestTiming()  # the tracing's, while traced
         token = CURRENT.set(timing)
 
         async def send_with_timing(message: Message) -> None:

@@ -131,7 +131,7 @@ class InferenceFastPath:
         path = scope["path"]
         t0 = time.perf_counter()
         status = 500  # what the metrics say if the client leaves before an answer is sent
-        timing = RequestTiming()
+        timing = CURRENT.get() or RequestTiming()  # the tracing's, while traced
         token: Token | None = None
         admitted = False
         try:

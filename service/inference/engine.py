@@ -25,7 +25,7 @@ from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
 from service.common.batching_defaults import Batching, resolve_batching
 from service.common.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
 from service.common.metrics import Metrics, multiprocess_dir
-from service.common.timing import CURRENT
+from service.common.timing import CURRENT, Stage
 from service.common.workers import WorkerReadiness
 from service.inference.explain import (
     leave_one_out_rows,
@@ -200,8 +200,14 @@ class Engine:
         out = prepare_texts(texts, runtime.tokenizer(route), self.limits(policy), field, member)
         timing = CURRENT.get()
         if timing is not None:
-            timing.tokenize_s += time.perf_counter() - t0
-            timing.tokens += sum(len(t.ids) for t in out)
+            t1 = time.perf_counter()
+            timing.tokenize_s += t1 - t0
+            tokens = sum(len(t.ids) for t in out)
+            timing.tokens += tokens
+            if timing.stages is not None:
+                timing.stages.append(Stage("tokenize", t0, t1, {
+                    "disan.texts": len(texts), "disan.rows": sum(len(t.rows) for t in out),
+                    "disan.tokens": tokens}))
         return out
 
     async def prepare_async(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts",

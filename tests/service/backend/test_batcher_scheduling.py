@@ -225,6 +225,47 @@ def test_run_reports_queue_and_inference_time():
     assert 0.05 <= timing.inference_s < 1.0  # two calls of 30 ms
 
 
+def test_a_traced_request_records_its_queue_and_each_call_it_shared():
+    """With `stages` (a traced request, service.http.tracing) `run` adds one queue stage and one
+    inference stage per call that ran its items: the call's size counts every request's rows, the
+    request's rows and tokens its own; requests batched together name the same call. Untraced,
+    nothing is recorded."""
+    from service.common.timing import RequestTiming
+
+    runner = FakeRunner(delay=0.01)
+    texts = [["aaaa", "bb"], ["c", "ddd"], ["e"]]
+
+    async def main():
+        b = make(runner, max_batch_size=3, max_wait_ms=100, max_batch_cells=10**9)
+        await b.start()
+        traced = [RequestTiming(stages=[]) for _ in texts]
+        plain = RequestTiming()
+        await asyncio.gather(*(b.run(t, timing) for t, timing in zip(texts, traced, strict=True)),
+                             b.run(["f"], plain))
+        await b.stop()
+        return traced, plain
+
+    traced, plain = run(main())
+    assert plain.stages is None and plain.inferred
+    assert traced[0].stages[0].attributes == {"disan.graph": "test", "disan.rows": 2}
+    calls: dict[str, list[dict]] = {}
+    for request, timing in zip(texts, traced, strict=True):
+        queue, *inference = timing.stages
+        assert queue.name == "queue" and inference and all(s.name == "inference" for s in inference)
+        assert queue.start <= queue.end == min(s.start for s in inference)
+        assert sum(s.attributes["disan.rows"] for s in inference) == len(request)
+        assert sum(s.attributes["disan.tokens"] for s in inference) == sum(map(len, request))
+        for s in inference:
+            assert s.start < s.end and s.attributes["disan.graph"] == "test"
+            calls.setdefault(s.attributes["disan.batch.id"], []).append(s.attributes)
+    assert len(calls) == len(runner.batches) == 2  # 6 rows, 3 a call
+    assert any(len(attrs) > 1 for attrs in calls.values())  # a call shared by two requests
+    for attrs in calls.values():
+        size = attrs[0]["disan.batch.size"]
+        assert size == 3 and {a["disan.batch.size"] for a in attrs} == {size}
+        assert sum(a["disan.rows"] for a in attrs) <= size <= attrs[0]["disan.batch.padded_tokens"]
+
+
 def test_a_small_request_runs_in_the_next_call_while_the_old_big_one_progresses():
     """A one-sentence request never waits for more than the call in flight while the oldest
     request is being served anyway: the oldest-first turn is only forced on a request that
