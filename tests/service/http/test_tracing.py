@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from disan.optional import MissingDependency
 from service.common.metrics import RouteLabels
-from service.http.handlers import HANDLERS
+from service.http.endpoints import HANDLERS
 from service.http.tracing import FLUSH_S, TRACES_PATH, Tracing, protocol, traces_endpoint
 from service.main import create_app
 from service.settings import Settings
