@@ -18,6 +18,7 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +45,50 @@ FP16_NOTE = ("onnxruntime float16 converter on the gpu set's fp32 graphs (keep_i
              "fp32 (shared with the fp32 graphs) and cast when the session loads; meant for CUDA")
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    """What `build_bundle` exports: the checkpoints, the bundle's folder, its graph sets and
+    variants, how its weights are stored; `disan export` builds one from its flags (whose
+    defaults are these)."""
+
+    nli: Path                          # the NLI checkpoint: nli_head and /nli's encoder
+    sentiment: Path                    # the sentiment checkpoint
+    out: Path                          # the bundle's folder
+    embed: Path | None = None          # a distilled encoder serving the embedding routes
+    max_len: int = 128                 # the longest input the service accepts
+    sets: tuple[str, ...] = ("cpu", "gpu")  # graph sets: cpu (chunked attention), gpu (unchunked)
+    fp16: bool = True                  # the gpu set's fp16 variant (its default) beside fp32
+    int8: bool = False                 # a dynamically quantised cpu variant
+    int8_embedding: bool = True        # the int8 variant quantises the word-vector table too
+    dev_data: Path | None = None       # staged data: the variants' agreement, served accuracy
+    dev_limit: int = 2000              # dev examples per task for agreement
+    force: bool = False                # replace an existing bundle at out
+    name: str = "disan"                # the model name the service reports
+    chunk_cells: int | None = None     # cpu set's attention chunks (None: ATTENTION_CHUNK_CELLS; 0: off)
+    embedding_storage: str | dict[str, str] = "fp32"  # word-vector tables (storage_by_model)
+    matrix_storage: str | dict[str, str] = "fp32"     # every other parameter: fp32 or fp16
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `disan export`."""
+    d = ExportConfig  # the defaults
     parser.add_argument("--nli", required=True, type=Path, help="NLI checkpoint (.pt)")
     parser.add_argument("--sentiment", required=True, type=Path, help="sentiment checkpoint (.pt)")
     parser.add_argument("--embed", type=Path, help="a distilled sentence encoder checkpoint (task "
                         "'encoder', from `disan pretrain`) to serve /embed, /v1/embeddings, /similarity "
                         "and encode(); /nli keeps the NLI model's own encoder")
     parser.add_argument("--out", required=True, type=Path, help="bundle directory to write")
-    parser.add_argument("--max-len", type=int, default=128, help="longest input the service accepts")
-    parser.add_argument("--sets", nargs="+", choices=sorted(GRAPH_SETS), default=sorted(GRAPH_SETS),
+    parser.add_argument("--max-len", type=int, default=d.max_len, help="longest input the service accepts")
+    parser.add_argument("--sets", nargs="+", choices=sorted(GRAPH_SETS), default=list(d.sets),
                         help="graph sets to write: cpu (chunked attention) and/or gpu (unchunked)")
     parser.add_argument("--no-fp16", dest="fp16", action="store_false",
                         help="gpu set in fp32 only (default: fp16, the set's default, plus fp32)")
     parser.add_argument("--quantize", choices=["int8"], help="also write a dynamically quantised cpu set")
-    parser.add_argument("--int8-embedding", choices=["int8", "fp32"], default="int8",
+    parser.add_argument("--int8-embedding", choices=["int8", "fp32"],
+                        default="int8" if d.int8_embedding else "fp32",
                         help="int8 variant: quantise the embedding table too (4x smaller) or keep fp32")
-    parser.add_argument("--embedding-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
+    parser.add_argument("--embedding-storage", default=d.embedding_storage,
+                        metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how the word-vector tables are stored (in the file and in a running "
                         "fp32 graph): fp32, fp16 (halves the largest tensors) or int8 (per-row "
                         "symmetric, an fp32 scale per row: a quarter) or int8+int4:N (int8 but the "
@@ -70,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "kept beside an --embed that reads subword pieces), e.g. "
                         "int8,nli=fp16,sentiment=fp16. The tables are "
                         "rounded to what is stored before the parity check: checked as shipped")
-    parser.add_argument("--matrix-storage", default="fp32", metavar="STORAGE[,MODEL=STORAGE...]",
+    parser.add_argument("--matrix-storage", default=d.matrix_storage, metavar="STORAGE[,MODEL=STORAGE...]",
                         help="how every other parameter (attention, heads, projections, an "
                         "ensemble's members) is stored: fp32, or fp16 (half their bytes; each is cast "
                         "to fp32 once when the session loads); MODEL=STORAGE as for "
@@ -78,10 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dev-data", type=Path, help="staged data root (snli/dev.jsonl.gz, "
                         "sst/sst5_dev.jsonl.gz) for the variants' agreement with fp32; its test sets "
                         "(SNLI, SST-5, SST-2), where staged, give the manifest's served_accuracy")
-    parser.add_argument("--dev-limit", type=int, default=2000, help="dev examples per task for agreement")
+    parser.add_argument("--dev-limit", type=int, default=d.dev_limit,
+                        help="dev examples per task for agreement")
     parser.add_argument("--force", action="store_true", help="replace an existing bundle in --out")
-    parser.add_argument("--name", default="disan", help="model name the service reports (manifest `name`)")
-    parser.add_argument("--attention-chunk-cells", type=int, default=None, metavar="N",
+    parser.add_argument("--name", default=d.name, help="model name the service reports (manifest `name`)")
+    parser.add_argument("--attention-chunk-cells", type=int, default=d.chunk_cells, metavar="N",
                         help="cpu set: compute the token2token attention in query-row chunks of ~N "
                         "pairs (an ONNX Scan; default 1024, the fastest with 1 ORT thread per call, "
                         "bench/packing.py); 0: unchunked, like the gpu set")
@@ -247,14 +276,8 @@ def storage_note(storage: str) -> str:
     return STORAGE_NOTES[storage_kind(storage)].format(rows=int4_rows(storage))
 
 
-def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: int = 128,
-                 sets: tuple[str, ...] = ("cpu", "gpu"), fp16: bool = True, int8: bool = False,
-                 int8_embedding: bool = True, dev_data: Path | None = None, dev_limit: int = 2000,
-                 force: bool = False, log=print, name: str = "disan",
-                 chunk_cells: int | None = None, embedding_storage: str | dict[str, str] = "fp32",
-                 embed_path: Path | None = None,
-                 matrix_storage: str | dict[str, str] = "fp32") -> dict[str, Any]:
-    """Export, verify and atomically install a bundle at `out`; return its manifest."""
+def build_bundle(cfg: ExportConfig, log=print) -> dict[str, Any]:
+    """Export, verify and atomically install a bundle at `cfg.out`; return its manifest."""
     # torch and onnx: imported when exporting (see load_sources)
     from model_export.agreement import agreement_data, meets_bars, variant_agreement
     from model_export.embed import as_stored  # torch, as above
@@ -263,24 +286,23 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     from model_export.references import references_from_models
     from model_export.verify import FP32_TOL, check_parity
 
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (force and (out / MANIFEST_NAME).is_file()):
+    out, max_len, embed_path = Path(cfg.out), cfg.max_len, cfg.embed
+    if out.exists() and any(out.iterdir()) and not (cfg.force and (out / MANIFEST_NAME).is_file()):
         raise ValueError(f"{out}: exists and is not empty (use --force to replace an existing bundle)")
     if max_len < 1:
         raise ValueError(f"--max-len must be >= 1, got {max_len}")
-    chunk_cells = ATTENTION_CHUNK_CELLS if chunk_cells is None else chunk_cells
+    chunk_cells = ATTENTION_CHUNK_CELLS if cfg.chunk_cells is None else cfg.chunk_cells
     if chunk_cells < 0:
         raise ValueError(f"--attention-chunk-cells must be >= 0, got {chunk_cells}")
-    sets = tuple(sorted(set(sets)))
+    sets = tuple(sorted(set(cfg.sets)))
     unknown = [s for s in sets if s not in GRAPH_SETS]
     if unknown or not sets:
         raise ValueError(f"--sets: choose from {sorted(GRAPH_SETS)}, got {list(sets)}")
     # flag errors before any loading; BORROWED is known once the encoder is (below)
-    storage_by_model(embedding_storage, ("nli", "sentiment", "embed", BORROWED) if embed_path else
-                     ("nli", "sentiment"))
-    storage_by_model(matrix_storage, ("nli", "sentiment", "embed") if embed_path else ("nli", "sentiment"),
-                     MATRIX_STORAGES, "--matrix-storage")
-    payloads, loaded = load_sources(nli_path, sentiment_path)
+    named = ("nli", "sentiment", "embed") if embed_path else ("nli", "sentiment")
+    storage_by_model(cfg.embedding_storage, (*named, BORROWED) if embed_path else named)
+    storage_by_model(cfg.matrix_storage, named, MATRIX_STORAGES, "--matrix-storage")
+    payloads, loaded = load_sources(cfg.nli, cfg.sentiment)
     nli_model, vocab = loaded["nli"][0], loaded["nli"][1]
     embed = None
     pieces = None  # the distilled encoder's subword tokenizer, when it reads pieces
@@ -300,9 +322,9 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
                 f"/sentiment read the NLI model's {len(vocab)} words ({VOCAB_FILE})")
         loaded["embed"] = (embed, own_vocab, [])
     tasks = tuple(loaded)
-    matrices = storage_by_model(matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
+    matrices = storage_by_model(cfg.matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
     lent = pieces is not None and any(model.cfg.borrowed_rows for model, _, _ in loaded.values())
-    storage = storage_by_model(embedding_storage, (*tasks, BORROWED) if lent else tasks)
+    storage = storage_by_model(cfg.embedding_storage, (*tasks, BORROWED) if lent else tasks)
     # the models the graphs and the parity check use hold exactly the stored tables
     as_stored({task: model for task, (model, _, _) in loaded.items()}, storage, matrices, keep_borrowed=lent)
     sent_model = loaded["sentiment"][0]
@@ -311,15 +333,16 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
     tmp.chmod(0o755)  # mkdtemp's 0700 would keep the bundle from a server running as another user
     try:
         with tempfile.TemporaryDirectory(prefix="disan-export-") as stage:
-            layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage), (sets, fp16, int8),
-                                                  chunk_cells, int8_embedding, log, embed)
+            layout, paths, aliases = stage_graphs(nli_model, sent_model, Path(stage),
+                                                  (sets, cfg.fp16, cfg.int8), chunk_cells,
+                                                  cfg.int8_embedding, log, embed)
             files = {f for variants in layout.values() for v in variants.values() for f in v.values()}
             weights = {**write_graphs(paths, files, tmp, storage, matrices), "aliases": aliases}
         vocab.save(tmp / VOCAB_FILE)
         if pieces is not None:
             pieces.save(tmp / PIECES_FILE)
-        paths_by_task = {"nli": nli_path, "sentiment": sentiment_path, "embed": embed_path}
-        manifest = bundle_manifest(name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
+        paths_by_task = {"nli": cfg.nli, "sentiment": cfg.sentiment, "embed": embed_path}
+        manifest = bundle_manifest(cfg.name, vocab, max_len, layout, chunk_cells, weights, loaded, payloads,
                                    {t: p for t, p in paths_by_task.items() if t in loaded})
         write_manifest(tmp, manifest)  # hashes first, so the checks below see a complete bundle
         manifest["route_fingerprints"] = route_fingerprints(tmp, manifest)
@@ -334,16 +357,16 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
             for variant in variants:
                 if variant == "fp32":
                     continue
-                data = data or agreement_data(dev_data, vocab, dev_limit)
+                data = data or agreement_data(cfg.dev_data, vocab, cfg.dev_limit)
                 entry = manifest["sets"][s]["variants"][variant]
                 entry["agreement_vs_fp32"] = variant_agreement(tmp, manifest, s, variant, data)
                 entry["meets_bars"] = meets_bars(entry["agreement_vs_fp32"])
                 if variant == "fp16":
                     entry["note"] = FP16_NOTE
                 else:
-                    entry["embedding"] = "int8" if int8_embedding else "fp32"
-        if dev_data is not None and dev_data.is_dir():
-            manifest["served_accuracy"] = served_accuracy(tmp, dev_data, log)
+                    entry["embedding"] = "int8" if cfg.int8_embedding else "fp32"
+        if cfg.dev_data is not None and cfg.dev_data.is_dir():
+            manifest["served_accuracy"] = served_accuracy(tmp, cfg.dev_data, log)
         write_manifest(tmp, manifest)
         load_manifest(tmp)  # the service's own check must accept what we wrote
         if not passed:
@@ -360,13 +383,12 @@ def build_bundle(nli_path: Path, sentiment_path: Path, out: Path, *, max_len: in
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan export`."""
-    manifest = build_bundle(args.nli, args.sentiment, args.out, max_len=args.max_len, sets=tuple(args.sets),
-                            embed_path=args.embed,
-                            fp16=args.fp16, int8=args.quantize == "int8",
-                            int8_embedding=args.int8_embedding == "int8", dev_data=args.dev_data,
-                            dev_limit=args.dev_limit, force=args.force, name=args.name,
-                            chunk_cells=args.attention_chunk_cells,
-                            embedding_storage=args.embedding_storage, matrix_storage=args.matrix_storage)
+    manifest = build_bundle(ExportConfig(
+        args.nli, args.sentiment, args.out, embed=args.embed, max_len=args.max_len, sets=tuple(args.sets),
+        fp16=args.fp16, int8=args.quantize == "int8", int8_embedding=args.int8_embedding == "int8",
+        dev_data=args.dev_data, dev_limit=args.dev_limit, force=args.force, name=args.name,
+        chunk_cells=args.attention_chunk_cells, embedding_storage=args.embedding_storage,
+        matrix_storage=args.matrix_storage))
     sizes = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
     for name, size in sizes.items():
         print(f"{size / 1e6:9.2f} MB  {name}")

@@ -76,12 +76,6 @@ def bundle_models(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             for task, info in manifest["models"].items()}
 
 
-def models_from_bundle(bundle_dir: Path, manifest: dict[str, Any]):
-    """(nli_model, sentiment_model) rebuilt from the bundle's weights (see bundle_models)."""
-    models = bundle_models(bundle_dir, manifest)
-    return models["nli"], models["sentiment"]
-
-
 def load_state(model, arrays: dict[str, np.ndarray], task: str):
     """Load named arrays into `model` (eval mode); every parameter must be there."""
     import torch  # torch, as above

@@ -17,13 +17,14 @@ SERVED_TASKS = ("snli", "sst5", "sst2")  # the test sets the README reports (the
 def served_accuracy(bundle: Path, data_root: Path, log=print) -> dict[str, Any]:
     """{task: {accuracy, macro_f1, n, data}} for each of SERVED_TASKS staged under `data_root`."""
     from disan.eval.evaluate import evaluate_task  # scikit-learn (`train` extra, as export's torch)
+    from disan.runtime.encoder import Encoder
     from disan.runtime.runtime import load_offline
 
     served: dict[str, Any] = {}
     tasks = [task for task in SERVED_TASKS if (data_root / EVAL_FILES[task]).is_file()]
-    runtime = load_offline(bundle, "fp32") if tasks else None  # once for every task
+    encoder = Encoder(runtime=load_offline(bundle, "fp32")) if tasks else None  # once for every task
     for task in tasks:
-        report = evaluate_task(bundle, task, data_root, runtime=runtime)
+        report = evaluate_task(bundle, task, data_root, encoder=encoder)
         served[task] = {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"], "n": report["n"],
                         "data": EVAL_FILES[task]}
         log(f"served {task} test accuracy: {report['accuracy']:.2f} ({report['n']} examples)")

@@ -135,11 +135,11 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from model_export.export import build_bundle
+    from model_export.export import ExportConfig, build_bundle
 
     out = tmp_path_factory.mktemp("bundle") / "tiny"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128,
-                 fp16=True, int8=True, log=lambda *_: None, name="tiny-disan")
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, max_len=128, fp16=True,
+                              int8=True, name="tiny-disan"), log=lambda *_: None)
     return out
 
 

@@ -26,7 +26,6 @@ fresh optimizer: a further phase on other data or losses.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 
 from disan.data.recipes import decayed_lr
 from disan.data.sts import sts_scores
+from disan.distill.config import DistillConfig
 from disan.distill.neighbours import neighbour_batches
 from disan.distill.supervision import (
     MAX_TOKENS,
@@ -75,15 +75,15 @@ def corpus_tokens(sentences: list[str]) -> list[list[str]]:
     return [tokenize(s)[:MAX_TOKENS] for s in sentences]
 
 
-def scratch_word_vectors(args: argparse.Namespace, sentences: list[str]) -> Path:
+def scratch_word_vectors(cfg: DistillConfig, sentences: list[str]) -> Path:
     """Compute (or find) the static word vectors a student from scratch starts from: `--init`'s
     vectors at `--embed-dim` of the `--vocab-size` corpus words that `distill` would choose.
     Returns their cache file. A lease carries it (research/gpu-lease/pack.sh CACHE_FILES), so the
     GPU machine neither encodes the words nor needs scikit-learn for their PCA."""
-    vocab = corpus_vocab(corpus_tokens(sentences), args.vocab_size)
-    path = E.static_vectors_file(vocab, args.embed_dim, args.init)
-    E.static_vectors(vocab, args.embed_dim, args.init)
-    print(f"vocab {len(vocab)}: {args.init} vectors at {args.embed_dim}-d -> {path}")
+    vocab = corpus_vocab(corpus_tokens(sentences), cfg.vocab_size)
+    path = E.static_vectors_file(vocab, cfg.embed_dim, cfg.init)
+    E.static_vectors(vocab, cfg.embed_dim, cfg.init)
+    print(f"vocab {len(vocab)}: {cfg.init} vectors at {cfg.embed_dim}-d -> {path}")
     return path
 
 
@@ -166,86 +166,87 @@ def _same_on_resume(out: Path, flag: str, asked: bool, trained: bool) -> None:
         raise ValueError(f"{out / 'last.pt'}: trained {done} {flag}; resume it the same way")
 
 
-def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Callable[[], np.ndarray],
+def distill(cfg: DistillConfig, sentences: list[str], teacher_prefix: Callable[[], np.ndarray],
             second_prefix: Callable[[], np.ndarray] | None = None) -> dict:
-    """Train on the sentences whose teacher vectors are cached; returns the best record.
-    `second_prefix` (--relational-teacher): a second teacher's vectors of the same rows, mixed
-    into the relational term's target.
+    """Train on the sentences whose teacher vectors are cached, as `cfg` says; returns the best
+    record. `second_prefix` (--relational-teacher): a second teacher's vectors of the same rows,
+    mixed into the relational term's target.
 
     `teacher_prefix()` gives the vectors of the corpus's first rows; it is asked again before each
     pass over the data, so a student trains while its teacher is still encoding the corpus. The
     vocabulary comes from the whole corpus; the first rows are the validation slice.
     """
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     teacher = teacher_prefix()
     texts = corpus_tokens(sentences)
-    resume = load_checkpoint(out / "last.pt") if args.resume and (out / "last.pt").is_file() else None
-    start = load_checkpoint(args.init_from) if args.init_from and not resume else None
+    resume = load_checkpoint(out / "last.pt") if cfg.resume and (out / "last.pt").is_file() else None
+    start = load_checkpoint(cfg.init_from) if cfg.init_from and not resume else None
     known = resume or start
     # A further phase names the student it went on from (and that one's own origin) in its
     # checkpoints, so a bundle exported from it can say where its weights came from.
-    origin = resume.get("init_from") if resume else start and provenance(args.init_from, start)
+    origin = resume.get("init_from") if resume else start and provenance(cfg.init_from, start)
     lineage = {"init_from": origin} if origin else {}
-    vocab = checkpoint_vocab(known) if known else corpus_vocab(texts, args.vocab_size)
+    vocab = checkpoint_vocab(known) if known else corpus_vocab(texts, cfg.vocab_size)
     vocab.save(out / "vocab.json")
     rows = [vocab.token_ids(t, MAX_TOKENS) or [1] for t in texts]
     if known:  # a trained student goes on (or a run resumes): its own architecture, not the flags'
-        cfg = DiSANConfig.from_dict(known["config"])
-        if cfg.proj_dim not in (0, teacher.shape[1]):
-            raise ValueError(f"{out / 'last.pt' if resume else args.init_from}: serves {cfg.proj_dim}-d "
+        model_cfg = DiSANConfig.from_dict(known["config"])
+        if model_cfg.proj_dim not in (0, teacher.shape[1]):
+            raise ValueError(f"{out / 'last.pt' if resume else cfg.init_from}: serves {model_cfg.proj_dim}-d "
                              f"vectors, the teacher {teacher.shape[1]}-d")
     else:
-        cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=args.embed_dim, d_h=args.d_h,
-                          keep_prob=args.keep_prob, task="encoder",
-                          proj_dim=teacher.shape[1] if args.serve_proj else 0)
-    torch.manual_seed(args.seed)
-    device = resolve_device(args.device)
-    whitening = (TeacherWhitening.fit(teacher, args.whiten_power).to(device)
-                 if args.whitened > 0 else None)
-    sentiment = args.sentiment_weight > 0
+        model_cfg = DiSANConfig(vocab_size=len(vocab), embed_dim=cfg.embed_dim, d_h=cfg.d_h,
+                                keep_prob=cfg.keep_prob, task="encoder",
+                                proj_dim=teacher.shape[1] if cfg.serve_proj else 0)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    whitening = (TeacherWhitening.fit(teacher, cfg.whiten_power).to(device)
+                 if cfg.whitened > 0 else None)
+    sentiment = cfg.sentiment_weight > 0
     if resume:
         # The saved state has the sentiment head, and the optimizer the table's moments, or not:
         # each loads only into a student and optimizer built the same way.
         _same_on_resume(out, "--sentiment-weight", sentiment,
                         any(k.startswith("sentiment.") for k in resume["student_state"]))
-        _same_on_resume(out, "--freeze-words", args.freeze_words,
+        _same_on_resume(out, "--freeze-words", cfg.freeze_words,
                         resume["train_config"].get("freeze_words", False))
     # On its device before the optimizer exists: loaded optimizer state follows the parameters.
-    student = Student(cfg, teacher.shape[1], sentiment=sentiment).to(device)
-    if args.freeze_words:  # before the optimizer: Adam then keeps no state for it
+    student = Student(model_cfg, teacher.shape[1], sentiment=sentiment).to(device)
+    if cfg.freeze_words:  # before the optimizer: Adam then keeps no state for it
         student.encoder.embed.weight.requires_grad_(False)
-    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=args.lr)
+    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=cfg.lr)
     step, best = 0, {"stsb": -1.0}
     if resume:
         student.load_state_dict(resume["student_state"])
         optimizer.load_state_dict(resume["optimizer_state"])
         for group in optimizer.param_groups:  # --lr applies on resume too: a cool-down phase
-            group["lr"] = args.lr
+            group["lr"] = cfg.lr
         step, best = resume["step"], resume["best"]
     elif start:
         student.encoder.load_state_dict(start["model_state"])
-        print(f"from {args.init_from}: vocab {len(vocab)}, d_h {cfg.d_h}, served {student.encoder.out_dim}-d")
+        print(f"from {cfg.init_from}: vocab {len(vocab)}, d_h {model_cfg.d_h}, "
+              f"served {student.encoder.out_dim}-d")
     else:
-        vectors = None if args.init == "random" else E.static_vectors(vocab, args.embed_dim, args.init)
-        matrix, found = E.init_matrix(vocab, vectors, args.embed_dim, args.seed)
+        vectors = None if cfg.init == "random" else E.static_vectors(vocab, cfg.embed_dim, cfg.init)
+        matrix, found = E.init_matrix(vocab, vectors, cfg.embed_dim, cfg.seed)
         with torch.no_grad():
             student.encoder.embed.weight.copy_(torch.from_numpy(matrix))
-        print(f"vocab {len(vocab)} ({found} from {args.init})")
-    anchor = _anchor(args, cfg, start).to(device) if args.anchor > 0 else None
-    rng = np.random.default_rng(args.seed + step)
-    pairs = ScoredPairs(args.data, vocab) if args.pairs_weight > 0 else None
-    triples = NLITriples(args.data, vocab) if args.nli_weight > 0 else None
-    phrases = SentimentPhrases(args.data, vocab) if args.sentiment_weight > 0 else None
+        print(f"vocab {len(vocab)} ({found} from {cfg.init})")
+    anchor = _anchor(cfg, model_cfg, start).to(device) if cfg.anchor > 0 else None
+    rng = np.random.default_rng(cfg.seed + step)
+    pairs = ScoredPairs(cfg.data, vocab) if cfg.pairs_weight > 0 else None
+    triples = NLITriples(cfg.data, vocab) if cfg.nli_weight > 0 else None
+    phrases = SentimentPhrases(cfg.data, vocab) if cfg.sentiment_weight > 0 else None
     if phrases is not None:
         print(f"sentiment: {len(phrases)} SST-5 train phrases "
               f"({phrases.excluded} left out as evaluation text)")
-        if args.probe_first and not resume:
+        if cfg.probe_first and not resume:
             accuracy = phrases.probe(student.encoder, student.sentiment)
             print(f"sentiment head probed on the start's vectors: training accuracy {accuracy:.4f}")
-    teacher_free = args.distill_weight == 0 and whitening is None and not args.neighbour_group
+    teacher_free = cfg.distill_weight == 0 and whitening is None and not cfg.neighbour_group
     first_step = step  # --lr-decay runs over this invocation's steps (a resume decays afresh)
     n_val = min(2000, len(teacher) // 10)
     val = np.arange(n_val)
@@ -262,10 +263,10 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
         train = np.arange(n_val, len(rows) if teacher_free else len(teacher))
         print(f"pass from step {step}: train {len(train)}, val {n_val} sentences", flush=True)
         lengths = [len(rows[i]) for i in train]
-        if args.neighbour_group:
-            batches = neighbour_batches(teacher[n_val:], lengths, args.batch_size, args.neighbour_group, rng)
+        if cfg.neighbour_group:
+            batches = neighbour_batches(teacher[n_val:], lengths, cfg.batch_size, cfg.neighbour_group, rng)
         else:
-            batches = length_batches(lengths, args.batch_size, rng)
+            batches = length_batches(lengths, cfg.batch_size, rng)
         for b in batches:
             ids, mask = _batch(rows, train[b], device)
             served = student.encoder(ids, mask)
@@ -273,63 +274,63 @@ def distill(args: argparse.Namespace, sentences: list[str], teacher_prefix: Call
             if not teacher_free:
                 pred = student.to_teacher(served)
                 wanted = target[train[b]].to(device)
-                loss = args.distill_weight * distill_loss(
-                    pred, wanted, args.contrastive, args.temperature, args.relational,
-                    None if second is None else second[train[b]].to(device), args.relational_mix)
+                loss = cfg.distill_weight * distill_loss(
+                    pred, wanted, cfg.contrastive, cfg.temperature, cfg.relational,
+                    None if second is None else second[train[b]].to(device), cfg.relational_mix)
                 if whitening is not None:
-                    loss = loss + args.whitened * whitening.loss(pred, wanted)
+                    loss = loss + cfg.whitened * whitening.loss(pred, wanted)
             if anchor is not None:
                 with torch.no_grad():
                     kept = anchor(ids, mask)
-                loss = loss + args.anchor * (1.0 - F.cosine_similarity(served, kept, dim=-1).mean())
+                loss = loss + cfg.anchor * (1.0 - F.cosine_similarity(served, kept, dim=-1).mean())
             if pairs is not None:
-                pair_loss = pairs.loss(student.encoder, rng, args.batch_size // 4, kind=args.pair_loss)
-                loss = loss + args.pairs_weight * pair_loss
+                pair_loss = pairs.loss(student.encoder, rng, cfg.batch_size // 4, kind=cfg.pair_loss)
+                loss = loss + cfg.pairs_weight * pair_loss
             if triples is not None:
-                nli_loss = triples.loss(student.encoder, rng, args.batch_size // 4, args.temperature)
-                loss = loss + args.nli_weight * nli_loss
+                nli_loss = triples.loss(student.encoder, rng, cfg.batch_size // 4, cfg.temperature)
+                loss = loss + cfg.nli_weight * nli_loss
             if phrases is not None:
-                sentiment_loss = phrases.loss(student.encoder, student.sentiment, rng, args.batch_size // 4)
-                loss = loss + args.sentiment_weight * sentiment_loss
+                sentiment_loss = phrases.loss(student.encoder, student.sentiment, rng, cfg.batch_size // 4)
+                loss = loss + cfg.sentiment_weight * sentiment_loss
             for group in optimizer.param_groups:
-                group["lr"] = decayed_lr(args.lr, args.lr_decay, step - first_step, args.steps - first_step)
+                group["lr"] = decayed_lr(cfg.lr, cfg.lr_decay, step - first_step, cfg.steps - first_step)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             step += 1
-            out_of_time = args.max_minutes and time.monotonic() - started > 60 * args.max_minutes
-            done = step >= args.steps or bool(out_of_time)
-            if step % args.eval_every == 0 or done:
+            out_of_time = cfg.max_minutes and time.monotonic() - started > 60 * cfg.max_minutes
+            done = step >= cfg.steps or bool(out_of_time)
+            if step % cfg.eval_every == 0 or done:
                 best = _evaluate(student, vocab, rows, target, val, step, float(loss.detach()), best, out,
-                                 optimizer, args, log, lineage)
+                                 optimizer, cfg, log, lineage)
             if done:
                 break
     log.close()
     return best
 
 
-def _anchor(args: argparse.Namespace, cfg: DiSANConfig, start: dict | None) -> torch.nn.Module:
+def _anchor(cfg: DistillConfig, model_cfg: DiSANConfig, start: dict | None) -> torch.nn.Module:
     """The --init-from student, frozen: what --anchor keeps the phase near. `start` is that
     checkpoint where this run loaded it already; a --resume reads it again."""
-    if not args.init_from:
+    if not cfg.init_from:
         raise ValueError("--anchor needs --init-from: the student whose vectors the phase stays near")
-    start = start or load_checkpoint(args.init_from)
-    if start["config"] != cfg.to_dict():
-        raise ValueError(f"--anchor: {args.init_from} has another shape than the student trained here")
+    start = start or load_checkpoint(cfg.init_from)
+    if start["config"] != model_cfg.to_dict():
+        raise ValueError(f"--anchor: {cfg.init_from} has another shape than the student trained here")
     anchor, _, _ = model_from_checkpoint(start)  # eval mode
     return anchor.requires_grad_(False)
 
 
-def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, args, log,
-              lineage: dict) -> dict:
-    sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), args.data)
+def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, cfg: DistillConfig,
+              log, lineage: dict) -> dict:
+    sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), cfg.data)
     val_cosine = round(_val_cosine(student, rows, target, val), 4)
     record = {"step": step, "loss": round(loss, 4), "val_cosine": val_cosine,
               "stsb": round(sts["STS-B dev"], 4), "sick": round(sts["SICK dev"], 4)}
     log.write(json.dumps(record) + "\n")
     log.flush()
     print(json.dumps(record), flush=True)
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    config = cfg.record()
     if record["stsb"] > best["stsb"]:
         best = record
         save_checkpoint(out / "best.pt", student.encoder, vocab, [], train_config=config, step=step,

@@ -50,11 +50,6 @@ def _kmeans(unit: np.ndarray, k: int, rng: np.random.Generator, iters: int) -> n
     return (unit @ centroids.T).argmax(1)
 
 
-def spherical_kmeans(vectors: np.ndarray, k: int, rng: np.random.Generator, iters: int = 5) -> np.ndarray:
-    """Cluster label of each row of `vectors` [N, D] (cosine k-means, `k` clusters, `iters` rounds)."""
-    return _kmeans(_normalise(vectors), k, rng, iters)
-
-
 def neighbour_clusters(vectors: np.ndarray, rng: np.random.Generator, cluster_size: int = 64,
                        coarse: int = 64, iters: int = 5) -> list[np.ndarray]:
     """Row indices of clusters of about `cluster_size` neighbouring rows.

@@ -18,17 +18,23 @@ import argparse
 import json
 import os
 import time
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from disan.data.readers import holdout_split, read_examples
-from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, LR_DECAYS, PAIR_LOSSES
+from disan.data.recipes import LR_DECAYS, PAIR_LOSSES
+from disan.distill.config import DistillConfig, EncoderRun, PretrainConfig
 from disan.distill.corpus.build import read_corpus
 from disan.distill.teacher import TEACHERS, TeacherCache
 from disan.train.word_vectors import STATIC_SOURCES
 
 TEACHER_DIM = 384
+# The flags' defaults are the configs' (disan.distill.config): one place.
+P, D = PretrainConfig, DistillConfig
+C = TypeVar("C", bound=EncoderRun)
 
 
 def collect_sentences(paths: list[Path], min_tokens: int = 1, exclude: set[str] | None = None,
@@ -74,77 +80,79 @@ def teacher_embeddings(sentences: list[str], cache_dir: Path, batch_size: int = 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan pretrain`."""
-    parser.add_argument("--texts", nargs="+", type=Path, default=[],
+    parser.add_argument("--texts", nargs="+", type=Path, default=list(P.texts),
                         help="training files whose sentences are distilled (never test sets)")
-    parser.add_argument("--corpus", type=Path, default=None,
+    parser.add_argument("--corpus", type=Path, default=D.corpus,
                         help="a `disan corpus` folder with a `disan teacher` cache: the corpus-scale loop")
-    parser.add_argument("--exclude", nargs="*", type=Path, default=[],
+    parser.add_argument("--exclude", nargs="*", type=Path, default=list(P.exclude),
                         help="files whose sentences must not be used (held-out dev/test)")
-    parser.add_argument("--vocab", type=Path, default=None,
+    parser.add_argument("--vocab", type=Path, default=P.vocab,
                         help="vocab.json to use; default: build one from --texts + --glove-extra GloVe words")
-    parser.add_argument("--glove-extra", type=int, default=30000)
+    parser.add_argument("--glove-extra", type=int, default=P.glove_extra)
     parser.add_argument("--out", type=Path, help="the run's folder (checkpoints, metrics); "
                         "every mode but --word-vectors-only needs it")
     parser.add_argument("--teacher-only", action="store_true", help="only compute the teacher cache")
     parser.add_argument("--word-vectors-only", action="store_true",
                         help="--corpus: only compute the static --init word vectors of the vocabulary "
                              "a student from scratch gets, into the cache, and print their file")
-    parser.add_argument("--holdout-from", type=Path, default=None,
+    parser.add_argument("--holdout-from", type=Path, default=P.holdout_from,
                         help="one of --texts whose held-out dev slice is excluded (as in disan train)")
-    parser.add_argument("--holdout", type=int, default=HOLDOUT_SIZE)
-    parser.add_argument("--holdout-seed", type=int, default=HOLDOUT_SEED)
-    parser.add_argument("--min-tokens", type=int, default=2)
-    parser.add_argument("--embed-dim", type=int, default=50)
-    parser.add_argument("--d-h", type=int, default=300)
-    parser.add_argument("--init", choices=["glove", "random", *STATIC_SOURCES], default="glove")
-    parser.add_argument("--glove", type=Path, default=None)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--holdout", type=int, default=P.holdout)
+    parser.add_argument("--holdout-seed", type=int, default=P.holdout_seed)
+    parser.add_argument("--min-tokens", type=int, default=P.min_tokens)
+    # both loops' (disan.distill.config.EncoderRun)
+    parser.add_argument("--embed-dim", type=int, default=P.embed_dim)
+    parser.add_argument("--d-h", type=int, default=P.d_h)
+    parser.add_argument("--init", choices=["glove", "random", *STATIC_SOURCES], default=P.init)
+    parser.add_argument("--glove", type=Path, default=P.glove)
+    parser.add_argument("--epochs", type=int, default=P.epochs)
+    parser.add_argument("--batch-size", type=int, default=P.batch_size)
+    parser.add_argument("--lr", type=float, default=P.lr)
+    parser.add_argument("--max-minutes", type=float, default=P.max_minutes)
+    parser.add_argument("--threads", type=int, default=P.threads)
+    parser.add_argument("--seed", type=int, default=P.seed)
     corpus_arguments(parser)
 
 
 def corpus_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan pretrain --corpus` (the corpus-scale loop)."""
-    parser.add_argument("--teacher", default="mpnet", help="teacher cache under the corpus: teacher-NAME")
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="staged data (STS dev)")
-    parser.add_argument("--vocab-size", type=int, default=60000)
+    parser.add_argument("--teacher", default=D.teacher, help="teacher cache under the corpus: teacher-NAME")
+    parser.add_argument("--data", type=Path, default=D.data, help="staged data (STS dev)")
+    parser.add_argument("--vocab-size", type=int, default=D.vocab_size)
     parser.add_argument("--serve-proj", action="store_true",
                         help="end the encoder in the projection to the teacher's space (served)")
-    parser.add_argument("--contrastive", type=float, default=0.0, help="weight of the in-batch InfoNCE term")
-    parser.add_argument("--temperature", type=float, default=0.05)
-    parser.add_argument("--relational", type=float, default=0.0,
+    parser.add_argument("--contrastive", type=float, default=D.contrastive,
+                        help="weight of the in-batch InfoNCE term")
+    parser.add_argument("--temperature", type=float, default=D.temperature)
+    parser.add_argument("--relational", type=float, default=D.relational,
                         help="weight of the squared error between the student's and the teacher's "
                              "in-batch cosine matrices")
-    parser.add_argument("--relational-teacher", default=None, metavar="NAME",
+    parser.add_argument("--relational-teacher", default=D.relational_teacher, metavar="NAME",
                         help="a second teacher cache under the corpus (teacher-NAME) whose in-batch "
                              "cosines are mixed into the relational term's target")
-    parser.add_argument("--relational-mix", type=float, default=0.5,
+    parser.add_argument("--relational-mix", type=float, default=D.relational_mix,
                         help="the second teacher's share of the relational target (0 to 1)")
-    parser.add_argument("--whitened", type=float, default=0.0,
+    parser.add_argument("--whitened", type=float, default=D.whitened,
                         help="weight of a cosine to the teacher in its principal coordinates scaled by "
                              "singular value^-power, so low-variance directions count (0: off)")
-    parser.add_argument("--whiten-power", type=float, default=0.5,
+    parser.add_argument("--whiten-power", type=float, default=D.whiten_power,
                         help="the power of that scaling: 1 whitens fully, 0.5 half way")
-    parser.add_argument("--neighbour-group", type=int, default=0,
+    parser.add_argument("--neighbour-group", type=int, default=D.neighbour_group,
                         help="build batches from groups of this many sentences that are neighbours in "
                              "the teacher's space (0: batches of random sentences of similar length)")
-    parser.add_argument("--pairs-weight", type=float, default=0.0,
+    parser.add_argument("--pairs-weight", type=float, default=D.pairs_weight,
                         help="weight of a cosine-vs-score loss on STS-B train and SICK train pairs")
-    parser.add_argument("--pair-loss", choices=PAIR_LOSSES, default="mse",
+    parser.add_argument("--pair-loss", choices=PAIR_LOSSES, default=D.pair_loss,
                         help="mse: cosine against the score; cosent: the cosines must rank as the scores")
-    parser.add_argument("--nli-weight", type=float, default=0.0,
+    parser.add_argument("--nli-weight", type=float, default=D.nli_weight,
                         help="weight of a ranking loss on NLI (premise, entailed, contradicting) triples")
-    parser.add_argument("--sentiment-weight", type=float, default=0.0,
+    parser.add_argument("--sentiment-weight", type=float, default=D.sentiment_weight,
                         help="weight of a cross-entropy loss of a training-only head reading SST-5 "
                              "train phrases' sentiment from the served vector")
     parser.add_argument("--probe-first", action="store_true",
                         help="start the sentiment head at a logistic regression on the start's frozen "
                              "vectors, not at random (linear probing, then fine-tuning)")
-    parser.add_argument("--anchor", type=float, default=0.0,
+    parser.add_argument("--anchor", type=float, default=D.anchor,
                         help="weight of 1 - cosine between the served vector and the --init-from "
                              "student's (frozen) vector of the same sentence (0: off)")
     parser.add_argument("--freeze-words", action="store_true",
@@ -152,19 +160,29 @@ def corpus_arguments(parser: argparse.ArgumentParser) -> None:
                              "table already stored as a bundle stores it (`model_export.recover`) "
                              "exports the same again, and the NLI and sentiment models that share it "
                              "stay valid")
-    parser.add_argument("--distill-weight", type=float, default=1.0,
+    parser.add_argument("--distill-weight", type=float, default=D.distill_weight,
                         help="weight of the teacher's terms (cosine, --contrastive, --relational); 0 "
                              "with --anchor: a phase held by its start alone")
-    parser.add_argument("--init-from", type=Path, default=None,
+    parser.add_argument("--init-from", type=Path, default=D.init_from,
                         help="start from a trained student's best.pt (its vocabulary and shape)")
-    parser.add_argument("--keep-prob", type=float, default=0.9)
-    parser.add_argument("--steps", type=int, default=10**9)
-    parser.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
+    parser.add_argument("--keep-prob", type=float, default=D.keep_prob)
+    parser.add_argument("--steps", type=int, default=D.steps)
+    parser.add_argument("--lr-decay", choices=LR_DECAYS, default=D.lr_decay,
                         help="lower the learning rate from --lr to 0 over this run's --steps "
                              "(linear or half a cosine); none: constant")
-    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=D.eval_every)
     parser.add_argument("--resume", action="store_true", help="continue from --out/last.pt")
-    parser.add_argument("--device", default="auto", help="auto (a GPU if PyTorch has one) | cpu | cuda[:N]")
+    parser.add_argument("--device", default=D.device, help="auto (a GPU if PyTorch has one) | cpu | cuda[:N]")
+
+
+def config(kind: type[C], args: argparse.Namespace) -> C:
+    """The `kind` config (PretrainConfig, DistillConfig) of the parsed flags; a field without its
+    flag on `args` keeps its default."""
+    values = {f.name: getattr(args, f.name) for f in fields(kind) if hasattr(args, f.name)}
+    for name in ("texts", "exclude"):
+        if name in values:
+            values[name] = tuple(values[name] or ())
+    return kind(**values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from disan.distill.pretrain import pretrain_encoder  # torch: not needed for --teacher-only
 
-    pretrain_encoder(args, sentences, vecs)
+    pretrain_encoder(config(PretrainConfig, args), sentences, vecs)
     return 0
 
 
@@ -206,16 +224,17 @@ def run_corpus(args: argparse.Namespace) -> int:
         raise ValueError("--freeze-words keeps a start's word table: it needs --init-from")
     if args.whitened > 0 and not 0.0 < args.whiten_power <= 1.0:
         raise ValueError(f"--whiten-power must be in (0, 1], got {args.whiten_power}")
+    cfg = config(DistillConfig, args)
     sentences, info = read_corpus(args.corpus)
     if args.word_vectors_only:
-        scratch_word_vectors(args, sentences)
+        scratch_word_vectors(cfg, sentences)
         return 0
     cache = _cached_teacher(args.corpus, args.teacher, info["sha256"], len(sentences))
     second = _relational_teacher(args, info["sha256"], len(sentences))
     if second is None:
-        best = distill(args, sentences, cache.vectors)
+        best = distill(cfg, sentences, cache.vectors)
     else:  # both teachers' vectors for the same rows: the prefix both caches hold
-        best = distill(args, sentences, lambda: cache.vectors()[: second.done], second.vectors)
+        best = distill(cfg, sentences, lambda: cache.vectors()[: second.done], second.vectors)
     print(json.dumps({"out": str(args.out), **best}))
     return 0
 

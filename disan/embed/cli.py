@@ -18,10 +18,12 @@ import itertools
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
 from disan.bundle.manifest import fingerprints_in_use
+from disan.embed.config import EmbedConfig
 from disan.embed.inputs import (
     FORMATS,
     CorpusError,
@@ -52,32 +54,34 @@ class EmbedError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `disan embed`."""
+    d = EmbedConfig  # the defaults
     parser.add_argument("input",
                         help="JSONL, CSV/TSV, TXT (one text per line) or Parquet; .gz is read")
     parser.add_argument("-o", "--output", required=True,
                         help="output directory: committed shards part-NNNNNN.* and _progress.json")
-    parser.add_argument("--column", default="text",
+    parser.add_argument("--column", default=d.column,
                         help="the text column (JSONL key, CSV header, Parquet column)")
     parser.add_argument("--id-column", help="column whose values are the rows' ids (default: the row number)")
     parser.add_argument("--input-format", choices=FORMATS, help="default: from INPUT's suffix")
     parser.add_argument("--output-format", choices=OUTPUT_FORMATS,
                         help="default: OUTPUT's suffix if it names one, else parquet")
-    parser.add_argument("--bundle", type=Path, default=Path("models/default"))
-    parser.add_argument("--providers", choices=get_args(Providers), default="auto",
+    parser.add_argument("--bundle", type=Path, default=d.bundle)
+    parser.add_argument("--providers", choices=get_args(Providers), default=d.providers,
                         help="as `disan serve --providers`: auto = CUDA where it really loads, else CPU")
-    parser.add_argument("--variant", choices=get_args(Variant), default="auto")
-    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: its choice)")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--variant", choices=get_args(Variant), default=d.variant)
+    parser.add_argument("--threads", type=int, default=d.threads,
+                        help="onnxruntime intra-op threads (0: its choice)")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size,
                         help="most sentences per onnxruntime call (default: the service's for the provider)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
-    parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default="window",
+    parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default=d.long_texts,
                         help="a text over the model's max_tokens: windows of max_tokens whose vectors are "
                              "pooled by token counts (as the service does), cut it, or stop with an error")
-    parser.add_argument("--window-overlap", type=int, default=0,
+    parser.add_argument("--window-overlap", type=int, default=d.window_overlap,
                         help="--long-texts window: tokens consecutive windows share")
-    parser.add_argument("--shard-size", type=int, default=10_000,
+    parser.add_argument("--shard-size", type=int, default=d.shard_size,
                         help="rows per committed shard (memory holds one shard; a resume redoes at most one)")
-    parser.add_argument("--on-bad-row", choices=["skip", "fail"], default="skip",
+    parser.add_argument("--on-bad-row", choices=["skip", "fail"], default=d.on_bad_row,
                         help="an unreadable row (not UTF-8/JSON, no text): skip and count it, or stop")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over, deleting the shards OUTPUT holds (without it, the same job "
@@ -86,30 +90,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="run on Ray Data: a cluster address (ray://host:10001, auto) or `local` "
                              "(starts a local instance); any input format above, sharded Parquet out")
-    parser.add_argument("--ray-actors", type=int, default=0,
+    parser.add_argument("--ray-actors", type=int, default=d.ray_actors,
                         help="Ray: actors (one onnxruntime session each); 0 = one per GPU, else per 2 CPUs")
-    parser.add_argument("--ray-cpus", type=int, default=0, help="--ray local: CPUs to give it (0: all)")
+    parser.add_argument("--ray-cpus", type=int, default=d.ray_cpus,
+                        help="--ray local: CPUs to give it (0: all)")
+
+
+def config(args: argparse.Namespace) -> EmbedConfig:
+    """The job the parsed flags describe."""
+    return EmbedConfig(**{f.name: getattr(args, f.name) for f in fields(EmbedConfig)})
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = config(args)
     # checked here, before any work starts (with --ray, before the actors)
-    for flag, value, least in (("--shard-size", args.shard_size, 1), ("--batch-size", args.batch_size, 1),
-                               ("--ray-actors", args.ray_actors, 0), ("--ray-cpus", args.ray_cpus, 0),
-                               ("--threads", args.threads, 0)):
+    for flag, value, least in (("--shard-size", cfg.shard_size, 1), ("--batch-size", cfg.batch_size, 1),
+                               ("--ray-actors", cfg.ray_actors, 0), ("--ray-cpus", cfg.ray_cpus, 0),
+                               ("--threads", cfg.threads, 0)):
         if value is not None and value < least:
             raise EmbedError(f"{flag} must be at least {least}, got {value}")
-    if args.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
+    if cfg.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed.on_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 
-        return run_ray(args)
-    args.input, args.output = Path(args.input), Path(args.output)
-    if not args.input.is_file():
-        raise EmbedError(f"{args.input}: no such file")
-    return Job(args).run()
+        return run_ray(cfg)
+    cfg = replace(cfg, input=Path(cfg.input), output=Path(cfg.output))
+    if not cfg.input.is_file():
+        raise EmbedError(f"{cfg.input}: no such file")
+    return Job(cfg).run()
 
 
-def output_format(args: argparse.Namespace) -> str:
-    given = args.output_format or args.output.suffix.lstrip(".").lower()
+def output_format(cfg: EmbedConfig) -> str:
+    given = cfg.output_format or Path(cfg.output).suffix.lstrip(".").lower()
     return given if given in OUTPUT_FORMATS else "parquet"
 
 
@@ -121,19 +132,19 @@ def chunks(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
 class Job:
     """One `disan embed` run: open (or resume) OUTPUT, then shard after shard."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
-        self.fmt_in = detect_format(args.input, args.input_format)
-        self.fmt_out = output_format(args)
-        self.encoder = Encoder(args.bundle, providers=args.providers, variant=args.variant,
-                               threads=args.threads, long_texts=args.long_texts, overlap=args.window_overlap)
+    def __init__(self, cfg: EmbedConfig):
+        self.cfg = cfg
+        self.fmt_in = detect_format(cfg.input, cfg.input_format)
+        self.fmt_out = output_format(cfg)
+        self.encoder = Encoder(cfg.bundle, providers=cfg.providers, variant=cfg.variant,
+                               threads=cfg.threads, long_texts=cfg.long_texts, overlap=cfg.window_overlap)
         rt = self.encoder.runtime
-        self.job = {"input": file_fingerprint(args.input), "input_format": self.fmt_in, "column": args.column,
-                    "id_column": args.id_column, "output_format": self.fmt_out, "model": rt.name,
+        self.job = {"input": file_fingerprint(cfg.input), "input_format": self.fmt_in, "column": cfg.column,
+                    "id_column": cfg.id_column, "output_format": self.fmt_out, "model": rt.name,
                     **self.model_identity(rt), "graph_set": rt.graph_set,
                     "variant": rt.variant, "dim": rt.dim, "max_tokens": rt.max_tokens,
-                    "normalize": args.normalize, "long_texts": args.long_texts,
-                    "window_overlap": args.window_overlap}
+                    "normalize": cfg.normalize, "long_texts": cfg.long_texts,
+                    "window_overlap": cfg.window_overlap}
 
     @staticmethod
     def model_identity(rt) -> dict[str, str]:
@@ -147,17 +158,17 @@ class Job:
 
     def open_output(self) -> Progress:
         """The progress to go on from: a new job, or the committed part of this same job."""
-        out = self.args.output
+        out = self.cfg.output
         out.mkdir(parents=True, exist_ok=True)
         progress = Progress.load(out)
-        if progress is not None and progress.job != self.job and not self.args.overwrite:
+        if progress is not None and progress.job != self.job and not self.cfg.overwrite:
             diff = sorted(k for k in {*progress.job, *self.job} if progress.job.get(k) != self.job.get(k))
             raise EmbedError(f"{out} holds another job (it differs in {', '.join(diff)}): use another -o, "
                              "or --overwrite to start over")
         ours = any(p.name.startswith("part-") for p in out.iterdir())
-        if progress is None and ours and not self.args.overwrite:
+        if progress is None and ours and not self.cfg.overwrite:
             raise EmbedError(f"{out} has shard files but no {PROGRESS}: use another -o, or --overwrite")
-        if progress is None or progress.job != self.job or self.args.overwrite:
+        if progress is None or progress.job != self.job or self.cfg.overwrite:
             progress = Progress(job=self.job)
             clear_uncommitted(out, 0)
             progress.save(out)
@@ -166,27 +177,27 @@ class Job:
         return progress
 
     def run(self) -> int:
-        args, out = self.args, self.args.output
+        cfg, out = self.cfg, self.cfg.output
         progress = self.open_output()
         if progress.done:
             print(f"disan embed: {out} is complete ({progress.embedded} rows, {progress.skipped} skipped)",
                   file=sys.stderr)
             return 0
         position = Position()
-        rows = read_rows(args.input, self.fmt_in, args.column, args.id_column,
+        rows = read_rows(cfg.input, self.fmt_in, cfg.column, cfg.id_column,
                          start=Position(progress.rows, progress.offset), position=position)
         started, first = time.perf_counter(), progress.embedded
         try:
             head = list(itertools.islice(rows, 1))  # a missing column fails here, before the bar shows
             rows = itertools.chain(head, rows)
             with self.progress_bar(progress) as bar:
-                for chunk in chunks(rows, args.shard_size):
+                for chunk in chunks(rows, cfg.shard_size):
                     self.commit(chunk, progress, position)
                     bar.update(len(chunk))
             progress.done = True
             self.save(progress)
         except CorpusError as exc:
-            raise EmbedError(f"{args.input}: {exc}") from None
+            raise EmbedError(f"{cfg.input}: {exc}") from None
         except KeyboardInterrupt:
             print(f"\ndisan embed: interrupted; {progress.rows} rows committed in {out}: run the same "
                   "command to go on", file=sys.stderr)
@@ -203,7 +214,7 @@ class Job:
         """Embed one shard's rows, write the shard, then move the progress file past it."""
         good = [r for r in chunk if r.error is None]
         bad = [r for r in chunk if r.error is not None]
-        if bad and self.args.on_bad_row == "fail":
+        if bad and self.cfg.on_bad_row == "fail":
             raise EmbedError(f"row {bad[0].number}: {bad[0].error} ({progress.rows} rows committed; "
                              "--on-bad-row skip skips and counts such rows)")
         try:
@@ -211,11 +222,11 @@ class Job:
         except TextTooLong as exc:
             raise EmbedError(f"row {exc.where}: {exc.tokens} tokens, at most {exc.limit} ({progress.rows} "
                              "rows committed; --long-texts window or truncate embeds such texts)") from None
-        vectors = self.encoder.embed_prepared(prepared, self.args.batch_size)
-        if self.args.normalize:
+        vectors = self.encoder.embed_prepared(prepared, self.cfg.batch_size)
+        if self.cfg.normalize:
             vectors = normalized(vectors)
         if good:
-            self.write(lambda: write_shard(self.args.output, progress.shards, self.fmt_out,
+            self.write(lambda: write_shard(self.cfg.output, progress.shards, self.fmt_out,
                                            [r.id for r in good], vectors), progress)
             progress.shards += 1
         progress.rows, progress.offset = position.rows, position.offset
@@ -228,7 +239,7 @@ class Job:
         self.save(progress)
 
     def save(self, progress: Progress) -> None:
-        self.write(lambda: progress.save(self.args.output), progress)
+        self.write(lambda: progress.save(self.cfg.output), progress)
 
     def write(self, action, progress: Progress) -> None:
         """Run a write; a full disk becomes one line that says what is safe and how to go on."""
@@ -236,7 +247,7 @@ class Job:
             action()
         except OSError as exc:
             if exc.errno in _FULL:
-                raise EmbedError(f"no space left on device writing {self.args.output} ({progress.rows} rows "
+                raise EmbedError(f"no space left on device writing {self.cfg.output} ({progress.rows} rows "
                                  f"committed in {progress.shards} shards; free some space and run the same "
                                  "command again to go on)") from None
             raise
@@ -244,9 +255,9 @@ class Job:
     def progress_bar(self, progress: Progress):
         """tqdm in sentences: rate (sentences/s) and, where the row count is known, the ETA."""
         tqdm = require("tqdm.auto", "embed").tqdm
-        total = None if self.args.no_progress else count_rows(self.args.input, self.fmt_in)
+        total = None if self.cfg.no_progress else count_rows(self.cfg.input, self.fmt_in)
         return tqdm(total=total, initial=progress.rows, unit=" sentences", unit_scale=True, smoothing=0.1,
-                    dynamic_ncols=True, disable=self.args.no_progress, desc="disan embed")
+                    dynamic_ncols=True, disable=self.cfg.no_progress, desc="disan embed")
 
 
-__all__ = ["CorpusError", "EmbedError", "Job", "add_arguments", "run"]
+__all__ = ["CorpusError", "EmbedConfig", "EmbedError", "Job", "add_arguments", "config", "run"]

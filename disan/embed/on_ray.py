@@ -32,7 +32,6 @@ gzip JSONL, CSV or TXT file cannot be cut by byte offset: `--ray` refuses it in 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import re
 import sys
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 import disan
+from disan.embed.config import EmbedConfig
 from disan.embed.inputs import CorpusError, Position, Row, checked_row, cut, detect_format, read_rows
 from disan.embed.shards import id_array
 from disan.optional import require
@@ -192,36 +192,36 @@ class EmbedActor:
         return pa.table({"id": pa.array(id_array([r.id for r in good])), "embedding": embedding})
 
 
-def actor_options(args: argparse.Namespace, threads: int) -> dict[str, Any]:
+def actor_options(cfg: EmbedConfig, threads: int) -> dict[str, Any]:
     """What each actor needs of the command line (`EmbedActor`'s `options`)."""
-    return {"providers": args.providers, "variant": args.variant, "threads": threads,
-            "input_format": input_format(str(args.input), args.input_format), "long_texts": args.long_texts,
-            "overlap": args.window_overlap, "batch_size": args.batch_size, "normalize": args.normalize,
-            "on_bad_row": args.on_bad_row}
+    return {"providers": cfg.providers, "variant": cfg.variant, "threads": threads,
+            "input_format": input_format(str(cfg.input), cfg.input_format), "long_texts": cfg.long_texts,
+            "overlap": cfg.window_overlap, "batch_size": cfg.batch_size, "normalize": cfg.normalize,
+            "on_bad_row": cfg.on_bad_row}
 
 
-def actor_layout(args: argparse.Namespace) -> tuple[int, dict[str, float], int]:
+def actor_layout(cfg: EmbedConfig) -> tuple[int, dict[str, float], int]:
     """(actors, resources per actor, onnxruntime threads per actor): a GPU each where the cluster
     has GPUs; else one actor per 2 CPUs, each reserving one (so reads and writes find a free CPU)
     and running 2 onnxruntime threads (--threads overrides), not one per core of its node each."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
-    if gpus and args.providers != "cpu":
-        return args.ray_actors or gpus, {"num_gpus": 1.0, "num_cpus": 1.0}, args.threads
-    return args.ray_actors or max(1, cpus // 2), {"num_cpus": 1.0}, args.threads or 2
+    if gpus and cfg.providers != "cpu":
+        return cfg.ray_actors or gpus, {"num_gpus": 1.0, "num_cpus": 1.0}, cfg.threads
+    return cfg.ray_actors or max(1, cpus // 2), {"num_cpus": 1.0}, cfg.threads or 2
 
 
-def connect(args: argparse.Namespace) -> bool:
+def connect(cfg: EmbedConfig) -> bool:
     """Start a local Ray instance (`local`) or join a cluster; ship this `disan` to the workers.
     False when this process is already connected (a caller's Ray, left as it is)."""
     if ray.is_initialized():
         return False
     env = {"py_modules": [disan]}  # the workers run the driver's disan, whatever their image holds
-    if args.ray == "local":
-        ray.init(num_cpus=args.ray_cpus or None, include_dashboard=False, runtime_env=env,
+    if cfg.ray == "local":
+        ray.init(num_cpus=cfg.ray_cpus or None, include_dashboard=False, runtime_env=env,
                  configure_logging=False, log_to_driver=False)
     else:
-        ray.init(address=args.ray, runtime_env=env, log_to_driver=False)
+        ray.init(address=cfg.ray, runtime_env=env, log_to_driver=False)
     return True
 
 
@@ -239,34 +239,34 @@ def _our_error(exc: BaseException) -> str | None:
     return found[-1].strip() if found else None
 
 
-def run_ray(args: argparse.Namespace, actor: type = EmbedActor) -> int:
+def run_ray(cfg: EmbedConfig, actor: type = EmbedActor) -> int:
     """`disan embed --ray`: returns the exit status (the CLI prints the error line on a raise)."""
-    source, out = str(args.input), str(args.output)
-    fmt = input_format(source, args.input_format)
-    if (args.output_format or "parquet") != "parquet":
+    source, out = str(cfg.input), str(cfg.output)
+    fmt = input_format(source, cfg.input_format)
+    if (cfg.output_format or "parquet") != "parquet":
         raise CorpusError("--ray writes Parquet (--output-format parquet); npy and jsonl are single-process")
-    if "://" not in out and Path(out).exists() and any(Path(out).iterdir()) and not args.overwrite:
+    if "://" not in out and Path(out).exists() and any(Path(out).iterdir()) and not cfg.overwrite:
         raise CorpusError(f"{out} is not empty: use another -o, or --overwrite")
     if fmt == "parquet":
-        work = pieces(source, args.column, args.id_column, args.shard_size)
+        work = pieces(source, cfg.column, cfg.id_column, cfg.shard_size)
     else:
-        work = line_pieces(source, fmt, args.column, args.id_column, args.shard_size)
+        work = line_pieces(source, fmt, cfg.column, cfg.id_column, cfg.shard_size)
     if not work:  # no rows: nothing for Ray to do (and Ray Data makes no dataset of no blocks)
         if "://" not in out:
             Path(out).mkdir(parents=True, exist_ok=True)
         print(f"disan embed: {source} has no rows; nothing written to {out}", file=sys.stderr)
         return 0
     started = time.perf_counter()
-    ours = connect(args)
+    ours = connect(cfg)
     try:
-        actors, resources, threads = actor_layout(args)
-        options = actor_options(args, threads)
-        bundle = ray.put(bundle_files(args.bundle))
+        actors, resources, threads = actor_layout(cfg)
+        options = actor_options(cfg, threads)
+        bundle = ray.put(bundle_files(cfg.bundle))
         ds = ray_data.from_items(work, override_num_blocks=len(work))
         ds = ds.map_batches(actor, batch_size=1, compute=ray_data.ActorPoolStrategy(size=actors),
-                            fn_constructor_args=(bundle, source, args.column, args.id_column, options),
+                            fn_constructor_args=(bundle, source, cfg.column, cfg.id_column, options),
                             **resources)
-        mode = ray_data.SaveMode.OVERWRITE if args.overwrite else ray_data.SaveMode.APPEND
+        mode = ray_data.SaveMode.OVERWRITE if cfg.overwrite else ray_data.SaveMode.APPEND
         try:
             ds.write_parquet(out, mode=mode)
         except Exception as exc:

@@ -5,8 +5,10 @@
     disan eval --bundle models/default --transfer --data ../shared/data       # SentEval-style
     disan eval --bundle models/default --retrieval DIR [DIR ...] --baselines minilm   # BEIR layout
 
-Task eval prints accuracy, macro-F1 and the confusion matrix and writes a JSON report. SST-2 is
-scored with the 5-class sentiment graph: P(negative) = p0 + p1 against P(positive) = p3 + p4.
+Task eval prints accuracy, macro-F1 and the confusion matrix and writes a JSON report. It runs the
+texts through `disan.Encoder`, the service's inference path (a text over the window is windowed,
+as /nli and /sentiment window it, never cut). SST-2 is scored with the 5-class sentiment graph:
+P(negative) = p0 + p1 against P(positive) = p3 + p4.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from disan.bundle.manifest import VARIANTS
 from disan.data.readers import read_examples
 from disan.data.recipes import EVAL_FILES, NLI_EVAL_TASKS
 from disan.optional import require
-from disan.runtime.batching import map_sorted
-from disan.runtime.runtime import Runtime, load_offline
+from disan.runtime.encoder import Encoder
+from disan.runtime.runtime import load_offline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,14 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
 
 
-def predict(runtime: Runtime, task: str, examples, batch_size: int = 64) -> np.ndarray:
-    """Class probabilities for every example, in input order."""
-    max_len = runtime.max_tokens
+def predict(encoder: Encoder, task: str, examples, batch_size: int = 64) -> np.ndarray:
+    """Class probabilities float32 [examples, K] in input order (the graph's label order): each
+    example's texts as a client sends them (its tokens joined by spaces) through `disan.Encoder`,
+    as the service runs them: a text over max_tokens windowed and its windows pooled."""
     if task in NLI_EVAL_TASKS:
-        rows = [tuple(runtime.vocab.token_ids(text, max_len) for text in ex.texts[:2]) for ex in examples]
-        return np.stack(map_sorted(runtime.nli, rows, batch_size, length=lambda r: len(r[0])))
-    rows = [runtime.vocab.token_ids(ex.texts[0], max_len) for ex in examples]
-    return np.stack(map_sorted(runtime.sentiment, rows, batch_size))
+        results = encoder.nli([tuple(" ".join(text) for text in ex.texts[:2]) for ex in examples], batch_size)
+    else:
+        results = encoder.sentiment([" ".join(ex.texts[0]) for ex in examples], batch_size)
+    labels = encoder.runtime.labels["nli" if task in NLI_EVAL_TASKS else "sentiment"]
+    return np.asarray([[r["scores"][label] for label in labels] for r in results], dtype=np.float32)
 
 
 def score(task: str, labels: list[str], examples, probs: np.ndarray) -> dict:
@@ -103,17 +107,18 @@ def format_report(report: dict) -> str:
 
 
 def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", batch_size: int = 64,
-                  runtime: Runtime | None = None) -> dict:
-    """Run the bundle on a task's data file and score it (`runtime`: the bundle already loaded, so
-    several tasks load it once)."""
+                  encoder: Encoder | None = None) -> dict:
+    """Run the bundle on a task's data file and score it (`encoder`: the bundle already loaded, so
+    several tasks load it once; default: its cpu graphs in `variant`, long texts windowed as the
+    service's defaults window them)."""
     require("sklearn.metrics", "train")  # before the long prediction pass, not after it
     path = data / EVAL_FILES[task] if data.is_dir() else data
     kind, examples = read_examples(path)
     if (kind == "nli") != (task in NLI_EVAL_TASKS):
         raise ValueError(f"{path}: holds {kind} data, not {task}")
-    runtime = runtime or load_offline(bundle, variant)
-    graph_labels = runtime.labels["nli" if task in NLI_EVAL_TASKS else "sentiment"]
-    probs = predict(runtime, task, examples, batch_size)
+    encoder = encoder or Encoder(runtime=load_offline(bundle, variant))
+    graph_labels = encoder.runtime.labels["nli" if task in NLI_EVAL_TASKS else "sentiment"]
+    probs = predict(encoder, task, examples, batch_size)
     report = score(task, graph_labels, examples, probs)
     report.update(data=str(path), bundle=str(bundle), variant=variant)
     return report

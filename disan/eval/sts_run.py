@@ -21,7 +21,7 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         mpnet_encoder,
     )
 
-    encoders = encoders_under_test(args, f"DiSAN ({args.bundle})")
+    encoders = encoders_under_test(args.checkpoint, args.bundle, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     results = {label: sts_scores(make(), args.data, by_genre=True) for label, make in encoders.items()}

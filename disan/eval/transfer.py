@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -64,12 +64,13 @@ def checkpoint_encoder(path: Path) -> Encoder:
     return load(path)
 
 
-def encoders_under_test(args: argparse.Namespace, bundle_label: str) -> dict[str, Callable[[], Encoder]]:
-    """Label -> encoder factory of what `disan eval --sts / --transfer` scores: each --checkpoint
-    student (before export), else the bundle."""
-    if args.checkpoint:
-        return {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in args.checkpoint}
-    return {bundle_label: lambda: disan_encoder(args.bundle)}
+def encoders_under_test(checkpoints: Sequence[Path], bundle: Path, bundle_label: str
+                        ) -> dict[str, Callable[[], Encoder]]:
+    """Label -> encoder factory of what `disan eval --sts / --transfer` scores: each of
+    `checkpoints` (--checkpoint: students before export), else the bundle."""
+    if checkpoints:
+        return {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in checkpoints}
+    return {bundle_label: lambda: disan_encoder(bundle)}
 
 
 def add_baselines(encoders: dict[str, Callable[[], Encoder]], spec: str,
@@ -245,7 +246,7 @@ def run_transfer(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     protocol = args.protocol
     check_protocol(protocol, "--protocol")  # before any encoder loads
     senteval = args.data / "senteval" if (args.data / "senteval").is_dir() else args.data
-    encoders = encoders_under_test(args, "DiSAN (this bundle)")
+    encoders = encoders_under_test(args.checkpoint, args.bundle, "DiSAN (this bundle)")
     add_baselines(encoders, args.baselines, BASELINES, "--baselines")
     results = {}
     data_root = args.data if (args.data / "sst").is_dir() else None

@@ -1,17 +1,16 @@
 """Length-sorted batching (TORCH-FREE): the one place that decides which rows share a batch.
 
 DiSAN's token2token attention costs n^2 per sentence, so every consumer groups rows of similar
-length: training (`length_batches`, shuffled), evaluation and offline encoding (`sorted_batches`,
-`map_sorted`), and the service's micro-batcher (`split_by_cells`, a padded-cells budget). The one
+length: training (`length_batches`, shuffled), training evaluation (`sorted_batches`), offline encoding
+(`cell_batches`) and the service's micro-batcher (`split_by_cells`, a padded-cells budget). The one
 exception, distillation batches of sentences that are neighbours in the teacher's space, is
 `disan.distill.neighbours` (which still lets groups of similar length share a batch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -38,16 +37,6 @@ def sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
     """Evaluation batches: indices sorted by length, fixed order."""
     order = np.argsort(np.asarray(lengths), kind="stable")
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def map_sorted(run: Callable[[list[Any]], Sequence[Any]], rows: Sequence[Any], batch_size: int,
-               length: Callable[[Any], int] = len) -> list[Any]:
-    """`run` over length-sorted batches of `rows`; results come back in input order."""
-    out: list[Any] = [None] * len(rows)
-    for idx in sorted_batches([length(r) for r in rows], batch_size):
-        for i, result in zip(idx, run([rows[i] for i in idx]), strict=True):
-            out[i] = result
-    return out
 
 
 def split_by_cells(lengths: Sequence[int], max_cells: int, max_size: int) -> list[range]:

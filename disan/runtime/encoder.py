@@ -21,11 +21,11 @@ limits (`disan.runtime.batching.PROVIDER_DEFAULTS`), so `encode` returns what `/
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,8 +39,8 @@ from disan.text.windowing import LONG_TEXT_POLICIES, LongTextPolicy
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
 LongTexts = Literal["window", "truncate", "error"]
-__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "normalized",
-           "prediction", "prefixed", "sentiment_prediction"]
+__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "nli_steps",
+           "normalized", "prediction", "prefixed", "run_steps", "run_steps_async", "sentiment_prediction"]
 
 
 class TextTooLong(ValueError):
@@ -217,19 +217,25 @@ class Encoder:
         return np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
 
     def nli(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> list[dict]:
-        """Per (premise, hypothesis) pair {label, scores}: both sentences through the NLI route's
-        encoder (the NLI model's own), then the head on the vector pairs (as /nli)."""
+        """Per (premise, hypothesis) pair {label, scores}: `nli_steps` (as /nli), its graphs run
+        here in length-sorted batches."""
         head = self.runtime.graph_for("nli_head")
         if head not in self.runtime.graphs:
             raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no nli_head graph")
         premises, hypotheses = pair_lists(pairs)
-        u = self.embed_prepared(self.prepare(premises, route="nli"), batch_size, route="nli")
-        v = self.embed_prepared(self.prepare(hypotheses, route="nli"), batch_size, route="nli")
+        steps = nli_steps(self.prepare(premises, route="nli").items or [],
+                          self.prepare(hypotheses, route="nli").items or [], self.runtime.labels["nli"])
+        return run_steps(steps, lambda route, payloads: self.run_route(route, payloads, batch_size))
+
+    def run_route(self, route: str, payloads: list, batch_size: int | None = None) -> Sequence:
+        """One result per payload of `route`'s graph: an encoder route's vectors of id rows
+        (`embed_rows`), or nli_head's class probabilities of vector pairs, the provider's
+        max_batch_size pairs per call."""
+        if route != "nli_head":
+            return self.embed_rows(payloads, batch_size, route=route)
         step = self.limits.max_batch_size
-        probs = [self.runtime.graphs[head].run(u[i:i + step], v[i:i + step])[0]
-                 for i in range(0, len(u), step)]
-        labels = self.runtime.labels["nli"]
-        return [prediction(p, labels) for p in (np.concatenate(probs) if probs else [])]
+        return [probs for i in range(0, len(payloads), step)
+                for probs in self.runtime.nli_head(payloads[i:i + step])]
 
     def sentiment(self, texts: Sequence[str], batch_size: int | None = None) -> list[dict]:
         """Per text {label, polarity, scores} (as /sentiment); a windowed text's class
@@ -309,6 +315,54 @@ def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np
     if dimensions is not None and dimensions < vectors.shape[-1]:
         vectors = np.ascontiguousarray(vectors[..., :dimensions])
     return normalized(vectors) if normalize else vectors
+
+
+# ---- NLI: the one path (disan.Encoder.nli, the service's /nli, `disan eval --task snli|mnli|sick-e`) ----
+Call = tuple[str, list]  # a route ("nli": its encoder, on id rows; "nli_head": on vector pairs), payloads
+Steps = Generator[Call, Sequence[Any], list[dict]]
+
+
+def nli_steps(premises: Sequence[PreparedText], hypotheses: Sequence[PreparedText], labels: list[str]
+              ) -> Steps:
+    """NLI of prepared (premise, hypothesis) pairs (`disan.text.prepare`: each side fitted,
+    windowed, truncated or refused under the caller's limits), as the steps a driver runs:
+
+        the NLI route's encoder on every row of both sides  ->  each side's windows pooled
+        ->  nli_head on the (premise, hypothesis) vector pairs  ->  {label, scores} per pair
+
+    A generator that yields each graph call (route, payloads) and is sent back one result per
+    payload, so the same steps run where the graphs are called directly (`run_steps`:
+    `Encoder.nli`, hence `disan eval`) and where they queue in the service's micro-batchers
+    (`run_steps_async`: service.inference.engine)."""
+    if not premises:
+        return []
+    split = len(flat_rows(premises))
+    outs = yield "nli", flat_rows(premises) + flat_rows(hypotheses)
+    sides = zip(pool(premises, outs[:split]), pool(hypotheses, outs[split:]), strict=True)
+    probs = yield "nli_head", list(sides)
+    return [prediction(p, labels) for p in probs]
+
+
+def run_steps(steps: Steps, run: Callable[[str, list], Sequence[Any]]) -> list[dict]:
+    """Drive `steps`, each call run by `run(route, payloads)`."""
+    reply = None
+    while True:
+        try:
+            route, payloads = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply = run(route, payloads)
+
+
+async def run_steps_async(steps: Steps, run: Callable[[str, list], Awaitable[Sequence[Any]]]) -> list[dict]:
+    """`run_steps` with an awaited `run` (the service's batchers)."""
+    reply = None
+    while True:
+        try:
+            route, payloads = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply = await run(route, payloads)
 
 
 def prediction(probs: np.ndarray, labels: list[str]) -> dict:

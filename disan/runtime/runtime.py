@@ -192,19 +192,13 @@ class Runtime(ExplainFlags):
 
     def nli_head(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """(premise, hypothesis) vector pairs -> class probabilities: a [D] pair gives [K], a
-        pair of [m, D] matrices (m rows of one explained pair) gives [m, K]. One graph call."""
+        pair of [m, D] matrices (m rows of one explained pair) gives [m, K]. One graph call: the
+        head's step of `disan.runtime.encoder.nli_steps`, the one NLI path."""
         us = [np.atleast_2d(u) for u, _ in pairs]
         vs = [np.atleast_2d(v) for _, v in pairs]
         probs = self.graphs[self.graph_for("nli_head")].run(np.concatenate(us), np.concatenate(vs))[0]
         parts = np.split(probs, np.cumsum([len(u) for u in us])[:-1])
         return [part if np.ndim(u) == 2 else part[0] for part, (u, _) in zip(parts, pairs, strict=True)]
-
-    def nli(self, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
-        """(premise ids, hypothesis ids) pairs -> class probabilities [B, 3]: the NLI route's
-        encoder on each side (two padded batches), then the head."""
-        u = self.nli_embed([p for p, _ in pairs])
-        v = self.nli_embed([h for _, h in pairs])
-        return self.graphs[self.graph_for("nli_head")].run(u, v)[0]
 
     def sentiment(self, rows: list[list[int]]) -> np.ndarray:
         """Token id rows -> class probabilities [B, K]."""
@@ -242,7 +236,8 @@ class Runtime(ExplainFlags):
         """Run every graph once on a few shapes so first requests do not pay allocation costs."""
         for n in (1, 8, min(32, self.max_tokens)):
             rows = [[1] * n, [1] * max(1, n // 2)]
-            self.nli(list(zip(rows, rows, strict=True)))
+            u = self.nli_embed(rows)
+            self.nli_head(list(zip(u, u, strict=True)))
             self.sentiment(rows)
             if self.graph_for("embed") != self.graph_for("nli"):
                 self.embed(rows)

@@ -8,7 +8,6 @@ trained DiSAN models (`disan.distill.task_teacher.checkpoints`).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +45,10 @@ def save_soft_labels(path: Path, keys: list[str], logits: np.ndarray, num_classe
     np.savez_compressed(path, keys=np.asarray(keys), logits=logits, labels=_columns(num_classes))
 
 
-def training_keys(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """(every distinct training example of the recipe, the fine-tuning sentences), as keys, each
-    file read once for both labelling steps."""
-    num_classes = len(RECIPES[args.recipe]["label_names"])
-    data = Path(args.data)
-    keys = [k for name in RECIPES[args.recipe]["train"] for k in labelled(data / name, num_classes)[0]]
-    return list(dict.fromkeys(keys)), labelled(data / args.train_file, num_classes)[0]
+def training_keys(recipe: str, data: Path, train_file: str) -> tuple[list[str], list[str]]:
+    """(every distinct training example of `recipe` under the staged `data`, the fine-tuning
+    sentences of `train_file`), as keys, each file read once for both labelling steps."""
+    num_classes = len(RECIPES[recipe]["label_names"])
+    data = Path(data)
+    keys = [k for name in RECIPES[recipe]["train"] for k in labelled(data / name, num_classes)[0]]
+    return list(dict.fromkeys(keys)), labelled(data / train_file, num_classes)[0]

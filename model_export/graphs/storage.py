@@ -173,24 +173,6 @@ def torch_from(arr: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-def round_embedding_fp16(model) -> None:
-    """Round `model`'s word-vector table to fp16 values, in place (still an fp32 tensor).
-
-    A bundle that stores the table in fp16 (store_tables_fp16) holds exactly these values, so
-    the PyTorch reference of the parity check and the graphs compute the same model.
-    """
-    round_table(word_table(model).data, "fp16", model.cfg.task)
-
-
-def store_tables_fp16(model: onnx.ModelProto, names: set[str]) -> int:
-    """Keep the fp32 initializers `names` (word-vector tables) on disk in fp16, half the bytes.
-
-    The values must already be fp16-exact (round_embedding_fp16) for the graph to equal its
-    reference. Returns how many tables were converted (see store_tables).
-    """
-    return store_tables(model, names, "fp16")
-
-
 def store_tables(model: onnx.ModelProto, names: set[str], storage: str) -> int:
     """Keep the fp32 initializers `names` (word-vector tables; with fp16, any parameter) on disk in
     fp16, int8, or int8 with the last rows in int4 ("int8+int4:N", `model_export.graphs.int4_tail`).

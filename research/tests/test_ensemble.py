@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from model_export.graphs.storage import quantize_rows, round_tables  # noqa: E402
 from model_export.sessions import session  # noqa: E402
 from research.cli import main  # noqa: E402
@@ -91,7 +91,8 @@ def test_refusals(tiny_checkpoints, members, ensemble, tmp_path):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, tiny_checkpoints, ensemble) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "bundle"
-    build_bundle(tiny_checkpoints.nli, ensemble, out, embedding_storage="int8", log=lambda *_: None)
+    build_bundle(ExportConfig(tiny_checkpoints.nli, ensemble, out,
+                              embedding_storage="int8"), log=lambda *_: None)
     return out
 
 

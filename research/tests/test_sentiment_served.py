@@ -21,7 +21,7 @@ pytest.importorskip("onnxruntime")
 from disan import Encoder  # noqa: E402
 from disan.cli import main as disan_main  # noqa: E402
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from research.analyses import sentiment_served as bench  # noqa: E402
 
 ONLY_EMBED = ["violin", "piano", "sunset", "harbor"]  # words only the encoder knows: read through the map
@@ -42,9 +42,9 @@ def setup(tmp_path_factory, tiny_checkpoints) -> tuple[Path, Path]:
     assert disan_main(["distill", "borrow-words", str(tiny_checkpoints.sentiment), str(lender),
                        str(borrowed)]) == 0
     bundle = root / "bundle"
-    build_bundle(tiny_checkpoints.nli, borrowed, bundle, embed_path=lender, sets=("cpu",),
-                 embedding_storage="int8,nli=fp16,embed=int8+int4:5", matrix_storage="fp16",
-                 log=lambda *_: None)
+    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, bundle, embed=lender, sets=("cpu",),
+                              embedding_storage="int8,nli=fp16,embed=int8+int4:5",
+                              matrix_storage="fp16"), log=lambda *_: None)
     return borrowed, bundle
 
 

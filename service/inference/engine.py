@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.runtime.encoder import normalized, prediction, sentiment_prediction
+from disan.runtime.encoder import nli_steps, normalized, prediction, run_steps_async, sentiment_prediction
 from disan.runtime.runtime import Runtime
 from disan.text.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
@@ -239,6 +239,10 @@ class Engine:
             out += await self._run(graph, rows[start:start + step])
         return out
 
+    async def _run_route(self, route: str, rows: list[Any]) -> list[Any]:
+        """`_run_rows` on the graph serving `route` (a driver's call of disan.runtime.encoder's steps)."""
+        return await self._run_rows(self.require_ready().graph_for(route), rows)
+
     def check_explain(self, count: int, field: str, graph: str) -> None:
         """Refuse an explain request the bundle cannot serve or that is over the limit (cheap,
         before tokenizing)."""
@@ -281,11 +285,12 @@ class Engine:
 
     async def nli(self, pairs: list[tuple[str, str]], policy: LongTextPolicy | str, explain: bool = False
                   ) -> tuple[list[dict], int]:
-        """Per pair {label, scores[, explanation]} and the token count: the NLI route's encoder on
-        both sentences (a long one's windows pooled; the /embed batches unless the bundle has a
-        distilled encoder for /embed), then the head on the vector pairs."""
+        """Per pair {label, scores[, explanation]} and the token count: `nli_steps` (the NLI
+        route's encoder on both sentences, a long one's windows pooled, in the /embed batches
+        unless the bundle has a distilled encoder for /embed; then the head on the vector pairs).
+        An explained pair runs the explain graph and one head row per token instead."""
         runtime = self.require_ready()
-        encoder, encoder_explain, head = (runtime.graph_for(r) for r in ("nli", "nli_explain", "nli_head"))
+        encoder_explain, head = runtime.graph_for("nli_explain"), runtime.graph_for("nli_head")
         if len(pairs) > self.settings.max_texts_per_request:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
@@ -297,13 +302,8 @@ class Engine:
                                               route="nli")
         labels = runtime.labels["nli"]
         tokens = sum(len(p.ids) + len(h.ids) for p, h in zip(premises, hypotheses, strict=True))
-        if not explain:
-            outs = await self._run_rows(encoder, flat_rows(premises) + flat_rows(hypotheses))
-            split = len(flat_rows(premises))
-            sides = list(zip(pool_rows(premises, outs[:split]), pool_rows(hypotheses, outs[split:]),
-                             strict=True))
-            probs = await self._run(head, sides)
-            return [prediction(row, labels) for row in probs], tokens
+        if not explain:  # the one NLI path, its graph calls queued in this worker's batchers
+            return await run_steps_async(nli_steps(premises, hypotheses, labels), self._run_route), tokens
         require_fitting(premises, "pairs", ".premise")
         require_fitting(hypotheses, "pairs", ".hypothesis")
         self.check_explain_tokens(premises, hypotheses)

@@ -20,7 +20,7 @@ from disan.bundle.manifest import load_manifest  # noqa: E402
 from disan.cli import main  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 from model_export import calibrate as cal  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 
 
 def test_the_offsets_are_the_smallest_that_reach_the_best_accuracy() -> None:
@@ -69,7 +69,8 @@ def test_the_calibrated_model_serves_its_offsets_and_the_bundle_names_them(stage
 
     # exported, the bundle serves it (every held-out pair neutral) and names the calibration in its sources
     bundle = tmp_path / "bundle"
-    build_bundle(out, tiny_checkpoints.sentiment, bundle, sets=("cpu",), fp16=False, log=lambda *_: None)
+    build_bundle(ExportConfig(out, tiny_checkpoints.sentiment, bundle, sets=("cpu",),
+                              fp16=False), log=lambda *_: None)
     assert load_manifest(bundle)["sources"]["nli"]["calibration"]["offsets"] == record["offsets"]
     _, examples, _ = cal.dev_set("nli", 3, staged)
     served = Encoder(bundle, providers="cpu").nli([tuple(" ".join(t) for t in ex.texts) for ex in examples])

@@ -23,7 +23,7 @@ from conftest import bundle_graph_files, ort_session, padded_ids  # noqa: E402
 
 from disan.cli import main as cli_main  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -190,7 +190,7 @@ def test_export_refuses_mismatched_vocabs(tiny_checkpoints, tmp_path, capsys):
     other = make_tiny_checkpoint(tmp_path / "other.pt", "sentiment", Vocab(["some", "other", "words"]),
                                  SENTIMENT_LABELS, seed=3)
     with pytest.raises(ValueError, match="different vocabularies"):
-        build_bundle(tiny_checkpoints.nli, other, tmp_path / "out")
+        build_bundle(ExportConfig(tiny_checkpoints.nli, other, tmp_path / "out"))
     code = cli_main(["export", "--nli", str(tiny_checkpoints.nli), "--sentiment", str(other),
                      "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -208,8 +208,8 @@ def test_export_takes_a_vocabulary_that_extends_the_other(tiny_checkpoints, tmp_
 
     longer = Vocab([*tiny_checkpoints.vocab.itos[2:], "zebra", "quokka"])
     sent = make_tiny_checkpoint(tmp_path / "sent.pt", "sentiment", longer, SENTIMENT_LABELS, seed=4)
-    m = build_bundle(tiny_checkpoints.nli, sent, tmp_path / "out", sets=("cpu",), fp16=False,
-                     log=lambda *a: None)
+    m = build_bundle(ExportConfig(tiny_checkpoints.nli, sent, tmp_path / "out", sets=("cpu",),
+                                  fp16=False), log=lambda *a: None)
     assert m["vocab_size"] == len(longer)
     assert Vocab.load(tmp_path / "out" / "vocab.json").itos == longer.itos
     assert m["models"]["nli"]["config"]["vocab_size"] == len(tiny_checkpoints.vocab)
@@ -218,16 +218,18 @@ def test_export_takes_a_vocabulary_that_extends_the_other(tiny_checkpoints, tmp_
 
 def test_export_refuses_bad_arguments(tiny_checkpoints, tmp_path):
     with pytest.raises(ValueError, match="is a 'sentiment' checkpoint"):
-        build_bundle(tiny_checkpoints.sentiment, tiny_checkpoints.sentiment, tmp_path / "a")
+        build_bundle(ExportConfig(tiny_checkpoints.sentiment, tiny_checkpoints.sentiment, tmp_path / "a"))
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("not a bundle")
     with pytest.raises(ValueError, match="not empty"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, busy, force=True)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, busy, force=True))
     with pytest.raises(ValueError, match="attention-chunk-cells must be >= 0"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b", chunk_cells=-1)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b",
+                                  chunk_cells=-1))
     with pytest.raises(ValueError, match="--sets"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b", sets=("tpu",))
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b",
+                                  sets=("tpu",)))
     assert not (tmp_path / "b").exists()
 
 

@@ -12,16 +12,18 @@ import pytest
 from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
 
 from disan.bundle.manifest import ROUTES, BundleError, load_manifest, routes, variant_files, write_manifest
-from disan.text.tokenizer import Vocab
+from disan.data.readers import Example
+from disan.text.tokenizer import Vocab, tokenize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from disan import Encoder  # noqa: E402
+from disan.eval.evaluate import predict  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 from model_export.agreement import NLI  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from model_export.graphs.storage import quantize_rows, round_tables  # noqa: E402
 from model_export.references import bundle_models  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
@@ -50,8 +52,8 @@ def embed_ckpt(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def embed_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:
     out = tmp_path_factory.mktemp("embed") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=embed_ckpt,
-                 log=lambda *_: None, name="tiny-distilled")
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed=embed_ckpt,
+                              name="tiny-distilled"), log=lambda *_: None)
     return out
 
 
@@ -60,8 +62,8 @@ def int8_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:
     """--embedding-storage int8,nli=fp16 (int8 tables but the NLI model's), with the dynamically
     quantised cpu variant too."""
     out = tmp_path_factory.mktemp("embed-int8") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=embed_ckpt, int8=True,
-                 embedding_storage="int8,nli=fp16", log=lambda *_: None)
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed=embed_ckpt,
+                              int8=True, embedding_storage="int8,nli=fp16"), log=lambda *_: None)
     return out
 
 
@@ -173,9 +175,8 @@ def test_python_api_and_eval_follow_the_routes(embed_bundle, embed_ckpt, tiny_ch
     want = nli_probs(*loaded(tiny_checkpoints.nli), PAIRS)
     got = np.asarray([[p["scores"][k] for k in tiny_checkpoints.nli_labels] for p in enc.nli(PAIRS)])
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    rt = enc.runtime
-    rows = [(rt.text_ids(p), rt.text_ids(h)) for p, h in PAIRS]
-    np.testing.assert_allclose(rt.nli(rows), want, atol=1e-5, rtol=0)
+    examples = [Example((tuple(tokenize(p)), tuple(tokenize(h))), "entailment", "") for p, h in PAIRS]
+    np.testing.assert_allclose(predict(enc, "snli", examples), want, atol=1e-5, rtol=0)
 
 
 def test_verify_and_recover_an_embed_bundle(embed_bundle, tiny_checkpoints, embed_ckpt, tmp_path):
@@ -263,8 +264,8 @@ def test_embedding_storage_per_model():
 
 def test_export_refuses_a_classifier_as_the_sentence_encoder(tiny_checkpoints, tmp_path):
     with pytest.raises(ValueError, match="expected a sentence encoder"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "out",
-                     embed_path=tiny_checkpoints.nli)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "out",
+                                  embed=tiny_checkpoints.nli))
     assert not (tmp_path / "out").exists()
 
 
@@ -296,8 +297,8 @@ def test_hashed_unknown_rows_reach_the_bundle_and_only_the_encoder_reads_them(ti
     hashed = tmp_path / "hashed.pt"
     write_checkpoint(hashed, {**payload, "unknown_rows": 2})  # the last two: sunset, harbor
     out = tmp_path / "bundle"
-    manifest = build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=hashed,
-                            log=lambda *_: None)
+    manifest = build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out,
+                                         embed=hashed), log=lambda *_: None)
     vocab = Vocab.load(out / "vocab.json")
     assert vocab.unknown_rows == 2 and vocab.itos[-2:] == ["sunset", "harbor"]
     assert manifest["models"]["embed"]["vocab"]["unknown_rows"] == 2
@@ -335,9 +336,9 @@ def test_export_writes_the_trained_sizes_and_changes_no_route(embed_bundle, embe
     sizes = [PROJ_DIM, PROJ_DIM // 2, PROJ_DIM // 4]
     write_checkpoint(tmp_path / "nested" / "student.pt", {**payload, "matryoshka_dims": sizes})
     out = tmp_path / "bundle"
-    manifest = build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, sets=("cpu",),
-                            fp16=False, embed_path=tmp_path / "nested" / "student.pt", log=lambda *_: None,
-                            name="tiny-distilled")
+    manifest = build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, sets=("cpu",),
+                                         fp16=False, embed=tmp_path / "nested" / "student.pt",
+                                         name="tiny-distilled"), log=lambda *_: None)
     assert manifest["matryoshka_dims"] == load_manifest(out)["matryoshka_dims"] == sizes
     report = compare(embed_bundle, out)
     assert report["changed"] == [] and {r["status"] for r in report["routes"].values()} == {"same"}
@@ -345,6 +346,6 @@ def test_export_writes_the_trained_sizes_and_changes_no_route(embed_bundle, embe
     bad = [2 * PROJ_DIM, PROJ_DIM]  # larger than the vector
     write_checkpoint(tmp_path / "bad" / "student.pt", {**payload, "matryoshka_dims": bad})
     with pytest.raises(BundleError, match=r"matryoshka_dims \[48, 24\]"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "refused",
-                     embed_path=tmp_path / "bad" / "student.pt", log=lambda *_: None)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "refused",
+                                  embed=tmp_path / "bad" / "student.pt"), log=lambda *_: None)
     assert not (tmp_path / "refused").exists()

@@ -26,7 +26,7 @@ from disan.runtime.runtime import load_offline  # noqa: E402
 from disan.text.pieces import PieceTokenizer, read_tokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint, write_checkpoint  # noqa: E402
 from model_export.bundle_diff import compare, route_fingerprints  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
 
 torch.set_num_threads(1)
@@ -78,8 +78,8 @@ def borrowed(tmp_path_factory, tiny_checkpoints) -> Path:
 def piece_bundle(tmp_path_factory, tiny_checkpoints, borrowed, piece_ckpt) -> Path:
     """NLI, a sentiment model that borrowed a word table, and the piece encoder (one export)."""
     out = tmp_path_factory.mktemp("piece-bundle") / "bundle"
-    build_bundle(tiny_checkpoints.nli, borrowed, out, embed_path=piece_ckpt, log=lambda *_: None,
-                 name="tiny-pieces", sets=("cpu",), embedding_storage="fp32,borrowed=int8")
+    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=piece_ckpt, name="tiny-pieces",
+                              sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
     return out
 
 

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from disan import Encoder  # noqa: E402
 from model_export.embed import reindexed  # noqa: E402
-from model_export.export import build_bundle, storage_by_model  # noqa: E402
+from model_export.export import ExportConfig, build_bundle, storage_by_model  # noqa: E402
 from model_export.graphs.int4_tail import dequantize_rows_int4, quantize_rows_int4  # noqa: E402
 from model_export.graphs.storage import quantize_rows, store_tables, stored_rows  # noqa: E402
 from model_export.references import bundle_models  # noqa: E402
@@ -94,8 +94,8 @@ def test_unrounded_values_are_refused():
 @pytest.fixture(scope="module")
 def int4_bundle(tmp_path_factory, tiny_checkpoints, embed_ckpt) -> Path:  # noqa: F811
     out = tmp_path_factory.mktemp("embed-int4") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed_path=embed_ckpt,
-                 embedding_storage=f"int8,nli=fp16,embed=int8+int4:{TAIL}", log=lambda *_: None)
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, embed=embed_ckpt,
+                              embedding_storage=f"int8,nli=fp16,embed=int8+int4:{TAIL}"), log=lambda *_: None)
     return out
 
 

@@ -129,14 +129,14 @@ def test_later_generations_keep_the_whole_provenance(tiny_bundle, tiny_checkpoin
     """Recover a bundle, export the recovered models again, and again: each manifest names every
     checkpoint once (a source's history is references into `lineage`, not copies), and the
     checkpoints recovered last still carry the whole chain back to the first sources."""
-    from model_export.export import build_bundle
+    from model_export.export import ExportConfig, build_bundle
 
     bundle, made = tiny_bundle, {t: getattr(tiny_checkpoints, t) for t in ("nli", "sentiment")}
     for generation in (1, 2):
         recovered = recover(bundle, tmp_path / f"r{generation}", log=lambda *_: None)
         bundle = tmp_path / f"b{generation}"
-        build_bundle(recovered["nli"], recovered["sentiment"], bundle, max_len=128, fp16=False,
-                     int8=False, log=lambda *_: None, name="tiny-disan")
+        build_bundle(ExportConfig(recovered["nli"], recovered["sentiment"], bundle, max_len=128, fp16=False,
+                                  int8=False, name="tiny-disan"), log=lambda *_: None)
         manifest = load_manifest(bundle)
         for task in ("nli", "sentiment"):
             source = manifest["sources"][task]

@@ -123,9 +123,10 @@ def test_verify_modes(bundle_copy, tiny_checkpoints, monkeypatch, tmp_path):
 
 def test_verify_rebuilds_models_from_bundle_weights(tiny_bundle, tiny_models):
     """The bundle's parameter-named weights give back exactly the exported models."""
-    from model_export.references import models_from_bundle
+    from model_export.references import bundle_models
 
-    rebuilt = models_from_bundle(tiny_bundle, load_manifest(tiny_bundle))
+    models = bundle_models(tiny_bundle, load_manifest(tiny_bundle))
+    rebuilt = [models["nli"], models["sentiment"]]
     for got, want in zip(rebuilt, tiny_models, strict=True):
         for key, value in want.state_dict().items():
             if not key.endswith("trainable_rows"):

@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from conftest import bundle_graph_files, ort_session, padded_ids  # noqa: E402
 
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from model_export.verify import verify_bundle  # noqa: E402
 
 torch.set_num_threads(1)
@@ -56,8 +56,8 @@ def test_weights_stored_once(tiny_bundle, tiny_models):
 def half_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
     """The tiny bundle exported with --embedding-storage fp16."""
     out = tmp_path_factory.mktemp("half") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True, int8=True,
-                 log=lambda *_: None, embedding_storage="fp16")
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True, int8=True,
+                              embedding_storage="fp16"), log=lambda *_: None)
     return out
 
 
@@ -85,17 +85,17 @@ def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints
     """The graphs compute the checkpoints' models with the tables rounded to fp16: ORT equals that
     model (and not the unrounded one, which verify must round too), and the bundle's weights
     rebuild it exactly."""
-    from model_export.graphs.storage import round_embedding_fp16
-    from model_export.references import models_from_bundle
+    from model_export.graphs.storage import round_tables
+    from model_export.references import bundle_models
 
     m = load_manifest(half_bundle)
     rounded = []
     for model in tiny_models:
         twin = type(model)(model.cfg)
         twin.load_state_dict(model.state_dict())
-        round_embedding_fp16(twin.eval())
+        round_tables([twin.eval()], "fp16")
         rounded.append(twin)
-    rebuilt = models_from_bundle(half_bundle, m)
+    rebuilt = [bundle_models(half_bundle, m)[task] for task in ("nli", "sentiment")]
     for got, want in zip(rebuilt, rounded, strict=True):
         assert torch.equal(got.encoder.embed.weight, want.encoder.embed.weight)
     ids, mask = padded_ids(np.random.default_rng(0), tiny_models[1].cfg.vocab_size, 4, 9)
@@ -113,21 +113,21 @@ def test_fp16_embedding_storage_checked_as_shipped(half_bundle, tiny_checkpoints
 
 
 def test_fp16_embedding_storage_refuses_out_of_range_tables(tiny_models):
-    from model_export.graphs.storage import round_embedding_fp16
+    from model_export.graphs.storage import round_tables
 
     model = type(tiny_models[0])(tiny_models[0].cfg)
     with torch.no_grad():
         model.encoder.embed.weight[3, 0] = 1e6
     with pytest.raises(ValueError, match="fp16's range"):
-        round_embedding_fp16(model)
+        round_tables([model], "fp16")
 
 
 @pytest.fixture(scope="module")
 def half_matrix_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
     """The tiny bundle exported with --matrix-storage fp16 (the tables stay fp32)."""
     out = tmp_path_factory.mktemp("half-matrices") / "bundle"
-    build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True,
-                 log=lambda *_: None, matrix_storage="fp16")
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, out, fp16=True,
+                              matrix_storage="fp16"), log=lambda *_: None)
     return out
 
 
@@ -174,11 +174,12 @@ def test_fp16_matrix_storage_checked_as_shipped(half_matrix_bundle, tiny_checkpo
     """The graphs compute the models with every other parameter rounded to fp16: ORT equals that
     model and not the unrounded one, the bundle's weights rebuild it exactly, and `disan verify`
     rounds the checkpoints as the export did (from the manifest) before comparing."""
-    from model_export.references import models_from_bundle
+    from model_export.references import bundle_models
 
     m = load_manifest(half_matrix_bundle)
     rounded = [_rounded_matrices(model) for model in tiny_models]
-    for got, want in zip(models_from_bundle(half_matrix_bundle, m), rounded, strict=True):
+    rebuilt = [bundle_models(half_matrix_bundle, m)[task] for task in ("nli", "sentiment")]
+    for got, want in zip(rebuilt, rounded, strict=True):
         for name, value in want.state_dict().items():
             if value.is_floating_point():
                 assert torch.equal(got.state_dict()[name], value), name
@@ -201,5 +202,5 @@ def test_fp16_matrix_storage_checked_as_shipped(half_matrix_bundle, tiny_checkpo
 
 def test_matrix_storage_refuses_unknown_storage(tiny_checkpoints, tmp_path):
     with pytest.raises(ValueError, match="--matrix-storage 'int8'"):
-        build_bundle(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b",
-                     log=lambda *_: None, matrix_storage="int8")
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "b",
+                                  matrix_storage="int8"), log=lambda *_: None)

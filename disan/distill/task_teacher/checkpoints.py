@@ -9,7 +9,6 @@ what `disan train --soft-targets` learns from. No fine-tuning: the checkpoints a
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from disan.data import readers as D
 from disan.data.recipes import RECIPES
+from disan.distill.config import TaskTeacherConfig
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
 from disan.train.loop import predict_logits
 from disan.train.soft_labels import KEY_SEP, save_soft_labels, training_keys
@@ -49,24 +49,24 @@ def mean_probability_logits(paths: Sequence[str], examples: Sequence[tuple[str, 
     return np.log(total / len(paths)).astype(np.float32)
 
 
-def label_with_checkpoints(args: argparse.Namespace, out: Path) -> int:
+def label_with_checkpoints(cfg: TaskTeacherConfig, out: Path) -> int:
     """--checkpoints: their mean probabilities of every training example -> `soft.npz`."""
-    if args.augment:
+    if cfg.augment:
         raise ValueError("--augment labels variants with a fine-tuned teacher, not with --checkpoints")
-    if args.unlabelled:
+    if cfg.unlabelled:
         raise ValueError("--unlabelled labels a corpus with a fine-tuned teacher, not with --checkpoints")
-    for path in args.checkpoints:  # one line before any slow work
+    for path in cfg.checkpoints:  # one line before any slow work
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: no such checkpoint")
-    label_names = RECIPES[args.recipe]["label_names"]
+    label_names = RECIPES[cfg.recipe]["label_names"]
     num_classes = len(label_names)
-    keys, _ = training_keys(args)
-    logits = mean_probability_logits(args.checkpoints, [tuple(k.split(KEY_SEP)) for k in keys], label_names)
+    keys, _ = training_keys(cfg.recipe, cfg.data, cfg.train_file)
+    logits = mean_probability_logits(cfg.checkpoints, [tuple(k.split(KEY_SEP)) for k in keys], label_names)
     out.mkdir(parents=True, exist_ok=True)
     save_soft_labels(out / "soft.npz", keys, logits, num_classes)
-    info = {"teacher": "checkpoints", "checkpoints": list(args.checkpoints), "recipe": args.recipe,
+    info = {"teacher": "checkpoints", "checkpoints": list(cfg.checkpoints), "recipe": cfg.recipe,
             "examples": len(keys)}
     (out / "checkpoint_teacher.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"soft targets: {out / 'soft.npz'} ({len(keys)} examples, the mean of "
-          f"{len(args.checkpoints)} checkpoints)")
+          f"{len(cfg.checkpoints)} checkpoints)")
     return 0

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.data.recipes import RECIPES
+from disan.distill.config import TaskTeacherConfig
 from disan.distill.task_teacher.classifier import Classifier, accuracy, predict
 from disan.distill.task_teacher.labels import class_count, label, label_augmented, label_unlabelled
 from disan.distill.teacher import bf16_autocast, resolved_precision
@@ -52,8 +53,8 @@ FIT_STATE = "fit_state.pt"  # the interrupted fit's progress; removed once teach
 FIT_SETTINGS = ("recipe", "teacher", "train_file", "epochs", "lr", "batch_size", "seed", "precision")
 
 
-def _fit_settings(args: argparse.Namespace) -> dict:
-    return {k: getattr(args, k) for k in FIT_SETTINGS}
+def _fit_settings(cfg: TaskTeacherConfig) -> dict:
+    return {k: getattr(cfg, k) for k in FIT_SETTINGS}
 
 
 def _epoch_batches(rng: np.random.Generator, lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -73,18 +74,18 @@ def eta_seconds(spent: float, taken: int, left: int) -> float:
     return round(spent / max(1, taken) * left, 1)
 
 
-def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
+def _load_fit_state(cfg: TaskTeacherConfig, out: Path, torch) -> dict | None:
     """The saved progress of an interrupted fit with these settings; None without one; a one-line
     error when it was written with other settings (continuing it would mix two fits)."""
     path = out / FIT_STATE
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location=args.device, weights_only=True)  # plain data, no code
+        state = torch.load(path, map_location=cfg.device, weights_only=True)  # plain data, no code
         saved = state["settings"]
     except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError) as e:  # truncated, other
         raise ValueError(f"{path}: not a saved fit ({type(e).__name__}); remove it to start again") from e
-    ours = _fit_settings(args)
+    ours = _fit_settings(cfg)
     if saved.get("precision") == "auto":  # written before the precision was resolved: as then, not checked
         saved = {**saved, "precision": ours["precision"]}
     if saved != ours:
@@ -95,7 +96,7 @@ def _load_fit_state(args: argparse.Namespace, out: Path, torch) -> dict | None:
     return state
 
 
-def fit(args: argparse.Namespace, out: Path) -> dict:
+def fit(cfg: TaskTeacherConfig, out: Path) -> dict:
     """Fine-tune the teacher; keep the best-dev epoch in `teacher.pt`; its numbers in `teacher.json`.
     Every --save-every steps and at each epoch's end the whole fit (weights, optimiser, schedule,
     random states, where it is) goes to `fit_state.pt`, so a rerun goes on from there and ends
@@ -104,24 +105,24 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
 
     from disan.train.checkpoint import write_checkpoint  # torch, as above
 
-    recipe = RECIPES[args.recipe]
-    data = Path(args.data)
-    num_classes = class_count(args.recipe)
-    train_x, train_y = labelled(data / args.train_file, num_classes)
+    recipe = RECIPES[cfg.recipe]
+    data = cfg.data
+    num_classes = class_count(cfg.recipe)
+    train_x, train_y = labelled(data / cfg.train_file, num_classes)
     dev_x, dev_y = labelled(data / recipe["dev"], num_classes)
     test_x, test_y = labelled(data / recipe["test"], num_classes)
-    torch.manual_seed(args.seed)
-    model = Classifier(args.teacher, num_classes, args.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    steps_per_epoch = math.ceil(len(train_x) / args.batch_size)
-    total = steps_per_epoch * args.epochs
+    torch.manual_seed(cfg.seed)
+    model = Classifier(cfg.teacher, num_classes, cfg.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    steps_per_epoch = math.ceil(len(train_x) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
     warmup = max(1, int(0.1 * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(cfg.seed)
     lengths = [len(x) for x in train_x]
     best, log, first_epoch, done, loss_sum, spent = -1.0, [], 0, 0, 0.0, 0.0
-    state = _load_fit_state(args, out, torch)
+    state = _load_fit_state(cfg, out, torch)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -136,24 +137,24 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
     this_run, taken = time.monotonic(), 0  # this process's own rate gives the progress lines' ETA
 
     def save_state(epoch: int, step: int, epoch_rng: dict) -> None:
-        state = {"settings": _fit_settings(args), "model": model.state_dict(),
+        state = {"settings": _fit_settings(cfg), "model": model.state_dict(),
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "torch_rng": torch.get_rng_state(), "epoch_rng": epoch_rng, "epoch": epoch, "step": step,
                  "best": best, "log": log, "loss_sum": loss_sum,
                  "elapsed_s": round(time.monotonic() - started, 1)}
         write_checkpoint(out / FIT_STATE, state)
 
-    for epoch in range(first_epoch, args.epochs):
+    for epoch in range(first_epoch, cfg.epochs):
         model.train(True)
         epoch_rng = rng.bit_generator.state  # the batches are drawn again from here on resume
-        batches = _epoch_batches(rng, lengths, args.batch_size)
+        batches = _epoch_batches(rng, lengths, cfg.batch_size)
         for step, idx in enumerate(batches, 1):
             if step <= done:  # this epoch's steps before the saved state
                 continue
-            with bf16_autocast(args.device, args.precision):
+            with bf16_autocast(cfg.device, cfg.precision):
                 logits = model.logits([train_x[j] for j in idx])
             loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([train_y[j] for j in idx],
-                                                                                  device=args.device))
+                                                                                  device=cfg.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -161,15 +162,15 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             sched.step()
             loss_sum += loss.item()
             taken += 1
-            if step % args.log_every == 0:  # a fit on every phrase runs for hours on a CPU
-                left = len(batches) - step + (args.epochs - epoch - 1) * len(batches)
+            if step % cfg.log_every == 0:  # a fit on every phrase runs for hours on a CPU
+                left = len(batches) - step + (cfg.epochs - epoch - 1) * len(batches)
                 now = time.monotonic()
                 print(json.dumps({"epoch": epoch + 1, "step": step, "of": len(batches),
                                   "train_loss": loss_sum / step, "elapsed_s": round(now - started, 1),
                                   "eta_s": eta_seconds(now - this_run, taken, left)}), flush=True)
-            if step % args.save_every == 0 and step < len(batches):
+            if step % cfg.save_every == 0 and step < len(batches):
                 save_state(epoch, step, epoch_rng)
-        dev_acc = accuracy(predict(model, dev_x, 64, args.precision), dev_y)
+        dev_acc = accuracy(predict(model, dev_x, 64, cfg.precision), dev_y)
         row = {"epoch": epoch + 1, "train_loss": loss_sum / len(batches), "dev_acc": dev_acc,
                "elapsed_s": round(time.monotonic() - started, 1)}
         log.append(row)
@@ -179,11 +180,11 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
             write_checkpoint(out / "teacher.pt", model.state_dict())
         done, loss_sum = 0, 0.0
         save_state(epoch + 1, 0, rng.bit_generator.state)
-    model.load_state_dict(torch.load(out / "teacher.pt", map_location=args.device))
-    test_acc = accuracy(predict(model, test_x, 64, args.precision), test_y)
-    info = {"teacher": args.teacher, "recipe": args.recipe, "train_file": args.train_file,
-            "train_examples": len(train_x), "epochs": args.epochs, "lr": args.lr,
-            "batch_size": args.batch_size, "seed": args.seed, "precision": args.precision,
+    model.load_state_dict(torch.load(out / "teacher.pt", map_location=cfg.device))
+    test_acc = accuracy(predict(model, test_x, 64, cfg.precision), test_y)
+    info = {"teacher": cfg.teacher, "recipe": cfg.recipe, "train_file": cfg.train_file,
+            "train_examples": len(train_x), "epochs": cfg.epochs, "lr": cfg.lr,
+            "batch_size": cfg.batch_size, "seed": cfg.seed, "precision": cfg.precision,
             "best_dev_acc": best, "test_acc_at_best_dev": test_acc, "log": log}
     (out / "teacher.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / FIT_STATE).unlink(missing_ok=True)  # the size of the model three times over
@@ -191,30 +192,33 @@ def fit(args: argparse.Namespace, out: Path) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", choices=["sst5", "sst2"], default="sst5")
-    parser.add_argument("--data", default="../shared/data", help="the staged data folder")
+    d = TaskTeacherConfig  # the defaults
+    parser.add_argument("--recipe", choices=["sst5", "sst2"], default=d.recipe)
+    parser.add_argument("--data", default=str(d.data), help="the staged data folder")
     parser.add_argument("--train-file", help="what the teacher is fine-tuned on, under --data "
                         f"(default: the recipe's sentence-level training file: {SENTENCE_TRAIN})")
-    parser.add_argument("--teacher", choices=["mpnet", "minilm"], default="mpnet")
+    parser.add_argument("--teacher", choices=["mpnet", "minilm"], default=d.teacher)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--chunk", type=int, default=8192, help="examples labelled between progress records")
-    parser.add_argument("--log-every", type=int, default=500, help="fine-tuning steps between progress lines")
-    parser.add_argument("--save-every", type=int, default=500,
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--chunk", type=int, default=d.chunk,
+                        help="examples labelled between progress records")
+    parser.add_argument("--log-every", type=int, default=d.log_every,
+                        help="fine-tuning steps between progress lines")
+    parser.add_argument("--save-every", type=int, default=d.save_every,
                         help="fine-tuning steps between saves of the whole fit (fit_state.pt), so a "
                         "rerun goes on from the last one")
-    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=d.precision,
                         help="auto: bf16 where the device runs it natively and faster (a CPU is timed "
                              "once), else fp32; the fit records which")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=d.device)
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--checkpoints", nargs="+", metavar="CKPT",
                         help="no fine-tuning: the teacher is the mean of these sentiment checkpoints' "
                         "probabilities (`disan.distill.task_teacher.checkpoints`); writes soft.npz only")
-    parser.add_argument("--augment", type=int, default=0, metavar="N",
+    parser.add_argument("--augment", type=int, default=d.augment, metavar="N",
                         help="also label N new variants of each fine-tuning sentence (masked words, "
                         "swapped words, n-grams: Tang et al., 2019) -> augmented.npz, for `disan "
                         "train --augmented`")
@@ -236,29 +240,34 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--lr {args.lr}: give a learning rate above 0")
     if args.unlabelled and not (Path(args.unlabelled) / "corpus.json").is_file():
         raise ValueError(f"--unlabelled {args.unlabelled}: not a `disan corpus` folder (no corpus.json)")
-    args.train_file = args.train_file or SENTENCE_TRAIN[args.recipe]
-    # what auto means differs between machines; a fit saved on one and resumed on another must not
-    # change precision halfway, so the settings hold the resolved one
-    args.precision = resolved_precision(args.device, args.precision)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    if args.checkpoints:
+    cfg = TaskTeacherConfig(
+        out=Path(args.out), recipe=args.recipe, data=Path(args.data),
+        train_file=args.train_file or SENTENCE_TRAIN[args.recipe], teacher=args.teacher, epochs=args.epochs,
+        lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+        # what auto means differs between machines; a fit saved on one and resumed on another must
+        # not change precision halfway, so the settings hold the resolved one
+        precision=resolved_precision(args.device, args.precision), device=args.device,
+        threads=args.threads, chunk=args.chunk, log_every=args.log_every, save_every=args.save_every,
+        checkpoints=tuple(args.checkpoints or ()), augment=args.augment, unlabelled=args.unlabelled)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = cfg.out
+    if cfg.checkpoints:
         from disan.distill.task_teacher.checkpoints import label_with_checkpoints  # torch (`train` extra)
 
-        return label_with_checkpoints(args, out)
+        return label_with_checkpoints(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     if (out / "teacher.json").is_file():
         info = json.loads((out / "teacher.json").read_text())
         print(f"teacher already fitted: dev {info['best_dev_acc']:.4f}, "
               f"test {info['test_acc_at_best_dev']:.4f}")
     else:
-        info = fit(args, out)
+        info = fit(cfg, out)
     print(json.dumps({k: v for k, v in info.items() if k != "log"}), flush=True)
-    keys, sentences = training_keys(args)
-    print(f"soft targets: {label(args, out, keys, sentences)}")
-    if args.augment:
-        print(f"teacher-labelled variants: {label_augmented(args, out, keys, sentences)}")
-    if args.unlabelled:
-        print(f"teacher-labelled corpus sentences: {label_unlabelled(args, out, keys)}")
+    keys, sentences = training_keys(cfg.recipe, cfg.data, cfg.train_file)
+    print(f"soft targets: {label(cfg, out, keys, sentences)}")
+    if cfg.augment:
+        print(f"teacher-labelled variants: {label_augmented(cfg, out, keys, sentences)}")
+    if cfg.unlabelled:
+        print(f"teacher-labelled corpus sentences: {label_unlabelled(cfg, out, keys)}")
     return 0

@@ -21,7 +21,7 @@ from disan.cli import main  # noqa: E402
 from disan.distill.borrow_words import borrow_words  # noqa: E402
 from disan.model import BORROWED_KEY  # noqa: E402
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from model_export.export import build_bundle  # noqa: E402
+from model_export.export import ExportConfig, build_bundle  # noqa: E402
 from model_export.graphs.storage import quantize_rows, round_tables  # noqa: E402
 
 torch.set_num_threads(1)
@@ -124,8 +124,8 @@ def test_borrowing_again_replaces_the_borrowed_words(tiny_checkpoints, lender, b
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, tiny_checkpoints, lender, borrowed) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "bundle"
-    build_bundle(tiny_checkpoints.nli, borrowed, out, embed_path=lender, embedding_storage="int8,nli=fp16",
-                 log=lambda *_: None)
+    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=lender,
+                              embedding_storage="int8,nli=fp16"), log=lambda *_: None)
     return out
 
 
@@ -158,11 +158,12 @@ def test_the_bundle_serves_lent_words_and_stores_the_table_once(bundle, tiny_che
 
 def test_export_needs_the_lender_as_embed(tiny_checkpoints, borrowed, lender, tmp_path):
     with pytest.raises(ValueError, match="export it with that encoder as --embed"):
-        build_bundle(tiny_checkpoints.nli, borrowed, tmp_path / "a", log=lambda *_: None)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, tmp_path / "a"), log=lambda *_: None)
     other = make_tiny_checkpoint(tmp_path / "other.pt", "encoder", loaded(lender)[1], [], seed=9,
                                  proj_dim=24, embed_dim=EMBED_DIM)
     with pytest.raises(ValueError, match="borrowed another table than --embed's"):
-        build_bundle(tiny_checkpoints.nli, borrowed, tmp_path / "b", embed_path=other, log=lambda *_: None)
+        build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, tmp_path / "b",
+                                  embed=other), log=lambda *_: None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

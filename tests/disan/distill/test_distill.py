@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -15,13 +14,14 @@ from conftest import loaded, run_texts  # noqa: E402
 
 from disan.distill import loop as distill  # noqa: E402
 from disan.distill import supervision  # noqa: E402
+from disan.distill.config import DistillConfig  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
 WORDS = "the cat dog sat ran on a mat rug fast slow red blue big small".split()
 
 
-def _args(out: Path, **over) -> argparse.Namespace:
+def _args(out: Path, **over) -> DistillConfig:
     base = dict(out=out, threads=1, resume=False, vocab_size=100, embed_dim=8, d_h=4, keep_prob=1.0,
                 serve_proj=True, contrastive=0.1, relational=0.0, pairs_weight=0.0, temperature=0.05,
                 lr=1e-2, seed=0, init="random", batch_size=8, steps=6, eval_every=3, max_minutes=None,
@@ -29,7 +29,7 @@ def _args(out: Path, **over) -> argparse.Namespace:
                 neighbour_group=0, relational_mix=0.5, lr_decay="none", whitened=0.0,
                 whiten_power=0.5, sentiment_weight=0.0, anchor=0.0, probe_first=False,
                 distill_weight=1.0, freeze_words=False)
-    return argparse.Namespace(**{**base, **over})
+    return DistillConfig(**{**base, **over})
 
 
 def _corpus(n: int = 80) -> tuple[list[str], np.ndarray]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disan.distill.neighbours import neighbour_batches, spherical_kmeans
+from disan.distill.neighbours import neighbour_batches, neighbour_clusters
 
 
 def _blobs(n_per: int = 40, k: int = 6, dim: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -19,9 +19,9 @@ def _blobs(n_per: int = 40, k: int = 6, dim: int = 16, seed: int = 0) -> tuple[n
 
 def test_kmeans_recovers_separated_clusters() -> None:
     vectors, truth = _blobs()
-    labels = spherical_kmeans(vectors, 6, np.random.default_rng(1), iters=10)
-    for c in range(6):  # every found cluster lies inside one true one
-        assert len(set(truth[labels == c])) <= 1
+    clusters = neighbour_clusters(vectors, np.random.default_rng(1), cluster_size=40, coarse=6, iters=10)
+    for members in clusters:  # every found cluster lies inside one true one
+        assert len(set(truth[members])) <= 1
 
 
 def test_every_row_once_and_neighbours_share_batches() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -14,6 +13,7 @@ torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from disan.cli import main  # noqa: E402
+from disan.distill.config import PretrainConfig  # noqa: E402
 from disan.distill.pretrain import pretrain_encoder  # noqa: E402
 from disan.distill.pretrain_cli import collect_sentences  # noqa: E402
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
@@ -37,10 +37,10 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     return {"nli": root / "nli.jsonl", "glove": root / "glove.txt", "root": root}
 
 
-def _args(out: Path, glove: Path, **kw) -> argparse.Namespace:
+def _args(out: Path, glove: Path, **kw) -> PretrainConfig:
     base = dict(out=out, init="glove", glove=glove, glove_extra=0, vocab=None, embed_dim=8, d_h=8, threads=1,
-                lr=3e-3, seed=1, epochs=25, batch_size=16, max_minutes=None, texts=[], exclude=[])
-    return argparse.Namespace(**{**base, **kw})
+                lr=3e-3, seed=1, epochs=25, batch_size=16, max_minutes=None, texts=(), exclude=())
+    return PretrainConfig(**{**base, **kw})
 
 
 def test_collect_sentences_drops_the_held_out_slice(corpus) -> None:

@@ -18,34 +18,39 @@ from disan.distill import loop as distill  # noqa: E402
 from disan.distill.pretrain_cli import _cached_teacher, _relational_teacher, add_arguments, run, run_corpus  # noqa: E402
 
 
+def _flags(out: Path, **over) -> argparse.Namespace:
+    """`_args` as the parsed flags `run_corpus` reads."""
+    return argparse.Namespace(**vars(_args(out, **over)), word_vectors_only=False)
+
+
 def test_lr_decay_needs_steps(tmp_path: Path) -> None:
-    args = _args(tmp_path, corpus=tmp_path / "missing", lr_decay="cosine", steps=10**9)
+    args = _flags(tmp_path, corpus=tmp_path / "missing", lr_decay="cosine", steps=10**9)
     with pytest.raises(ValueError, match="--lr-decay cosine needs --steps"):
         run_corpus(args)
 
 
 @pytest.mark.parametrize("power", [0.0, -1.0, 1.5])
 def test_a_whiten_power_out_of_range_is_refused_before_the_corpus_is_read(tmp_path: Path, power) -> None:
-    args = _args(tmp_path, corpus=tmp_path / "missing", whitened=1.0, whiten_power=power)
+    args = _flags(tmp_path, corpus=tmp_path / "missing", whitened=1.0, whiten_power=power)
     with pytest.raises(ValueError, match=r"--whiten-power must be in \(0, 1\]"):
         run_corpus(args)
 
 
 @pytest.mark.parametrize("over", [{"distill_weight": -1.0}, {"distill_weight": 0.0}])
 def test_a_phase_without_the_teacher_needs_an_anchor(tmp_path: Path, over: dict) -> None:
-    args = _args(tmp_path, corpus=tmp_path / "missing", **over)
+    args = _flags(tmp_path, corpus=tmp_path / "missing", **over)
     with pytest.raises(ValueError, match="--distill-weight must be positive, or 0 with an --anchor"):
         run_corpus(args)
 
 
 def test_probe_first_without_the_sentiment_term_is_refused(tmp_path: Path) -> None:
-    args = _args(tmp_path, corpus=tmp_path / "missing", probe_first=True)
+    args = _flags(tmp_path, corpus=tmp_path / "missing", probe_first=True)
     with pytest.raises(ValueError, match="--probe-first fits the sentiment head: it needs"):
         run_corpus(args)
 
 
 def test_freeze_words_without_a_start_is_refused(tmp_path: Path) -> None:
-    args = _args(tmp_path, corpus=tmp_path / "missing", freeze_words=True)
+    args = _flags(tmp_path, corpus=tmp_path / "missing", freeze_words=True)
     with pytest.raises(ValueError, match="--freeze-words keeps a start's word table: it needs --init-from"):
         run_corpus(args)
 
@@ -57,7 +62,7 @@ def test_freeze_words_without_a_start_is_refused(tmp_path: Path) -> None:
     ({"relational_mix": 1.5}, "--relational-mix in \\[0, 1\\]"),
 ])
 def test_second_teacher_flags_are_checked(tmp_path: Path, over: dict, message: str) -> None:
-    args = _args(tmp_path, corpus=tmp_path, teacher="mpnet", relational_teacher="minilm", relational=1.0)
+    args = _flags(tmp_path, corpus=tmp_path, teacher="mpnet", relational_teacher="minilm", relational=1.0)
     with pytest.raises(ValueError, match=message):
         _relational_teacher(argparse.Namespace(**{**vars(args), **over}), "sha", 10)
 

@@ -22,7 +22,8 @@ from conftest import write_awkward_corpus  # noqa: E402
 
 import disan  # noqa: E402
 from disan.cli import main  # noqa: E402
-from disan.embed.cli import add_arguments  # noqa: E402
+from disan.embed.cli import add_arguments, config  # noqa: E402
+from disan.embed.config import EmbedConfig  # noqa: E402
 from disan.embed.on_ray import EmbedActor, actor_options, bundle_files, run_ray  # noqa: E402
 from disan.embed.shards import read_output  # noqa: E402
 
@@ -55,10 +56,10 @@ def by_id(out: Path) -> dict:
     return dict(zip(ids, vectors, strict=True))
 
 
-def args_for(*argv: str) -> argparse.Namespace:
+def args_for(*argv: str) -> EmbedConfig:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return parser.parse_args(list(argv))
+    return config(parser.parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("id_column", [None, "key"])

@@ -1,10 +1,10 @@
-"""Length-sorted batching (disan.runtime.batching): training batches, in-order mapping, cell budgets."""
+"""Length-sorted batching (disan.runtime.batching): training batches, cell budgets."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from disan.runtime.batching import length_batches, map_sorted, split_by_cells
+from disan.runtime.batching import length_batches, split_by_cells
 
 
 def test_length_batches_cover_everything_once_with_similar_lengths() -> None:
@@ -17,18 +17,6 @@ def test_length_batches_cover_everything_once_with_similar_lengths() -> None:
     again = length_batches(lengths, 64, np.random.default_rng(1), chunk_batches=4)
     assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
 
-
-
-def test_map_sorted_runs_sorted_batches_and_returns_input_order() -> None:
-    rows = [[1] * n for n in (5, 1, 3, 2, 4)]
-    calls = []
-
-    def run(batch):
-        calls.append([len(r) for r in batch])
-        return [len(r) for r in batch]
-
-    assert map_sorted(run, rows, batch_size=2) == [5, 1, 3, 2, 4]
-    assert calls == [[1, 2], [3, 4], [5]]
 
 
 def test_split_by_cells_keeps_an_oversized_single_item() -> None:

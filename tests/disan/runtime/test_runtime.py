@@ -110,11 +110,20 @@ def test_variant_overrides_on_cpu(tiny_bundle):
 
 
 def test_nli_runs_as_encoder_then_head(tiny_bundle):
+    """The one NLI path (disan.runtime.encoder.nli_steps) on id rows: the NLI route's encoder on
+    each side, then the head."""
     import numpy as np
+
+    from disan.runtime.encoder import nli_steps, run_steps
+    from disan.text.prepare import PreparedText
 
     rt = load_offline(tiny_bundle)
     pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])]
-    probs = rt.nli(pairs)
+    sides = [[PreparedText([], ids, [ids], length=len(ids)) for ids in side]
+             for side in zip(*pairs, strict=True)]
+    run = {"nli": lambda rows: rt.encode_with(rt.graph_for("nli"), rows), "nli_head": rt.nli_head}
+    results = run_steps(nli_steps(*sides, rt.labels["nli"]), lambda route, payloads: run[route](payloads))
+    probs = np.asarray([[r["scores"][k] for k in rt.labels["nli"]] for r in results])
     u, v = rt.embed([p for p, _ in pairs]), rt.embed([h for _, h in pairs])
     np.testing.assert_allclose(probs, np.stack(rt.nli_head(list(zip(u, v, strict=True)))), atol=1e-6)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
