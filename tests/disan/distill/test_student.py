@@ -109,8 +109,8 @@ def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
     last = train_student(cfg, teacher_encode=lambda texts: rng.normal(size=(len(texts), 12)))
     assert last["step"] == 40 and {"val_cosine", "pair_acc@16", "pair_acc@8"} <= set(last)
     payload = load_checkpoint(tmp_path / "s" / "student.pt")
-    assert PieceTokenizer.from_str(payload["tokenizer"]).encode(["river"]) == \
-        PieceTokenizer.from_file(path).encode(["river"])
+    assert PieceTokenizer.from_str(payload["tokenizer"]).batch_ids(["river"]) == \
+        PieceTokenizer.from_file(path).batch_ids(["river"])
     assert payload["matryoshka_dims"] == [16, 8] and payload["config"]["proj_dim"] == 16
     assert not any("/" in str(v) for v in payload["train_config"].values())  # no machine paths
     lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
