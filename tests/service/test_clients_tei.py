@@ -12,6 +12,7 @@ extra).
 from __future__ import annotations
 
 import asyncio
+import importlib
 
 import httpx
 import numpy as np
@@ -34,6 +35,16 @@ def client_package(name: str):
     return pytest.importorskip(name, reason=f"{name} is not installed (pip install -e '.[clients]')")
 
 
+@pytest.fixture
+def hub(monkeypatch):
+    """huggingface_hub as a user has it: online. Loading the teacher models sets HF_HUB_OFFLINE in
+    this process (disan.train.word_vectors), and the hub reads it once, at import, into a constant
+    that then refuses every request, even to this local server."""
+    package = client_package("huggingface_hub")
+    monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", False)
+    return package
+
+
 def assert_same_vectors(got, expected) -> None:
     got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     assert got.shape == expected.shape
@@ -48,8 +59,7 @@ def ranking(server: str, query: str, texts: list[str]) -> tuple[list[int], list[
     return [x["index"] for x in r.json()["ranking"]], [x["score"] for x in r.json()["ranking"]]
 
 
-def test_huggingface_hub_inference_client(server):
-    hub = client_package("huggingface_hub")
+def test_huggingface_hub_inference_client(server, hub):
     client = hub.InferenceClient(base_url=server)
     texts = documents(5)
     one = client.feature_extraction(texts[0])
@@ -63,8 +73,7 @@ def test_huggingface_hub_inference_client(server):
     np.testing.assert_allclose(scores, vectors[1:] @ vectors[0], atol=1e-5)
 
 
-def test_huggingface_hub_async_client(server):
-    hub = client_package("huggingface_hub")
+def test_huggingface_hub_async_client(server, hub):
     texts = documents(12)
 
     async def main():
