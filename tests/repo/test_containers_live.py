@@ -256,8 +256,9 @@ def test_sigterm_drains_within_the_grace_period(cpu_service) -> None:
     def heavy() -> None:
         with httpx.Client(timeout=grace) as client:
             try:
-                # The most a request may carry: a faster encoder answered 64 texts within 0.5 s.
-                r = client.post(f"{url}/embed", json={"texts": [LONG_TEXT] * 256})
+                # The most texts a request may carry, each windowed (4 windows): 256 single-window
+                # texts were answered within the 0.5 s below on a quiet 2-core machine.
+                r = client.post(f"{url}/embed", json={"texts": [" ".join([LONG_TEXT] * 4)] * 256})
                 results.append((time.monotonic(), r.status_code))
             except httpx.HTTPError as exc:
                 results.append((time.monotonic(), type(exc).__name__))
@@ -278,7 +279,7 @@ def test_sigterm_drains_within_the_grace_period(cpu_service) -> None:
     assert drained and max(drained) > stop_sent, f"no request was still in flight at SIGTERM: {results}"
     assert state["ExitCode"] == 0 and stop_s < grace, (state, stop_s, log[-2000:])
     assert "batchers drained" in log, log[-2000:]
-    print(f"\nstop with {len(drained)} of 2 x 256-sentence requests admitted and drained: {stop_s:.1f} s "
+    print(f"\nstop with {len(drained)} of 2 x 256-text requests admitted and drained: {stop_s:.1f} s "
           f"(grace {grace:.0f} s)")
 
 
