@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from disan.bundle.manifest import GRAPHS, graph_tokenizer, routes, variant_files
+from disan.bundle.manifest import GRAPHS, GraphTokenizers, routes, variant_files
 from disan.data.readers import read_jsonl
 from disan.data.recipes import DEV_FILES
-from disan.text.pieces import AnyTokenizer, read_tokenizer
+from disan.text.pieces import AnyTokenizer
 from disan.text.tokenizer import Vocab
 from model_export.sessions import run_graph, session, trim
 
@@ -89,14 +89,7 @@ def variant_agreement(bundle_dir: Path, manifest: dict[str, Any], set_name: str,
                       data: dict[str, Any]) -> dict[str, Any]:
     """A variant of a set vs the set's fp32 graphs: each sentence graph on the sentiment texts
     (first output: labels or cosine; every output: max |diff|), and NLI as served on the pairs."""
-    readers: dict[str, AnyTokenizer] = {}
-
-    def reader(graph: str) -> AnyTokenizer:  # the word vocabulary, or the graph's piece tokenizer
-        file = graph_tokenizer(manifest, graph)
-        if file not in readers:
-            readers[file] = read_tokenizer(bundle_dir / file)
-        return readers[file]
-
+    reader = GraphTokenizers(bundle_dir, manifest)  # the word vocabulary, or a graph's piece tokenizer
     max_len = manifest["max_len"]
     ref_files, files = variant_files(manifest, set_name, "fp32"), variant_files(manifest, set_name, variant)
     report: dict[str, Any] = {"data": data["source"]}

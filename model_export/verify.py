@@ -30,6 +30,7 @@ import numpy as np
 from disan.bundle.manifest import (
     GRAPHS,
     BundleError,
+    GraphTokenizers,
     available_variants,
     graph_tokenizer,
     load_manifest,
@@ -37,7 +38,7 @@ from disan.bundle.manifest import (
     variant_files,
     write_manifest,
 )
-from disan.text.pieces import AnyTokenizer, read_tokenizer
+from disan.text.pieces import AnyTokenizer
 from disan.text.tokenizer import Vocab
 from model_export.agreement import NLI, agreement_data, meets_bars, variant_agreement
 from model_export.references import references_from_bundle, references_from_checkpoints
@@ -106,11 +107,12 @@ def graph_cases(bundle_dir: Path, manifest: dict[str, Any], texts: list[str] | N
     """graph -> its `parity_cases`, read through the tokenizer that graph reads (the word
     vocabulary, or a piece tokenizer: disan.bundle.manifest.graph_tokenizer); one set per file."""
     made: dict[str, list[Case]] = {}
+    tokenizers = GraphTokenizers(bundle_dir, manifest)
 
     def cases_of(graph: str) -> list[Case]:
         file = graph_tokenizer(manifest, graph)
         if file not in made:
-            made[file] = parity_cases(read_tokenizer(bundle_dir / file), manifest["max_len"], texts)
+            made[file] = parity_cases(tokenizers(graph), manifest["max_len"], texts)
         return made[file]
 
     return cases_of

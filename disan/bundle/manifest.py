@@ -77,6 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from disan.text.pieces import AnyTokenizer, read_tokenizer
+
 FORMAT = "disan-bundle"
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
@@ -248,9 +250,19 @@ def graph_tokenizer(manifest: dict[str, Any], graph: str) -> str:
     return str(entry.get("tokenizer") or manifest.get("vocab", "vocab.json"))
 
 
-def is_piece_tokenizer(file: str, manifest: dict[str, Any]) -> bool:
-    """Whether a `graph_tokenizer` file is a piece tokenizer (not the word vocabulary)."""
-    return file != str(manifest.get("vocab", "vocab.json"))
+class GraphTokenizers:
+    """graph -> the tokenizer it reads (`graph_tokenizer`), each file read once (`known`: files
+    already loaded, e.g. a vocabulary with its settings applied). Raises what `read_tokenizer` does."""
+
+    def __init__(self, bundle_dir: str | Path, manifest: dict[str, Any],
+                 known: dict[str, AnyTokenizer] | None = None) -> None:
+        self.bundle_dir, self.manifest, self.files = Path(bundle_dir), manifest, dict(known or {})
+
+    def __call__(self, graph: str) -> AnyTokenizer:
+        file = graph_tokenizer(self.manifest, graph)
+        if file not in self.files:
+            self.files[file] = read_tokenizer(self.bundle_dir / file)
+        return self.files[file]
 
 
 def check_tokenizers(manifest: dict[str, Any], served: dict[str, str], where: str | Path) -> None:

@@ -31,6 +31,7 @@ from disan.bundle.manifest import (
     GRAPHS,
     TOKEN_AXES,
     BundleError,
+    GraphTokenizers,
     graph_tokenizer,
     load_manifest,
     routes,
@@ -46,7 +47,7 @@ from disan.runtime.ort_session import (  # RuntimeOptions is part of this module
     preload_cuda,
     requested_providers,
 )
-from disan.text.pieces import AnyTokenizer, read_tokenizer
+from disan.text.pieces import AnyTokenizer
 from disan.text.tokenizer import Vocab
 
 __all__ = ["ExplainFlags", "Runtime", "RuntimeOptions", "load_offline"]
@@ -102,7 +103,7 @@ class Runtime(ExplainFlags):
         self.vocab.spelling = options.spelling
         if options.spelling:
             self.vocab.index_spelling()  # now, not on the first request with a misspelt word
-        self.readers: dict[str, AnyTokenizer] = {vocab_file.name: self.vocab}
+        self.tokenizers = GraphTokenizers(self.bundle_dir, self.manifest, {vocab_file.name: self.vocab})
         providers = requested_providers(options.providers)
         if CUDA in providers:
             preload_cuda()
@@ -140,19 +141,17 @@ class Runtime(ExplainFlags):
     def _load(self, name: str, options: RuntimeOptions, providers: list[str]) -> Graph:
         file = variant_files(self.manifest, self.graph_set, self.variant)[name]
         self.graphs[name] = Graph(name, self.bundle_dir / file, options, providers)
-        reader = graph_tokenizer(self.manifest, name)
-        if reader not in self.readers:
-            try:
-                self.readers[reader] = read_tokenizer(self.bundle_dir / reader)
-            except Exception as exc:  # a missing package says which extra; a bad file, which file
-                raise BundleError(f"{self.bundle_dir / reader}: cannot load the tokenizer of graph "
-                                  f"{name} ({exc})") from exc
+        try:
+            self.tokenizers(name)  # now: a bundle that cannot read a graph's text does not load
+        except Exception as exc:  # a missing package says which extra; a bad file, which file
+            raise BundleError(f"{self.bundle_dir / graph_tokenizer(self.manifest, name)}: cannot load "
+                              f"the tokenizer of graph {name} ({exc})") from exc
         return self.graphs[name]
 
     def tokenizer(self, route: str = "embed") -> AnyTokenizer:
         """How texts become the ids of `route`'s graph: the bundle's word vocabulary, or the
         subword tokenizer the manifest names for that graph (disan.bundle.manifest.graph_tokenizer)."""
-        return self.readers[graph_tokenizer(self.manifest, self.graph_for(route))]
+        return self.tokenizers(self.graph_for(route))
 
     @property
     def provider(self) -> str:

@@ -66,8 +66,6 @@ class PieceTokenizer:
         """Raw text -> the pieces the model reads."""
         return self._tok.encode(text, add_special_tokens=False).tokens
 
-    pieces = tokens
-
     def ids(self, pieces: Sequence[str]) -> list[int]:
         """Model ids of `pieces` (strings from `tokens`); a string that is no piece reads as unknown."""
         unk = self.unk_id
