@@ -20,10 +20,16 @@ Encoder = Callable[[list[str]], np.ndarray]
 STS_SETS = {
     "STS-B dev": ("stsb/dev.jsonl.gz", "sentence1", "sentence2", "score"),
     "SICK dev": ("senteval/SICK/sick_dev.jsonl.gz", "sentence_a", "sentence_b", "relatedness"),
+    "STS other": ("sts-other/dev.jsonl.gz", "sentence1", "sentence2", "score"),
 }
+# Scored only where staged (`disan eval --sts` without it still scores the others).
+OPTIONAL_SETS = ("STS other",)
 # Sets whose rows name their genre (STS-B: captions, news, forums), scored per genre as well by
 # `disan eval --sts`: one number hides where a student trails.
 GENRE_FIELDS = {"STS-B dev": "genre"}
+# Sets of several SemEval subsets: scored per subset (`year` and `subset` of each row), the set's
+# number being the mean over its subsets, as SemEval and the staged README score them.
+SUBSET_FIELDS = {"STS other": ("year", "subset")}
 # Labelled training pairs a student may learn from (`disan pretrain --pairs-weight`): name ->
 # (file, fields as above, score range), scores mapped to [0, 1].
 STS_TRAIN_SETS = {
@@ -63,14 +69,26 @@ def cosine_spearman(left: np.ndarray, right: np.ndarray, gold: np.ndarray) -> fl
 
 def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None,
                by_genre: bool = False) -> dict[str, float]:
-    """{set name: cosine Spearman} of `encode` on each STS set; with `by_genre`, also
-    {"SET: GENRE": ...} for the sets of `GENRE_FIELDS`, from the same vectors. Unrounded: two
+    """{set name: cosine Spearman} of `encode` on each STS set (default: every staged one); with
+    `by_genre`, also {"SET: GENRE": ...} for the sets of `GENRE_FIELDS` and `SUBSET_FIELDS`, from the
+    same vectors. Unrounded: two
     encoders can differ in the fifth decimal, and a goal can hang on that; tables round."""
     scores = {}
-    for name in sets or list(STS_SETS):
+    if sets is None:
+        sets = [n for n in STS_SETS if n not in OPTIONAL_SETS or (data / STS_SETS[n][0]).is_file()]
+    for name in sets:
         a, b, gold = read_pairs(data, name)
         vecs = np.asarray(encode(a + b), dtype=np.float32)
         left, right = vecs[: len(a)], vecs[len(a):]
+        if name in SUBSET_FIELDS:
+            rows = read_jsonl(data / STS_SETS[name][0])
+            subsets = np.array([" ".join(str(r[f]) for f in SUBSET_FIELDS[name]) for r in rows])
+            each = {f"{name}: {sub}": cosine_spearman(left[subsets == sub], right[subsets == sub],
+                                                      gold[subsets == sub]) for sub in sorted(set(subsets))}
+            scores[name] = float(np.mean(list(each.values())))
+            if by_genre:
+                scores.update(each)
+            continue
         scores[name] = cosine_spearman(left, right, gold)
         if by_genre and name in GENRE_FIELDS:
             genres = np.array([r[GENRE_FIELDS[name]] for r in read_jsonl(data / STS_SETS[name][0])])

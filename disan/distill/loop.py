@@ -323,7 +323,7 @@ def _anchor(cfg: DistillConfig, model_cfg: DiSANConfig, start: dict | None) -> t
 
 def _evaluate(student, vocab, rows, target, val, step, loss, best, out, optimizer, cfg: DistillConfig,
               log, lineage: dict) -> dict:
-    sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), cfg.data)
+    sts = sts_scores(lambda t: encode_texts(student.encoder, vocab, t), cfg.data, ["STS-B dev", "SICK dev"])
     val_cosine = round(_val_cosine(student, rows, target, val), 4)
     record = {"step": step, "loss": round(loss, 4), "val_cosine": val_cosine,
               "stsb": round(sts["STS-B dev"], 4), "sick": round(sts["SICK dev"], 4)}

@@ -54,6 +54,8 @@ class StudentConfig:
     max_minutes: float | None = None
     val_rows: int = 1024
     eval_every: int = 250
+    length_buckets: int = 4  # a batch runs as this many length-sorted parts: far less padding
+    resume: bool = False  # continue OUT's run from its state.pt (same flags, same schedule)
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -81,6 +83,15 @@ class PieceRows:
             ids[i, :self.lengths[r]] = self.flat[self.offsets[r]:self.offsets[r] + self.lengths[r]]
         ids_t = torch.from_numpy(ids).to(device)
         return ids_t, ids_t != PAD
+
+    def encode(self, encoder: DiSANEncoder, rows: np.ndarray, device: str, buckets: int = 1) -> torch.Tensor:
+        """`encoder`'s vectors of `rows`, in order, run as `buckets` length-sorted parts: the
+        attention costs n^2 a row, so one long passage must not pad a whole batch to its length."""
+        order = np.argsort(self.lengths[rows], kind="stable")
+        parts = [encoder(*self.batch(rows[part], device))
+                 for part in np.array_split(order, buckets) if len(part)]
+        out = torch.cat(parts)
+        return out[torch.from_numpy(np.argsort(order, kind="stable")).to(out.device)]
 
 
 @torch.no_grad()
@@ -137,7 +148,7 @@ def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np
     encoder.eval()
 
     def vectors(chosen: np.ndarray) -> torch.Tensor:
-        return torch.cat([encoder(*rows.batch(chosen[i:i + 256], cfg.device))
+        return torch.cat([rows.encode(encoder, chosen[i:i + 256], cfg.device, cfg.length_buckets)
                           for i in range(0, len(chosen), 256)])
 
     pred = vectors(val)
@@ -187,16 +198,20 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / cfg.steps))
     cfg.out.mkdir(parents=True, exist_ok=True)
+    first = 1
+    if cfg.resume:
+        first, rng = resume_state(cfg, encoder, optimizer, schedule)
     log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
     start, last = time.monotonic(), {}
-    for step in range(1, cfg.steps + 1):
+    parts_of = cfg.length_buckets
+    for step in range(first, cfg.steps + 1):
         batch = rng.choice(train_rows, cfg.batch_size, replace=False)
-        pred = encoder(*rows.batch(batch, cfg.device))
+        pred = rows.encode(encoder, batch, cfg.device, parts_of)
         q = p = None
         if cfg.pairs_weight > 0 and len(pairs):
             chosen = pairs[rng.integers(0, len(pairs), cfg.pairs_batch)]
-            q = encoder(*rows.batch(chosen[:, 0], cfg.device))
-            p = encoder(*rows.batch(chosen[:, 1], cfg.device))
+            q = rows.encode(encoder, chosen[:, 0], cfg.device, parts_of)
+            p = rows.encode(encoder, chosen[:, 1], cfg.device, parts_of)
         loss, parts = student_loss(pred, torch.from_numpy(target[batch]).to(cfg.device), q, p, cfg)
         optimizer.zero_grad()
         loss.backward()
@@ -211,9 +226,45 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             log.flush()
             print(json.dumps(last), flush=True)
             save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last)
+            save_state(cfg, step, encoder, optimizer, schedule, rng)
         if out_of_time:
             break
     return last
+
+
+STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "dims", "max_pieces", "batch_size", "pairs_batch", "steps",
+              "lr", "seed")
+
+
+def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,
+               rng: np.random.Generator) -> None:
+    """What `--resume` needs to go on where this step left off, written beside student.pt."""
+    state = {"step": step, "model": encoder.state_dict(), "optimizer": optimizer.state_dict(),
+             "schedule": schedule.state_dict(), "rng": rng.bit_generator.state,
+             "torch_rng": torch.get_rng_state(), "config": {k: getattr(cfg, k) for k in STATE_KEYS}}
+    tmp = cfg.out / "state.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(cfg.out / "state.pt")
+
+
+def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
+                 ) -> tuple[int, np.random.Generator]:
+    """(first step, sampler) of a resumed run; refuses a state written with other flags."""
+    path = cfg.out / "state.pt"
+    if not path.is_file():
+        raise ValueError(f"--resume: {path} not found (no evaluation step was reached)")
+    state = torch.load(path, map_location=cfg.device, weights_only=False)
+    asked = {k: getattr(cfg, k) for k in STATE_KEYS}
+    changed = sorted(k for k in STATE_KEYS if state["config"].get(k) != asked[k])
+    if changed:
+        raise ValueError(f"--resume: {path} was written with other {', '.join(changed)}")
+    encoder.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    torch.set_rng_state(state["torch_rng"])
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state["rng"]
+    return state["step"] + 1, rng
 
 
 def save_student(path: Path, encoder: DiSANEncoder, tok: PieceTokenizer, cfg: StudentConfig, corpus: dict,

@@ -15,6 +15,7 @@ import torch
 from disan.bundle.manifest import sha256_file
 from disan.embed.shards import atomic_write
 from disan.model import DiSANConfig, build_model
+from disan.text.pieces import PieceTokenizer
 from disan.text.tokenizer import Vocab
 
 CHECKPOINT_FORMAT = "disan-checkpoint"
@@ -83,7 +84,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return payload
 
 
-def model_from_checkpoint(payload: dict[str, Any]) -> tuple[torch.nn.Module, Vocab, list[str]]:
+def model_from_checkpoint(payload: dict[str, Any]
+                          ) -> tuple[torch.nn.Module, Vocab | PieceTokenizer, list[str]]:
     """Rebuild the model (eval mode), vocab and labels from a loaded checkpoint dict."""
     cfg = DiSANConfig.from_dict(payload["config"])
     model = build_model(cfg)
@@ -92,6 +94,9 @@ def model_from_checkpoint(payload: dict[str, Any]) -> tuple[torch.nn.Module, Voc
     return model, checkpoint_vocab(payload), list(payload["labels"])
 
 
-def checkpoint_vocab(payload: dict[str, Any]) -> Vocab:
-    """The vocabulary a checkpoint's model reads, with its hashed unknown rows if it has them."""
+def checkpoint_vocab(payload: dict[str, Any]) -> Vocab | PieceTokenizer:
+    """The vocabulary a checkpoint's model reads: its tokenizer.json's pieces if it carries one (a
+    `disan distill student`), else its words with their hashed unknown rows if it has them."""
+    if payload.get("tokenizer"):
+        return PieceTokenizer.from_str(payload["tokenizer"])
     return Vocab(payload["vocab"][2:], unknown_rows=int(payload.get("unknown_rows", 0)))

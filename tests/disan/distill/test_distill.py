@@ -41,7 +41,7 @@ def _corpus(n: int = 80) -> tuple[list[str], np.ndarray]:
 @pytest.fixture(autouse=True)
 def _no_sts_files(monkeypatch) -> None:
     # STS dev files are staged data; score two fixed pairs instead, through the real encoder.
-    def fake(encode, _data):
+    def fake(encode, _data, *_sets):
         v = encode(["the cat sat", "a dog ran", "the cat sat on a mat", "big red dog"])
         return {"STS-B dev": float(v[0] @ v[2]), "SICK dev": float(v[1] @ v[3])}
     monkeypatch.setattr(distill, "sts_scores", fake)

@@ -130,3 +130,59 @@ def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     assert (cfg.dims, cfg.steps, cfg.lr, cfg.max_minutes, cfg.relations) == ((64, 32), 7, 0.01, 2.5,
                                                                              ("heading",))
     assert cfg.corpus == Path("c") and cfg.teacher is None and cfg.batch_size == 128
+
+
+def test_length_sorted_parts_give_the_vectors_of_one_batch(tiny) -> None:
+    from disan.model import DiSANConfig, DiSANEncoder
+
+    _, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    texts = ["river", "storm farmer cattle council shelter road water kernel", "", "query answer question",
+             "disk file network packet server client query answer question title river storm"]
+    rows = PieceRows(tok, texts, max_pieces=16)
+    torch.manual_seed(0)
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=len(tok), embed_dim=8, d_h=8, task="encoder",
+                                       proj_dim=12)).eval()
+    chosen = np.array([4, 0, 1, 3, 2, 0])
+    with torch.no_grad():
+        whole = encoder(*rows.batch(chosen, "cpu"))
+        for buckets in (2, 3, 6, 9):
+            assert torch.allclose(rows.encode(encoder, chosen, "cpu", buckets), whole, atol=1e-5)
+
+
+def test_a_resumed_run_ends_where_one_run_ends(tiny, tmp_path) -> None:
+    root, path = tiny
+
+    def config(out: Path, **kw) -> StudentConfig:
+        values = dict(corpus=root / "corpus", out=out, tokenizer=path, embed_dim=8, d_h=8, proj_dim=16,
+                      dims=(16, 8), batch_size=16, pairs_batch=8, steps=12, val_rows=16, eval_every=6,
+                      lr=3e-3)
+        return StudentConfig(**(values | kw))
+
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    whole = train_student(config(tmp_path / "one"), teacher_encode=table)
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "pieces.npy").write_bytes((tmp_path / "one" / "pieces.npy").read_bytes())
+    train_student(config(tmp_path / "two", max_minutes=0.0))  # stops after its first step
+    assert torch.load(tmp_path / "two" / "state.pt", weights_only=False)["step"] == 1
+    with pytest.raises(ValueError, match="other lr"):
+        train_student(config(tmp_path / "two", resume=True, lr=1e-3))
+    resumed = train_student(config(tmp_path / "two", resume=True))
+    assert resumed["step"] == 12 and resumed["val_cosine"] == pytest.approx(whole["val_cosine"], abs=1e-4)
+    a = load_checkpoint(tmp_path / "one" / "student.pt")["model_state"]
+    b = load_checkpoint(tmp_path / "two" / "student.pt")["model_state"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_a_piece_checkpoint_reads_text_through_its_pieces(tiny, tmp_path) -> None:
+    from disan.distill.loop import checkpoint_encoder
+
+    root, path = tiny
+    cfg = StudentConfig(corpus=root / "corpus", out=tmp_path / "s", tokenizer=path, embed_dim=8, d_h=8,
+                        proj_dim=16, dims=(16,), batch_size=16, pairs_batch=8, steps=2, val_rows=16,
+                        eval_every=2)
+    train_student(cfg, teacher_encode=lambda texts: np.random.default_rng(4).normal(size=(len(texts), 12)))
+    encode = checkpoint_encoder(tmp_path / "s" / "student.pt")
+    vecs = encode(["river storm", "zzz unseen ünïcode", "river storm", "cattle council"])
+    assert vecs.shape == (4, 16) and np.allclose(vecs[0], vecs[2], atol=1e-6) and np.isfinite(vecs).all()
+    assert not np.allclose(vecs[0], vecs[3], atol=1e-3)  # words, not one unknown row for everything

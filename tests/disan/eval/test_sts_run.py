@@ -82,3 +82,39 @@ def test_sts_scores_are_not_rounded(tmp_path: Path) -> None:
     a, b, gold = read_pairs(tmp_path, "STS-B dev")
     assert got == cosine_spearman(encode(a), encode(b), gold)
     assert got != round(got, 4)
+
+
+def test_sts_other_is_the_mean_of_its_subsets_and_optional(tmp_path: Path) -> None:
+    """The five staged SemEval subsets are scored one by one; the set's number is their mean."""
+    import gzip
+    import json
+
+    import numpy as np
+
+    from disan.data.sts import sts_scores
+
+    rows = [{"year": y, "subset": s, "sentence1": f"{s} {i}", "sentence2": f"{s} {i} b", "score": float(i)}
+            for y, s in ((2012, "OnWN"), (2013, "FNWN")) for i in range(5)]
+    for rel in ("sts-other", "stsb", "senteval/SICK"):
+        (tmp_path / rel).mkdir(parents=True)
+    with gzip.open(tmp_path / "sts-other" / "dev.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        # OnWN pairs: cosine falls as the score rises; FNWN pairs: cosine constant but one
+        out = []
+        for t in texts:
+            sub, i = t.split()[0], int(t.split()[1])
+            angle = (i * 0.3 if sub == "OnWN" else (0.5 if i == 0 else 0.0)) if t.endswith(" b") else 0.0
+            out.append([np.cos(angle), np.sin(angle)])
+        return np.array(out)
+
+    scores = sts_scores(encode, tmp_path, ["STS other"], by_genre=True)
+    onwn, fnwn = scores["STS other: 2012 OnWN"], scores["STS other: 2013 FNWN"]
+    assert onwn == pytest.approx(-1.0) and fnwn > 0.5
+    assert scores["STS other"] == pytest.approx((onwn + fnwn) / 2)
+    with pytest.raises(ValueError, match="STS data not found"):  # STS-B dev is not optional
+        sts_scores(encode, tmp_path)
+    (tmp_path / "sts-other" / "dev.jsonl.gz").unlink()
+    with pytest.raises(ValueError, match="stsb/dev.jsonl.gz"):  # missing STS other is skipped, not named
+        sts_scores(encode, tmp_path)
