@@ -42,6 +42,7 @@ class StudentConfig:
     embed_dim: int = 256
     d_h: int = 256
     proj_dim: int = 768
+    keep_prob: float = 0.9  # dropout keep probability (the paper's 0.75 is for the task models)
     dims: tuple[int, ...] = (768, 512, 256, 128)
     max_pieces: int = 128
     batch_size: int = 128
@@ -190,7 +191,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
 
     model_cfg = DiSANConfig(vocab_size=len(tok), embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
-                            proj_dim=cfg.proj_dim)
+                            proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob)
     encoder = DiSANEncoder(model_cfg).to(cfg.device)
     if teacher_encode is not None or (cfg.out / "pieces.npy").is_file():
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
@@ -232,7 +233,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     return last
 
 
-STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "dims", "max_pieces", "batch_size", "pairs_batch", "steps",
+STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch", "steps",
               "lr", "seed")
 
 

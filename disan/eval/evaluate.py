@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", default="fixed",
                         help="--transfer: fixed (C = 1, alpha = 1) or tuned (C and alpha chosen by "
                              "cross-validation on the training data only)")
+    parser.add_argument("--dimensions", type=int, nargs="+", metavar="M",
+                        help="--retrieval, --sts: also score each vector's first M components, "
+                             "normalised (the Matryoshka sizes a bundle serves: GET /info matryoshka_dims)")
     parser.add_argument("--variant", default="fp32", choices=VARIANTS)
     parser.add_argument("--batch-size", type=int, default=64)
 

@@ -223,18 +223,28 @@ def metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) 
     return out
 
 
-def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K) -> dict:
+def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
+                 dimensions: Sequence[int] = ()) -> dict:
     """Embed `dataset` with `encode` (texts -> vectors), rank, score: the metrics, the counts and
-    the seconds spent embedding."""
+    the seconds spent embedding; with `dimensions`, also the metrics of each vector's first m
+    components, normalised (a Matryoshka size), under "dimensions" {m: metrics}, from the same
+    vectors."""
     start = time.perf_counter()
-    doc_vecs = unit_rows(encode(dataset.docs))
+    doc_raw = np.asarray(encode(dataset.docs), dtype=np.float32)
     doc_s = time.perf_counter() - start
-    query_vecs = unit_rows(encode(dataset.queries))
+    query_raw = np.asarray(encode(dataset.queries), dtype=np.float32)
     query_s = time.perf_counter() - start - doc_s
-    idx, scores = top_k(query_vecs, doc_vecs, k)
-    result = metrics(dataset.qrels, run_of(dataset, idx, scores))
-    return result | {"docs": len(dataset.docs), "queries": len(dataset.queries),
-                     "seconds": {"docs": round(doc_s, 1), "queries": round(query_s, 1)}}
+
+    def score(size: int | None) -> dict[str, float]:
+        idx, scores = top_k(unit_rows(query_raw[:, :size]), unit_rows(doc_raw[:, :size]), k)
+        return metrics(dataset.qrels, run_of(dataset, idx, scores))
+
+    result = score(None) | {"docs": len(dataset.docs), "queries": len(dataset.queries),
+                            "seconds": {"docs": round(doc_s, 1), "queries": round(query_s, 1)}}
+    sizes = [m for m in dimensions if 0 < m < doc_raw.shape[1]]
+    if sizes:
+        result["dimensions"] = {str(m): score(m) for m in sizes}
+    return result
 
 
 # ---- models ----
@@ -280,7 +290,8 @@ def baseline_keys(spec: str | None) -> list[str]:
 
 
 def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[str] = (),
-             variant: str = "auto", log: Callable[[str], None] = print) -> dict:
+             variant: str = "auto", log: Callable[[str], None] = print,
+             dimensions: Sequence[int] = ()) -> dict:
     """The report: every set's counts, and per model (the bundle, then each baseline) per set
     its metrics. All sets are read and all models loaded before any model runs, so a bad folder
     or a missing package fails at once, not after an hour of embedding."""
@@ -301,7 +312,7 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
         report["models"][label] = {}
         for s in sets:
             log(f"{label}: {s.name} ({len(s.docs)} documents, {len(s.queries)} queries) ...")
-            report["models"][label][s.name] = evaluate_set(s, encode)
+            report["models"][label][s.name] = evaluate_set(s, encode, dimensions=dimensions)
     return report
 
 
@@ -313,6 +324,9 @@ def format_table(report: dict) -> str:
     for label, per_set in report["models"].items():
         cells = [f"{per_set[s][k]:.4f}" for s in sets for k in MEASURES]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        for m in per_set[sets[0]].get("dimensions", {}) if sets else ():
+            cells = [f"{per_set[s]['dimensions'][m][k]:.4f}" for s in sets for k in MEASURES]
+            lines.append(f"| {label}, first {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -320,7 +334,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     """`disan eval --retrieval DIR [DIR ...]`: table on stdout, JSON report in --report."""
     if getattr(args, "checkpoint", None):
         raise ValueError("--retrieval scores a bundle (--bundle), not --checkpoint")
-    report = evaluate(args.retrieval, args.bundle, baseline_keys(args.baselines), args.variant)
+    report = evaluate(args.retrieval, args.bundle, baseline_keys(args.baselines), args.variant,
+                      dimensions=getattr(args, "dimensions", None) or ())
     report["bundle"], report["variant"] = str(args.bundle), args.variant
     print(format_table(report))
     out = args.report or Path("runs") / "eval_retrieval.json"

@@ -24,7 +24,15 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     encoders = encoders_under_test(args.checkpoint, args.bundle, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
-    results = {label: sts_scores(make(), args.data, by_genre=True) for label, make in encoders.items()}
+    results = {}
+    for label, make in encoders.items():
+        encode = make()
+        results[label] = sts_scores(encode, args.data, by_genre=True)
+        for m in getattr(args, "dimensions", None) or ():  # a Matryoshka size: the first m, renormalised
+            def prefix(texts: list[str], m: int = m, encode=encode):
+                return encode(texts)[:, :m]
+
+            results[f"{label}, first {m}"] = sts_scores(prefix, args.data, by_genre=True)
     columns = list(next(iter(results.values())))  # the sets, then STS-B dev by genre
     lines = ["| cosine Spearman | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     lines += [f"| {label} | " + " | ".join(f"{s[n]:.4f}" for n in columns) + " |"

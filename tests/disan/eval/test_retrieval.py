@@ -157,7 +157,28 @@ def test_evaluate_set_with_a_perfect_encoder(tmp_path: Path):
 
     result = evaluate_set(s, encode)
     assert result["mrr@10"] == 1.0 and result["recall@100"] == 1.0 and result["ndcg@10"] < 1.0  # q2 misses d1
-    assert result["docs"] == 5 and result["queries"] == 3
+    assert result["docs"] == 5 and result["queries"] == 3 and "dimensions" not in result
+
+
+def test_evaluate_set_scores_each_matryoshka_prefix_from_the_same_vectors(tmp_path: Path):
+    needs_pytrec_eval()
+    s = load_set(beir_folder(tmp_path / "set"))
+    calls = []
+    n = len(s.doc_ids)
+    best = {"q1": "d1", "q2": "d3", "q3": "long"}
+    owner = dict(zip(s.docs, s.doc_ids, strict=True)) | dict(zip(s.queries, [best[q] for q in s.query_ids],
+                                                                 strict=True))
+
+    def encode(batch: list[str]) -> np.ndarray:
+        # first n components: everything alike (a useless prefix); the last n: one-hot of the owner
+        calls.append(len(batch))
+        return np.stack([np.concatenate([np.ones(n), 10 * np.eye(n)[s.doc_ids.index(owner[t])]])
+                         for t in batch])
+
+    result = evaluate_set(s, encode, dimensions=(n, 2 * n, 99))
+    assert len(calls) == 2  # documents once, queries once, for every size
+    assert set(result["dimensions"]) == {str(n)}  # the whole vector and sizes past it are not prefixes
+    assert result["mrr@10"] == 1.0 and result["dimensions"][str(n)]["mrr@10"] < 1.0
 
 
 def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
@@ -198,6 +219,10 @@ def test_cli_prints_the_table_and_writes_the_report(tiny_bundle: Path, tmp_path:
         assert set(per_set) >= {"ndcg@10", "mrr@10", "recall@100", "docs", "queries", "seconds"}
         assert 0 <= per_set["ndcg@10"] <= 1 and per_set["recall@100"] == 1.0  # 5 documents, top 100
     assert row["alpha"]["ndcg@10"] == row["beta"]["ndcg@10"]  # the same texts in both layouts
+    code = main(["eval", "--retrieval", str(a), "--bundle", str(tiny_bundle), "--baselines", "",
+                 "--report", str(out), "--dimensions", "8"])
+    assert code == 0 and f"| {label}, first 8 | " in capsys.readouterr().out
+    assert set(json.loads(out.read_text())["models"][label]["alpha"]["dimensions"]) == {"8"}
     assert format_table(report) in stdout
 
 
