@@ -35,12 +35,14 @@ from disan.bundle.lineage import nested
 from disan.bundle.manifest import (
     GRAPHS,
     available_variants,
+    graph_tokenizer,
     read_manifest_json,
     sha256_file,
     variant_files,
     verify_files,
 )
 from disan.model import DiSANConfig, build_model
+from disan.text.pieces import PieceTokenizer
 from disan.text.tokenizer import Vocab
 from disan.train.checkpoint import save_checkpoint
 from model_export.agreement import NLI
@@ -162,9 +164,20 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
             **source, "file": Path(str(source.get("path") or source.get("file") or "?")).name}
         recovered_from["original_checkpoint"].pop("path", None)  # format 1 recorded paths
         written[task] = Path(out_dir) / f"{task}.pt"
-        save_checkpoint(written[task], model, vocab, labels, metrics=info.get("metrics", {}),
+        reads = task_tokenizer(bundle_dir, manifest, task) or vocab
+        save_checkpoint(written[task], model, reads, labels, metrics=info.get("metrics", {}),
                         step=info.get("step"), epoch=info.get("epoch"), recovered_from=recovered_from)
     return written
+
+
+def task_tokenizer(bundle_dir: Path, manifest: dict[str, Any], task: str) -> PieceTokenizer | None:
+    """The subword tokenizer `task`'s graphs read (their manifest "tokenizer"), else None: the
+    model reads the bundle's word vocabulary."""
+    for graph, entry in (manifest.get("graphs") or {}).items():
+        if (entry.get("source") or (GRAPHS[graph].task if graph in GRAPHS else None)) == task \
+                and entry.get("tokenizer"):
+            return PieceTokenizer.from_file(bundle_dir / graph_tokenizer(manifest, graph))
+    return None
 
 
 def _rebuild_v1(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -> dict[str, tuple]:

@@ -233,8 +233,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     return last
 
 
-STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch", "steps",
-              "lr", "seed")
+STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
+              "steps", "lr", "seed")
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,

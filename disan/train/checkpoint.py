@@ -34,16 +34,20 @@ PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "widening", "borrowing",
 RESUME_STATE = ("student_state", "optimizer_state", "trainer_state", "rng_state", "ema_state")
 
 
-def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab, labels: list[str],
-                    **extra: Any) -> None:
-    """Write `model` (its config is `model.cfg`), vocab and labels plus `extra` fields atomically."""
+def save_checkpoint(path: str | Path, model: torch.nn.Module, vocab: Vocab | PieceTokenizer,
+                    labels: list[str], **extra: Any) -> None:
+    """Write `model` (its config is `model.cfg`), vocab and labels plus `extra` fields atomically; a
+    model that reads subword pieces carries its tokenizer.json instead of a word list."""
+    if isinstance(vocab, PieceTokenizer):
+        words: dict[str, Any] = {"vocab": [], "tokenizer": vocab.to_str()}
+    else:
+        words = {"vocab": vocab.itos, **({"unknown_rows": vocab.unknown_rows} if vocab.unknown_rows else {})}
     payload = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
         "model_state": model.state_dict(),
         "config": model.cfg.to_dict(),
-        "vocab": vocab.itos,
-        **({"unknown_rows": vocab.unknown_rows} if vocab.unknown_rows else {}),
+        **words,
         "labels": list(labels),
         **extra,
     }

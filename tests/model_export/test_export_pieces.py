@@ -195,3 +195,17 @@ def test_task_models_keep_the_word_table_they_borrowed(piece_bundle, borrowed) -
     got = Encoder(piece_bundle).sentiment(texts)
     labels = manifest["models"]["sentiment"]["labels"]
     np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in got], want, atol=1e-5, rtol=0)
+
+
+def test_recover_gives_the_piece_encoder_back_with_its_tokenizer(piece_bundle, piece_ckpt, tmp_path) -> None:
+    """`python -m model_export.recover` of a piece bundle: embed.pt reads pieces (its tokenizer.json
+    inside, no word list) and serves the vectors of the checkpoint exported; the task models keep the
+    bundle's words."""
+    from model_export.recover import recover
+
+    written = recover(piece_bundle, tmp_path / "r", log=lambda *_: None)
+    embed = load_checkpoint(written["embed"])
+    pieces = PieceTokenizer.from_str(load_checkpoint(piece_ckpt)["tokenizer"]).batch_ids(TEXTS)
+    assert embed["vocab"] == [] and PieceTokenizer.from_str(embed["tokenizer"]).batch_ids(TEXTS) == pieces
+    assert "tokenizer" not in load_checkpoint(written["nli"]) and load_checkpoint(written["nli"])["vocab"]
+    np.testing.assert_allclose(_reference(written["embed"], TEXTS), _reference(piece_ckpt, TEXTS), atol=1e-5)
