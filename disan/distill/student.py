@@ -48,13 +48,21 @@ class StudentConfig:
     batch_size: int = 128
     pairs_batch: int = 64
     pairs_weight: float = 1.0
+    # distil into the teacher's space turned onto its principal axes (cosines unchanged), so that
+    # a prefix of the target is its best summary of that size, and distil every prefix
+    rotate_teacher: bool = True
     geometry_weight: float = 1.0
     mnr_scale: float = 20.0
     lr: float = 4e-3
+    warmup_steps: int = 100  # the learning rate rises linearly over these steps, then falls to zero
+    head_lr_scale: float = 1.0  # the projection's learning rate, times lr (a fitted head moves less)
     steps: int = 2000
     max_minutes: float | None = None
     val_rows: int = 1024
     eval_every: int = 250
+    # the projection starts as the ridge map from the untrained encoder's vectors of this many rows
+    # to the teacher's (0: random), so distillation starts where a linear probe of it would
+    fit_head_rows: int = 16384
     length_buckets: int = 4  # a batch runs as this many length-sorted parts: far less padding
     resume: bool = False  # continue OUT's run from its state.pt (same flags, same schedule)
     seed: int = 0
@@ -119,6 +127,13 @@ def piece_vectors(tok: PieceTokenizer, dim: int, encode, cache: Path) -> np.ndar
     return table
 
 
+def principal_axes(vectors: np.ndarray) -> np.ndarray:
+    """[D, D] orthonormal rows, the uncentred principal axes of `vectors` by falling energy: turning
+    vectors onto them keeps every cosine and puts the most of each vector first."""
+    _, _, vt = np.linalg.svd(np.asarray(vectors, np.float64), full_matrices=False)
+    return vt.astype(np.float32)
+
+
 def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
     x = F.normalize(x, dim=-1)
     return x @ x.T
@@ -130,8 +145,13 @@ def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | Non
     distill = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
     related = cosine_matrix(target)
     geometry = sum(F.mse_loss(cosine_matrix(pred[:, :m]), related) for m in cfg.dims)
-    loss = distill + cfg.geometry_weight * geometry
-    parts = {"distill": distill.item(), "geometry": geometry.item()}
+    loss = cfg.geometry_weight * geometry
+    if cfg.rotate_teacher:
+        loss = loss + sum(1.0 - F.cosine_similarity(pred[:, :m], target[:, :m], dim=-1).mean()
+                          for m in cfg.dims)
+    else:
+        loss = loss + distill
+    parts = {"distill": distill.item(), "geometry": float(geometry)}
     if q is not None:
         labels = torch.arange(len(q), device=q.device)
         mnr = sum(F.cross_entropy(cfg.mnr_scale * F.normalize(q[:, :m], dim=-1)
@@ -139,6 +159,29 @@ def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | Non
         loss = loss + cfg.pairs_weight * mnr
         parts["mnr"] = mnr.item()
     return loss, parts
+
+
+@torch.no_grad()
+def fit_head(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, chosen: np.ndarray,
+             cfg: StudentConfig, ridge: float = 1e-3) -> None:
+    """Set `encoder.proj` to the ridge-regression map from the encoder's own vectors (before the
+    projection) of `chosen` rows to the teacher's vectors of them."""
+    was, proj = encoder.training, encoder.proj
+    encoder.eval()
+    encoder.proj = None
+    try:
+        feats = torch.cat([rows.encode(encoder, chosen[i:i + 256], cfg.device, cfg.length_buckets)
+                           for i in range(0, len(chosen), 256)]).double()
+    finally:
+        encoder.proj = proj
+    x = torch.cat([feats, torch.ones(len(feats), 1, dtype=feats.dtype, device=feats.device)], 1)
+    y = torch.from_numpy(target[chosen]).double().to(x.device)
+    gram = x.T @ x
+    gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
+    w = torch.linalg.solve(gram, x.T @ y)
+    proj.weight.copy_(w[:-1].T.float())
+    proj.bias.copy_(w[-1].float())
+    encoder.train(was)
 
 
 @torch.no_grad()
@@ -179,9 +222,14 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
         raise ValueError(f"{cache.folder}: only {done} rows encoded; the student needs more than "
                          f"{cfg.val_rows + cfg.batch_size}")
     target = np.asarray(cache.vectors()[:done], np.float32)
+    if cfg.rotate_teacher:
+        target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
     tok = PieceTokenizer.from_file(cfg.tokenizer or teacher_tokenizer_file())
-    rows = PieceRows(tok, texts, cfg.max_pieces)
     pairs = np.load(cfg.corpus / "pairs.npy")
+    needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
+    needed[:done] = True
+    needed[pairs[:, :2].ravel()] = True
+    rows = PieceRows(tok, [t if keep else "" for t, keep in zip(texts, needed, strict=True)], cfg.max_pieces)
     relations = list(info.get("relations", {}))
     if cfg.relations:
         pairs = pairs[np.isin(pairs[:, 2], [relations.index(r) for r in cfg.relations if r in relations])]
@@ -196,13 +244,26 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if teacher_encode is not None or (cfg.out / "pieces.npy").is_file():
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
-    optimizer = torch.optim.AdamW(encoder.parameters(), lr=cfg.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / cfg.steps))
+    head = [p for n, p in encoder.named_parameters() if n.startswith("proj.")]
+    body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.")]
+    groups = [{"params": body, "lr": cfg.lr}]
+    groups += [{"params": head, "lr": cfg.lr * cfg.head_lr_scale}] if head else []
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+
+    def rate(s: int) -> float:
+        return min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1.0 - s / cfg.steps)
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     cfg.out.mkdir(parents=True, exist_ok=True)
     first = 1
+    log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
     if cfg.resume:
         first, rng = resume_state(cfg, encoder, optimizer, schedule)
-    log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
+    elif cfg.fit_head_rows > 0 and encoder.proj is not None:
+        fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
+        start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
+        log.write(json.dumps(start_metrics) + "\n")
+        print(json.dumps(start_metrics), flush=True)
     start, last = time.monotonic(), {}
     parts_of = cfg.length_buckets
     for step in range(first, cfg.steps + 1):
@@ -234,7 +295,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
 
 
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
-              "steps", "lr", "seed")
+              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "seed")
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,

@@ -14,6 +14,7 @@ _HELP = {
     "teacher's WordPiece)", "dims": "Matryoshka prefixes trained to be vectors (the first is the whole)",
     "relations": "pair relations to train on (default: all the corpus has)",
     "resume": "go on from OUT/state.pt (written at each evaluation) with the same flags",
+    "rotate_teacher": "distil into the teacher's space turned onto its principal axes, every prefix",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
 }
 
@@ -28,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kind = int if f.name == "dims" else str
             parser.add_argument(flag, type=kind, nargs="+", default=list(f.default_factory()
                                 if f.default is dataclasses.MISSING else f.default), help=help_text)
-        elif f.name == "resume":
-            parser.add_argument(flag, action="store_true", help=help_text)
+        elif f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], None)
             if f.name in ("teacher", "tokenizer"):

@@ -3,6 +3,7 @@ Matryoshka prefixes; disan.text.pieces: the tokenizer it carries."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,7 @@ def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
     assert payload["matryoshka_dims"] == [16, 8] and payload["config"]["proj_dim"] == 16
     assert not any("/" in str(v) for v in payload["train_config"].values())  # no machine paths
     lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2
+    assert [json.loads(x)["step"] for x in lines] == [0, 20, 40]  # the fitted start, then each evaluation
 
 
 def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
@@ -186,3 +187,67 @@ def test_a_piece_checkpoint_reads_text_through_its_pieces(tiny, tmp_path) -> Non
     vecs = encode(["river storm", "zzz unseen ünïcode", "river storm", "cattle council"])
     assert vecs.shape == (4, 16) and np.allclose(vecs[0], vecs[2], atol=1e-6) and np.isfinite(vecs).all()
     assert not np.allclose(vecs[0], vecs[3], atol=1e-3)  # words, not one unknown row for everything
+
+
+def test_the_head_starts_as_the_ridge_map_to_the_teacher(tiny) -> None:
+    from disan.distill.student import fit_head
+    from disan.model import DiSANConfig, DiSANEncoder
+
+    root, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    texts, _ = corpus.read_corpus(root / "corpus")
+    rows = PieceRows(tok, texts, max_pieces=16)
+    torch.manual_seed(0)
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=len(tok), embed_dim=8, d_h=8, task="encoder", proj_dim=6))
+    chosen = np.arange(len(texts))
+    proj, encoder.proj = encoder.proj, None  # the teacher: a linear map of the vectors before the head
+    with torch.no_grad():
+        feats = rows.encode(encoder.eval(), chosen, "cpu").numpy()
+    encoder.proj = proj
+    target = (feats @ np.random.default_rng(5).normal(size=(16, 6)) + 0.5).astype(np.float32)
+    cfg = StudentConfig(corpus=root, out=root, proj_dim=6)
+    encoder.train()
+    fit_head(encoder, rows, target, chosen, cfg, ridge=1e-9)
+    assert encoder.training  # left as it was found
+    with torch.no_grad():
+        got = rows.encode(encoder.eval(), chosen, "cpu")
+    np.testing.assert_allclose(got.numpy(), target, atol=1e-3)  # a linear teacher is fitted exactly
+
+
+def test_warmup_then_linear_decay_and_a_slower_head(tiny, tmp_path) -> None:
+    root, path = tiny
+    cfg = StudentConfig(corpus=root / "corpus", out=tmp_path / "s", tokenizer=path, embed_dim=8, d_h=8,
+                        proj_dim=16, dims=(16,), batch_size=16, pairs_batch=8, steps=8, val_rows=16,
+                        eval_every=4, lr=1e-2, warmup_steps=4, head_lr_scale=0.1, fit_head_rows=32)
+    train_student(cfg, teacher_encode=lambda texts: np.random.default_rng(4).normal(size=(len(texts), 12)))
+    state = torch.load(tmp_path / "s" / "state.pt", weights_only=False)
+    body, head = (g["lr"] for g in state["optimizer"]["param_groups"])
+    assert body == pytest.approx(0.0) and head == pytest.approx(0.0)  # at the last step: decayed to zero
+    lines = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["step"] == 0 and "val_cosine" in lines[0]  # the fitted start is measured
+    assert [g["initial_lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([1e-2, 1e-3])
+
+
+def test_the_turned_teacher_keeps_every_cosine_and_puts_the_most_first() -> None:
+    from disan.distill.student import cosine_matrix, principal_axes
+
+    rng = np.random.default_rng(6)
+    q, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    vectors = (rng.normal(size=(300, 6)) * [5, 2, 1, 1, 0.5, 0.1] @ q).astype(np.float32)
+    turned = vectors @ principal_axes(vectors).T
+    before, after = (cosine_matrix(torch.from_numpy(v)) for v in (vectors, turned))
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    energy = (turned ** 2).sum(0)
+    assert np.all(np.diff(energy) <= 1e-3) and energy[0] > 0.6 * energy.sum()
+
+
+def test_a_turned_teacher_is_distilled_at_every_prefix() -> None:
+    pred, target = torch.randn(6, 4), torch.randn(6, 4)
+    both = StudentConfig(corpus=Path("."), out=Path("."), dims=(4, 2), proj_dim=4, geometry_weight=0.0)
+    loss, parts = student_loss(pred, target, None, None, both)
+    want = sum(1 - torch.nn.functional.cosine_similarity(pred[:, :m], target[:, :m]).mean() for m in (4, 2))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    plain = StudentConfig(corpus=Path("."), out=Path("."), dims=(4, 2), proj_dim=4, geometry_weight=0.0,
+                          rotate_teacher=False)
+    only_full = student_loss(pred, target, None, None, plain)[0].item()
+    assert only_full == pytest.approx(parts["distill"], rel=1e-5)
