@@ -189,6 +189,29 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
 APPEND_RULES = {"questions": lambda s: s.rstrip().endswith("?")}
 
 
+def _carry_kinds_and_pairs(src: Path, keep: int, extra_from: Path, taken: list[int], out: Path) -> None:
+    """Write `out`'s kinds.npy and pairs.npy (what `disan distill student` reads) when the corpora
+    have them: the kept rows of `src` stay where they were, the rows `taken` from `extra_from`
+    follow them in order, and a pair is kept when both of its texts are in `out` (its relation
+    named as in `src`'s corpus.json; a relation `src` does not name drops the pair)."""
+    if not all((f / "kinds.npy").is_file() and (f / "pairs.npy").is_file() for f in {src, extra_from}):
+        return
+    kinds = np.concatenate([np.load(src / "kinds.npy")[:keep], np.load(extra_from / "kinds.npy")[taken]])
+    np.save(out / "kinds.npy", kinds.astype(np.uint8))
+    kept = {i: i for i in range(keep)}
+    appended = {old: keep + new for new, old in enumerate(taken)}
+    names = list(read_corpus(src)[1].get("relations", {}))
+    groups = [(src, kept | appended)] if extra_from == src else [(src, kept), (extra_from, appended)]
+    found = []
+    for folder, rows in groups:
+        theirs = list(read_corpus(folder)[1].get("relations", {}))
+        for q, p, r in np.load(folder / "pairs.npy").tolist():
+            name = theirs[r] if r < len(theirs) else None
+            if q in rows and p in rows and name in names:
+                found.append((rows[q], rows[p], names.index(name)))
+    np.save(out / "pairs.npy", np.asarray(found, np.int32).reshape(-1, 3))
+
+
 def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path,
                   append_from: Path | None = None) -> dict:
     """A corpus of `src`'s first `keep` rows (their teacher vectors copied, so nothing is encoded
@@ -209,13 +232,15 @@ def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path,
     if append_from is not None:
         kept = {key(s) for s in sentences[:keep]}
         other, other_info = read_corpus(append_from)
-        extra = [s for s in other if key(s) not in kept]
-        append = f"corpus {other_info['sha256']}"
+        taken = [i for i, s in enumerate(other) if key(s) not in kept]
+        extra, append, extra_from = [other[i] for i in taken], f"corpus {other_info['sha256']}", append_from
     else:
-        extra = [s for s in sentences[keep:] if APPEND_RULES[append](s)]
+        taken = [keep + i for i, s in enumerate(sentences[keep:]) if APPEND_RULES[append](s)]
+        extra, extra_from = [sentences[i] for i in taken], src
     body = "".join(s + "\n" for s in sentences[:keep] + extra).encode("utf-8")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sentences.txt").write_bytes(body)
+    _carry_kinds_and_pairs(src, keep, extra_from, taken, out)
     derived = {**info, "sentences": keep + len(extra), "sha256": hashlib.sha256(body).hexdigest(),
                "derived_from": {"sha256": info["sha256"], "keep": keep, "append": append,
                                 "appended": len(extra)}}
@@ -253,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         info = derive_corpus(args.corpus, args.teacher, args.keep, args.append, args.derive, args.append_from)
         print(f"{info['sentences']} sentences ({info['derived_from']['appended']} appended: "
               f"{info['derived_from']['append']}) -> {args.derive}; "
-              f"run `disan teacher --corpus {args.derive}` next")
+              f"run `disan distill teacher --corpus {args.derive}` next")
         return 0
     sentences, info = read_corpus(args.corpus)
     out = args.out or args.corpus / f"teacher-{args.teacher}"

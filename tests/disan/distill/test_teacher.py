@@ -244,3 +244,31 @@ def test_disan_teacher_says_what_auto_ran_in(tmp_path: Path, monkeypatch, capsys
                         lambda *_a, **_k: lambda texts: np.ones((len(texts), 384), dtype=np.float32))
     assert main(["distill", "teacher", "--corpus", str(tmp_path / "c"), "--teacher", "minilm"]) == 0
     assert f"minilm ({want}): 0/2 rows cached" in capsys.readouterr().out
+
+
+def test_a_derived_corpus_keeps_its_kinds_and_pairs_for_the_student(tmp_path: Path) -> None:
+    """`disan distill student` reads kinds.npy and pairs.npy: a derived corpus carries them over,
+    with each pair's rows renumbered to where its texts now are."""
+    import json
+
+    from disan.distill.corpus.build import read_corpus
+    from disan.distill.teacher import derive_corpus
+
+    sentences = ["a cat sat .", "why not ?", "dogs run in the park every day .", "it rains .",
+                 "who is he ?", "he is the one who runs the park and the shop .", "how many ?"]
+    folder = write_corpus_folder(tmp_path / "src", sentences)
+    info = json.loads((folder / "corpus.json").read_text()) | {"relations": {"heading": 2, "question": 1}}
+    (folder / "corpus.json").write_text(json.dumps(info))
+    np.save(folder / "kinds.npy", np.array([0, 2, 1, 0, 2, 1, 2], np.uint8))
+    # both texts kept; an answer that is not appended (the pair goes); a question appended after
+    np.save(folder / "pairs.npy", np.array([[1, 2, 0], [4, 5, 1], [6, 3, 0]], np.int32))
+    cache = TeacherCache.open(folder / "teacher-minilm", info["sha256"], "minilm", len(sentences), 384)
+    cache.write(0, np.zeros((4, 384), np.float32))
+    derive_corpus(folder, "minilm", 4, "questions", tmp_path / "q")
+    got, derived = read_corpus(tmp_path / "q")
+    assert got == sentences[:5] + ["how many ?"]
+    assert np.load(tmp_path / "q" / "kinds.npy").tolist() == [0, 2, 1, 0, 2, 2]
+    pairs = np.load(tmp_path / "q" / "pairs.npy").tolist()
+    names = list(derived["relations"])
+    assert [(got[q], got[p], names[r]) for q, p, r in pairs] == [
+        ("why not ?", "dogs run in the park every day .", "heading"), ("how many ?", "it rains .", "heading")]
