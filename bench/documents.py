@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from disan.eval.retrieval import load_set
+from disan.runtime.encoder import Encoder
 
 
 def timed(encode: Callable[[list[str]], object], texts: list[str]) -> float:
@@ -32,14 +33,12 @@ def timed(encode: Callable[[list[str]], object], texts: list[str]) -> float:
 
 
 def engines(bundles: list[Path], threads: int, minilm: bool) -> dict[str, Callable[[list[str]], object]]:
-    from disan.runtime.encoder import Encoder
-
     out: dict[str, Callable[[list[str]], object]] = {}
     for bundle in bundles:
         enc = Encoder(bundle, variant="fp32", threads=threads, long_texts="window")
         out[f"DiSAN ({bundle})"] = lambda texts, enc=enc: enc.encode(texts, normalize=True)
     if minilm:
-        import torch
+        import torch  # MiniLM's threads: torch is needed only for the MiniLM row
 
         from disan.train.word_vectors import _sentence_encoder  # sentence-transformers, offline
 
