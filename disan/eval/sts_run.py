@@ -8,7 +8,22 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
+
 from disan.data.sts import sts_scores
+
+
+def remembered(encode):
+    """`encode` that embeds each distinct text once, so each Matryoshka size reads the same vectors."""
+    memo: dict[str, np.ndarray] = {}
+
+    def run(texts: list[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in memo]
+        if missing:
+            memo.update(zip(missing, np.asarray(encode(missing), dtype=np.float32), strict=True))
+        return np.stack([memo[t] for t in texts])
+
+    return run
 
 
 def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -26,7 +41,7 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     results = {}
     for label, make in encoders.items():
-        encode = make()
+        encode = remembered(make()) if getattr(args, "dimensions", None) else make()
         results[label] = sts_scores(encode, args.data, by_genre=True)
         for m in getattr(args, "dimensions", None) or ():  # a Matryoshka size: the first m, renormalised
             def prefix(texts: list[str], m: int = m, encode=encode):

@@ -118,3 +118,21 @@ def test_sts_other_is_the_mean_of_its_subsets_and_optional(tmp_path: Path) -> No
     (tmp_path / "sts-other" / "dev.jsonl.gz").unlink()
     with pytest.raises(ValueError, match="stsb/dev.jsonl.gz"):  # missing STS other is skipped, not named
         sts_scores(encode, tmp_path)
+
+
+def test_each_matryoshka_size_reads_the_vectors_embedded_once() -> None:
+    import numpy as np
+
+    from disan.eval.sts_run import remembered
+
+    calls: list[list[str]] = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        calls.append(list(texts))
+        return np.array([[len(t), 1.0, 2.0] for t in texts])
+
+    encode_once = remembered(encode)
+    first = encode_once(["a", "bb", "a"])
+    again = encode_once(["bb", "a", "ccc"])[:, :2]
+    assert calls == [["a", "bb"], ["ccc"]]  # each distinct text reaches the model once
+    assert first.tolist() == [[1, 1, 2], [2, 1, 2], [1, 1, 2]] and again.tolist() == [[2, 1], [1, 1], [3, 1]]
