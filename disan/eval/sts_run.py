@@ -43,7 +43,9 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     for label, make in encoders.items():
         encode = remembered(make()) if getattr(args, "dimensions", None) else make()
         results[label] = sts_scores(encode, args.data, by_genre=True)
-        for m in getattr(args, "dimensions", None) or ():  # a Matryoshka size: the first m, renormalised
+        sizes = getattr(args, "dimensions", None) or ()
+        width = len(encode(["a"])[0]) if sizes else 0
+        for m in (m for m in sizes if 0 < m < width):  # a Matryoshka size: the first m, renormalised
             def prefix(texts: list[str], m: int = m, encode=encode):
                 return encode(texts)[:, :m]
 
