@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=sorted(EVAL_FILES))
     parser.add_argument("--transfer", action="store_true", help="SentEval-style transfer of /embed vectors")
     parser.add_argument("--sts", action="store_true",
-                        help="unsupervised STS (cosine Spearman) of /embed vectors: STS-B dev, SICK dev")
+                        help="unsupervised STS (cosine Spearman) of /embed vectors: STS-B dev, SICK dev, "
+                             "and the STS sets from outside STS-B (sts-other/) where staged")
     parser.add_argument("--sts-baselines", default="minilm,mpnet", help="--sts: comma list or ''")
     parser.add_argument("--checkpoint", type=Path, nargs="*", default=[],
                         help="--sts, --transfer: checkpoints instead of --bundle: a student (best.pt), "
