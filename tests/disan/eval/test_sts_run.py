@@ -136,3 +136,28 @@ def test_each_matryoshka_size_reads_the_vectors_embedded_once() -> None:
     again = encode_once(["bb", "a", "ccc"])[:, :2]
     assert calls == [["a", "bb"], ["ccc"]]  # each distinct text reaches the model once
     assert first.tolist() == [[1, 1, 2], [2, 1, 2], [1, 1, 2]] and again.tolist() == [[2, 1], [1, 1], [3, 1]]
+
+
+def test_sizes_at_or_past_a_models_width_get_no_row(tmp_path: Path, monkeypatch) -> None:
+    import argparse
+    import gzip
+    import json
+
+    import numpy as np
+
+    from disan.eval import sts_run, transfer
+
+    rows = [{"genre": "main-news", "sentence1": f"a {i}", "sentence2": f"b {i}", "score": float(i)}
+            for i in range(6)]
+    (tmp_path / "stsb").mkdir()
+    with gzip.open(tmp_path / "stsb" / "dev.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "senteval" / "SICK").mkdir(parents=True)
+    with gzip.open(tmp_path / "senteval" / "SICK" / "sick_dev.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"sentence_a": r["sentence1"], "sentence_b": r["sentence2"],
+                                 "relatedness": r["score"]}) + "\n" for r in rows)
+    encode = lambda texts: np.random.default_rng(len(texts)).normal(size=(len(texts), 4))  # noqa: E731
+    monkeypatch.setattr(transfer, "encoders_under_test", lambda *_: {"four": lambda: encode})
+    args = argparse.Namespace(checkpoint=[], bundle=None, sts_baselines="", data=tmp_path,
+                              out_dir=tmp_path / "out", dimensions=[2, 4, 8])
+    assert set(sts_run.run_sts(args)) == {"four", "four, first 2"}
