@@ -34,15 +34,14 @@ from onnx import TensorProto, numpy_helper
 from disan.bundle.lineage import nested
 from disan.bundle.manifest import (
     GRAPHS,
+    GraphTokenizers,
     available_variants,
-    graph_tokenizer,
     read_manifest_json,
     sha256_file,
     variant_files,
     verify_files,
 )
 from disan.model import DiSANConfig, build_model
-from disan.text.pieces import PieceTokenizer
 from disan.text.tokenizer import Vocab
 from disan.train.checkpoint import save_checkpoint
 from model_export.agreement import NLI
@@ -155,6 +154,8 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
     verify_files(bundle_dir, manifest)
     vocab = Vocab.load(bundle_dir / manifest.get("vocab", "vocab.json"))
     rebuilt = (_rebuild_v1 if version == 1 else _rebuild_v2)(bundle_dir, manifest, vocab, log)
+    # what each model reads text through: the word vocabulary, or its graphs' tokenizer.json
+    tokenizers = GraphTokenizers(bundle_dir, manifest, known={manifest.get("vocab", "vocab.json"): vocab})
     # written only now: a model that fails its check leaves no checkpoint of the others behind
     written: dict[str, Path] = {}
     for task, (model, labels, recovered_from) in rebuilt.items():
@@ -164,20 +165,17 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
             **source, "file": Path(str(source.get("path") or source.get("file") or "?")).name}
         recovered_from["original_checkpoint"].pop("path", None)  # format 1 recorded paths
         written[task] = Path(out_dir) / f"{task}.pt"
-        reads = task_tokenizer(bundle_dir, manifest, task) or vocab
+        reads = next((tokenizers(g) for g, e in manifest["graphs"].items() if graph_task(g, e) == task),
+                     vocab)
         save_checkpoint(written[task], model, reads, labels, metrics=info.get("metrics", {}),
                         step=info.get("step"), epoch=info.get("epoch"), recovered_from=recovered_from)
     return written
 
 
-def task_tokenizer(bundle_dir: Path, manifest: dict[str, Any], task: str) -> PieceTokenizer | None:
-    """The subword tokenizer `task`'s graphs read (their manifest "tokenizer"), else None: the
-    model reads the bundle's word vocabulary."""
-    for graph, entry in (manifest.get("graphs") or {}).items():
-        if (entry.get("source") or (GRAPHS[graph].task if graph in GRAPHS else None)) == task \
-                and entry.get("tokenizer"):
-            return PieceTokenizer.from_file(bundle_dir / graph_tokenizer(manifest, graph))
-    return None
+def graph_task(graph: str, entry: dict[str, Any]) -> str:
+    """The model a graph of the manifest belongs to: its "source", else its kind's task (a
+    format-1 graph is named after its model)."""
+    return entry.get("source") or (GRAPHS[graph].task if graph in GRAPHS else graph)
 
 
 def _rebuild_v1(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -> dict[str, tuple]:
@@ -218,7 +216,7 @@ def _rebuild_v2(bundle_dir: Path, manifest: dict[str, Any], vocab: Vocab, log) -
         log(f"{graph}: max |ORT - rebuilt PyTorch| = {diff:.2e}")
     if failed:
         raise ValueError(f"{bundle_dir}: the rebuilt models do not reproduce {failed} (tolerance {FP32_TOL})")
-    source = {g: e.get("source") or GRAPHS[g].task for g, e in manifest["graphs"].items()}
+    source = {g: graph_task(g, e) for g, e in manifest["graphs"].items()}
     fp32 = {f: g for s, v in available_variants(manifest) if v == "fp32"
             for g, f in variant_files(manifest, s, v).items()}
     out = {}

@@ -102,6 +102,12 @@ class PieceRows:
         out = torch.cat(parts)
         return out[torch.from_numpy(np.argsort(order, kind="stable")).to(out.device)]
 
+    def encode_all(self, encoder: DiSANEncoder, rows: np.ndarray, device: str, buckets: int = 1,
+                   chunk: int = 256) -> torch.Tensor:
+        """`encode` of any number of rows, `chunk` at a time (evaluation and the head's fit)."""
+        return torch.cat([self.encode(encoder, rows[i:i + chunk], device, buckets)
+                          for i in range(0, len(rows), chunk)])
+
 
 @torch.no_grad()
 def piece_vectors(tok: PieceTokenizer, dim: int, encode, cache: Path) -> np.ndarray:
@@ -170,8 +176,7 @@ def fit_head(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, chosen:
     encoder.eval()
     encoder.proj = None
     try:
-        feats = torch.cat([rows.encode(encoder, chosen[i:i + 256], cfg.device, cfg.length_buckets)
-                           for i in range(0, len(chosen), 256)]).double()
+        feats = rows.encode_all(encoder, chosen, cfg.device, cfg.length_buckets).double()
     finally:
         encoder.proj = proj
     x = torch.cat([feats, torch.ones(len(feats), 1, dtype=feats.dtype, device=feats.device)], 1)
@@ -192,8 +197,7 @@ def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np
     encoder.eval()
 
     def vectors(chosen: np.ndarray) -> torch.Tensor:
-        return torch.cat([rows.encode(encoder, chosen[i:i + 256], cfg.device, cfg.length_buckets)
-                          for i in range(0, len(chosen), 256)])
+        return rows.encode_all(encoder, chosen, cfg.device, cfg.length_buckets)
 
     pred = vectors(val)
     cos = F.cosine_similarity(pred, torch.from_numpy(target[val]).float().to(pred.device), dim=-1).mean()
@@ -265,15 +269,14 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
         log.write(json.dumps(start_metrics) + "\n")
         print(json.dumps(start_metrics), flush=True)
     start, last = time.monotonic(), {}
-    parts_of = cfg.length_buckets
     for step in range(first, cfg.steps + 1):
         batch = rng.choice(train_rows, cfg.batch_size, replace=False)
-        pred = rows.encode(encoder, batch, cfg.device, parts_of)
+        pred = rows.encode(encoder, batch, cfg.device, cfg.length_buckets)
         q = p = None
         if cfg.pairs_weight > 0 and len(pairs):
             chosen = pairs[rng.integers(0, len(pairs), cfg.pairs_batch)]
-            q = rows.encode(encoder, chosen[:, 0], cfg.device, parts_of)
-            p = rows.encode(encoder, chosen[:, 1], cfg.device, parts_of)
+            q = rows.encode(encoder, chosen[:, 0], cfg.device, cfg.length_buckets)
+            p = rows.encode(encoder, chosen[:, 1], cfg.device, cfg.length_buckets)
         loss, parts = student_loss(pred, torch.from_numpy(target[batch]).to(cfg.device), q, p, cfg)
         optimizer.zero_grad()
         loss.backward()

@@ -189,22 +189,24 @@ def sentence_transformer_encoder(teacher: str, precision: str = "auto", batch_si
 APPEND_RULES = {"questions": lambda s: s.rstrip().endswith("?")}
 
 
-def _carry_kinds_and_pairs(src: Path, keep: int, extra_from: Path, taken: list[int], out: Path) -> None:
+def _carry_kinds_and_pairs(src: Path, keep: int, extra_from: Path, taken: list[int], out: Path,
+                          relations: dict[Path, list[str]]) -> None:
     """Write `out`'s kinds.npy and pairs.npy (what `disan distill student` reads) when the corpora
     have them: the kept rows of `src` stay where they were, the rows `taken` from `extra_from`
-    follow them in order, and a pair is kept when both of its texts are in `out` (its relation
-    named as in `src`'s corpus.json; a relation `src` does not name drops the pair)."""
+    follow them in order, and a pair is kept when both of its texts are in `out` (`relations`:
+    each corpus's relation names, from its corpus.json; a pair's relation is renamed as in `src`'s,
+    and one `src` does not name drops the pair)."""
     if not all((f / "kinds.npy").is_file() and (f / "pairs.npy").is_file() for f in {src, extra_from}):
         return
     kinds = np.concatenate([np.load(src / "kinds.npy")[:keep], np.load(extra_from / "kinds.npy")[taken]])
     np.save(out / "kinds.npy", kinds.astype(np.uint8))
     kept = {i: i for i in range(keep)}
     appended = {old: keep + new for new, old in enumerate(taken)}
-    names = list(read_corpus(src)[1].get("relations", {}))
+    names = relations[src]
     groups = [(src, kept | appended)] if extra_from == src else [(src, kept), (extra_from, appended)]
     found = []
     for folder, rows in groups:
-        theirs = list(read_corpus(folder)[1].get("relations", {}))
+        theirs = relations[folder]
         for q, p, r in np.load(folder / "pairs.npy").tolist():
             name = theirs[r] if r < len(theirs) else None
             if q in rows and p in rows and name in names:
@@ -217,8 +219,8 @@ def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path,
     """A corpus of `src`'s first `keep` rows (their teacher vectors copied, so nothing is encoded
     again) followed by the later rows that match `append` (e.g. questions, which the shuffled
     prefix holds few of) or, with `append_from`, by the rows of that other corpus that are not
-    among the kept ones (text from sources the first corpus lacks); `disan teacher --corpus OUT`
-    then encodes only the appended rows. The first rows, the students' validation slice, stay the
+    among the kept ones (text from sources the first corpus lacks); `disan distill teacher --corpus
+    OUT` then encodes only the appended rows. The first rows, the students' validation slice, stay the
     same."""
     if out.resolve() == src.resolve():
         raise ValueError(f"--derive {out} is the source corpus itself; name a new folder")
@@ -236,11 +238,12 @@ def derive_corpus(src: Path, teacher: str, keep: int, append: str, out: Path,
         extra, append, extra_from = [other[i] for i in taken], f"corpus {other_info['sha256']}", append_from
     else:
         taken = [keep + i for i, s in enumerate(sentences[keep:]) if APPEND_RULES[append](s)]
-        extra, extra_from = [sentences[i] for i in taken], src
+        extra, extra_from, other_info = [sentences[i] for i in taken], src, info
     body = "".join(s + "\n" for s in sentences[:keep] + extra).encode("utf-8")
     out.mkdir(parents=True, exist_ok=True)
     (out / "sentences.txt").write_bytes(body)
-    _carry_kinds_and_pairs(src, keep, extra_from, taken, out)
+    _carry_kinds_and_pairs(src, keep, extra_from, taken, out, {
+        src: list(info.get("relations", {})), extra_from: list(other_info.get("relations", {}))})
     derived = {**info, "sentences": keep + len(extra), "sha256": hashlib.sha256(body).hexdigest(),
                "derived_from": {"sha256": info["sha256"], "keep": keep, "append": append,
                                 "appended": len(extra)}}

@@ -39,11 +39,11 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     encoders = encoders_under_test(args.checkpoint, args.bundle, f"DiSAN ({args.bundle})")
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
+    sizes = getattr(args, "dimensions", None) or ()
     results = {}
     for label, make in encoders.items():
-        encode = remembered(make()) if getattr(args, "dimensions", None) else make()
+        encode = remembered(make()) if sizes else make()
         results[label] = sts_scores(encode, args.data, by_genre=True)
-        sizes = getattr(args, "dimensions", None) or ()
         width = len(encode(["a"])[0]) if sizes else 0
         for m in (m for m in sizes if 0 < m < width):  # a Matryoshka size: the first m, renormalised
             def prefix(texts: list[str], m: int = m, encode=encode):
