@@ -130,6 +130,9 @@ def evaluate_task(bundle: Path, task: str, data: Path, variant: str = "fp32", ba
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `disan eval`."""
+    for size in args.dimensions or ():
+        if size < 1:
+            raise ValueError(f"--dimensions {size}: a vector size is 1 or more")
     if args.retrieval:
         from disan.eval.retrieval import run_retrieval  # pytrec_eval (`eval` extra)
 

@@ -44,6 +44,7 @@ def _angles(angle_of: Callable[[str, int], float]) -> Callable[[list[str]], np.n
     (["--transfer", "--baselines", "glove,bar"],
      "unknown --baselines entry 'bar' (choose from glove, minilm, mpnet)"),
     (["--transfer", "--protocol", "senteval"], "unknown --protocol 'senteval' (choose from fixed, tuned)"),
+    (["--sts", "--dimensions", "256", "0"], "--dimensions 0: a vector size is 1 or more"),
 ])
 def test_unknown_baseline_is_one_line(tmp_path: Path, capsys, flags: list[str], message: str) -> None:
     code = main(["eval", *flags, "--data", str(tmp_path), "--out-dir", str(tmp_path / "out")])
