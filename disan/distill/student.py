@@ -30,7 +30,7 @@ from disan.distill.corpus.build import read_corpus
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.pieces import PAD, PieceTokenizer
-from disan.train.checkpoint import write_checkpoint
+from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class StudentConfig:
     fit_head_rows: int = 16384
     length_buckets: int = 4  # a batch runs as this many length-sorted parts: far less padding
     resume: bool = False  # continue OUT's run from its state.pt (same flags, same schedule)
+    # start from an earlier student's weights (same tokenizer and shape) with a new optimizer and
+    # schedule: a longer run on a grown teacher cache need not repeat the steps already taken
+    init: Path | None = None
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -263,8 +266,11 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
     if cfg.resume:
         first, rng = resume_state(cfg, encoder, optimizer, schedule)
-    elif cfg.fit_head_rows > 0 and encoder.proj is not None:
-        fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
+    elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
+        if cfg.init is not None:
+            init_from(cfg, encoder, tok)
+        else:
+            fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
         start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
         log.write(json.dumps(start_metrics) + "\n")
         print(json.dumps(start_metrics), flush=True)
@@ -330,6 +336,20 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
     rng = np.random.default_rng()
     rng.bit_generator.state = state["rng"]
     return state["step"] + 1, rng
+
+
+def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer) -> None:
+    """Load `cfg.init`'s weights into `encoder`; refuses a student of another shape, tokenizer or
+    target space (a turned teacher's coordinates are not the teacher's own)."""
+    ckpt = load_checkpoint(cfg.init)
+    trained = ckpt.get("train_config", {})
+    problems = [k for k, v in encoder.cfg.to_dict().items()
+                if k != "keep_prob" and ckpt["config"].get(k) != v]
+    problems += ["tokenizer"] if ckpt.get("tokenizer") != tok.to_str() else []
+    problems += ["rotate_teacher"] if trained.get("rotate_teacher", False) != cfg.rotate_teacher else []
+    if problems:
+        raise ValueError(f"--init: {cfg.init} differs from this run in {', '.join(problems)}")
+    encoder.load_state_dict(ckpt["model_state"])
 
 
 def save_student(path: Path, encoder: DiSANEncoder, tok: PieceTokenizer, cfg: StudentConfig, corpus: dict,

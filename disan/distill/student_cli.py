@@ -15,6 +15,8 @@ _HELP = {
     "relations": "pair relations to train on (default: all the corpus has)",
     "resume": "go on from OUT/state.pt (written at each evaluation) with the same flags",
     "rotate_teacher": "distil into the teacher's space turned onto its principal axes, every prefix",
+    "init": "start from this student's weights (same shape and tokenizer), with a new optimizer and "
+    "schedule and no head fit",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
 }
 
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], None)
-            if f.name in ("teacher", "tokenizer"):
+            if f.name in ("teacher", "tokenizer", "init"):
                 kind = Path
             elif f.name == "max_minutes":
                 kind = float

@@ -175,6 +175,25 @@ def test_a_resumed_run_ends_where_one_run_ends(tiny, tmp_path) -> None:
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
+def test_a_run_can_start_from_an_earlier_student(tiny, tmp_path) -> None:
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=6, val_rows=16, eval_every=6, lr=3e-3)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    first = train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    init = tmp_path / "one" / "student.pt"
+    train_student(StudentConfig(out=tmp_path / "two", init=init, **(values | {"steps": 2})),
+                  teacher_encode=table)
+    start = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["step"] == 0 and start["val_cosine"] == pytest.approx(first["val_cosine"], abs=1e-4)
+    with pytest.raises(ValueError, match="differs from this run in d_h"):
+        train_student(StudentConfig(out=tmp_path / "three", init=init, **(values | {"d_h": 4})),
+                      teacher_encode=table)
+    with pytest.raises(ValueError, match="rotate_teacher"):
+        train_student(StudentConfig(out=tmp_path / "four", init=init, **(values | {"rotate_teacher": False})),
+                      teacher_encode=table)
+
+
 def test_a_piece_checkpoint_reads_text_through_its_pieces(tiny, tmp_path) -> None:
     from disan.distill.loop import checkpoint_encoder
 
