@@ -133,6 +133,24 @@ def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     assert cfg.corpus == Path("c") and cfg.teacher is None and cfg.batch_size == 128
 
 
+def test_an_init_run_does_not_load_the_teacher_for_a_table_it_has(tmp_path, monkeypatch) -> None:
+    import argparse
+
+    from disan.distill import student_cli, teacher
+
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("the teacher was loaded")
+
+    seen = []
+    monkeypatch.setattr(teacher, "sentence_transformer_encoder", no_teacher)
+    monkeypatch.setattr(student_cli, "train_student", lambda cfg, teacher_encode: seen.append(teacher_encode))
+    parser = argparse.ArgumentParser()
+    student_cli.add_arguments(parser)
+    args = parser.parse_args(["--corpus", "c", "--out", str(tmp_path / "new"), "--init", "old/student.pt"])
+    assert student_cli.run(args) == 0 and seen == [None]
+    assert student_cli.config(args).init == Path("old/student.pt")
+
+
 def test_length_sorted_parts_give_the_vectors_of_one_batch(tiny) -> None:
     from disan.model import DiSANConfig, DiSANEncoder
 
