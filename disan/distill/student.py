@@ -160,7 +160,7 @@ def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | Non
                           for m in cfg.dims)
     else:
         loss = loss + distill
-    parts = {"distill": distill.item(), "geometry": float(geometry)}
+    parts = {"distill": distill.item(), "geometry": geometry.item()}
     if q is not None:
         labels = torch.arange(len(q), device=q.device)
         mnr = sum(F.cross_entropy(cfg.mnr_scale * F.normalize(q[:, :m], dim=-1)
