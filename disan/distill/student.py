@@ -73,6 +73,12 @@ class StudentConfig:
     threads: int | None = None
     relations: tuple[str, ...] = field(default=())  # pair relations to use (default: all)
 
+    @property
+    def starts_fresh(self) -> bool:
+        """Its weights start from nothing (no --resume, no --init): only such a run reads the piece
+        table's start (RUN/pieces.npy, or the teacher that makes it)."""
+        return not self.resume and self.init is None
+
 
 class PieceRows:
     """Piece ids of every corpus text, held flat (one int32 array and offsets), cut to `max_pieces`."""
@@ -248,7 +254,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     model_cfg = DiSANConfig(vocab_size=len(tok), embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
                             proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob)
     encoder = DiSANEncoder(model_cfg).to(cfg.device)
-    if teacher_encode is not None or (cfg.out / "pieces.npy").is_file():
+    if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.")]
@@ -340,7 +346,8 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
 
 def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer) -> None:
     """Load `cfg.init`'s weights into `encoder`; refuses a student of another shape, tokenizer or
-    target space (a turned teacher's coordinates are not the teacher's own)."""
+    target space (a turned teacher's coordinates are not the teacher's own). The dropout rate may
+    differ: it is a setting of training, not of the weights."""
     ckpt = load_checkpoint(cfg.init)
     trained = ckpt.get("train_config", {})
     problems = [k for k, v in encoder.cfg.to_dict().items()

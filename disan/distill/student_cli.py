@@ -54,7 +54,7 @@ def config(args: argparse.Namespace) -> StudentConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
     encode = None
-    if cfg.init is None and not (cfg.out / "pieces.npy").is_file():  # an --init student has its table
+    if cfg.starts_fresh and not (cfg.out / "pieces.npy").is_file():  # --resume/--init carry the table
         from disan.distill.teacher import sentence_transformer_encoder  # only for a first run: loads MPNet
 
         encode = sentence_transformer_encoder("mpnet", "fp32", batch_size=256, device=cfg.device)

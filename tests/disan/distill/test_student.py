@@ -133,7 +133,7 @@ def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     assert cfg.corpus == Path("c") and cfg.teacher is None and cfg.batch_size == 128
 
 
-def test_an_init_run_does_not_load_the_teacher_for_a_table_it_has(tmp_path, monkeypatch) -> None:
+def test_init_and_resume_runs_do_not_load_the_teacher_for_a_table_they_have(tmp_path, monkeypatch) -> None:
     import argparse
 
     from disan.distill import student_cli, teacher
@@ -149,6 +149,9 @@ def test_an_init_run_does_not_load_the_teacher_for_a_table_it_has(tmp_path, monk
     args = parser.parse_args(["--corpus", "c", "--out", str(tmp_path / "new"), "--init", "old/student.pt"])
     assert student_cli.run(args) == 0 and seen == [None]
     assert student_cli.config(args).init == Path("old/student.pt")
+    # a resumed run's weights (the table among them) come from its state.pt
+    args = parser.parse_args(["--corpus", "c", "--out", str(tmp_path / "other"), "--resume"])
+    assert student_cli.run(args) == 0 and seen == [None, None]
 
 
 def test_length_sorted_parts_give_the_vectors_of_one_batch(tiny) -> None:
