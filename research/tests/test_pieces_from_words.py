@@ -1,0 +1,57 @@
+"""research.pieces_from_words: a piece student started from a word student reads a text of whole
+words as the word student reads it, in the turned teacher's coordinates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("tokenizers")
+
+from conftest import loaded, make_tiny_checkpoint  # noqa: E402
+
+from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
+from disan.text.pieces import PieceTokenizer  # noqa: E402
+from disan.text.tokenizer import Vocab  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+from research.pieces_from_words import graft  # noqa: E402
+
+WORDS = "river storm farmer cattle council shelter road water kernel module driver memory".split()
+
+
+def _tokenizer() -> PieceTokenizer:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    texts = [" ".join(WORDS)] * 50 + ["riverbank stormwater unmapped"]
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=90, special_tokens=["[UNK]"]))
+    return PieceTokenizer(tok)
+
+
+def test_whole_words_read_as_the_word_student_reads_them(tmp_path) -> None:
+    vocab = Vocab(["<pad>", "<unk>", *WORDS])
+    path = make_tiny_checkpoint(tmp_path / "words.pt", "encoder", vocab, [], seed=3, proj_dim=12)
+    words_model, _ = loaded(path)
+    tok = _tokenizer()
+    text = "river storm farmer council"
+    assert len(tok.batch_ids([text])[0]) == 4  # each a whole-word piece, so the rows are the words'
+    start = np.random.default_rng(0).normal(size=(len(tok), 5)).astype(np.float32)
+    axes = np.linalg.qr(np.random.default_rng(1).normal(size=(12, 12)))[0].astype(np.float32)
+
+    made, direct = graft(load_checkpoint(path), tok, start, axes)
+    pieces = DiSANEncoder(DiSANConfig.from_dict(made["config"])).eval()
+    pieces.load_state_dict(made["model_state"])
+    with torch.no_grad():
+        ids = torch.tensor(tok.batch_ids([text]))
+        got = pieces(ids, ids != 0).numpy()
+        want_ids = torch.tensor([vocab.ids(text.split())])
+        want = words_model(want_ids, want_ids != 0).numpy()
+    assert direct >= len(WORDS)
+    np.testing.assert_allclose(got, want @ axes.T, atol=1e-5)
+
+    table = made["model_state"]["embed.weight"].numpy()
+    split = [i for i in tok.batch_ids(["stormwater"])[0] if i not in tok.batch_ids([" ".join(WORDS)])[0]]
+    assert split and np.isfinite(table[split]).all() and np.abs(table[split]).sum() > 0
+    assert not table[0].any()  # padding stays zero
