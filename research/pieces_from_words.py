@@ -10,7 +10,9 @@ piece (a continuation "##ing", or a word the word table lacks) takes the ridge m
 whole-word pieces, from its start in `pieces.npy` (the teacher's vector of the piece alone, PCA;
 `disan.distill.student.piece_vectors`) to the word table, scaled to the word rows' mean norm (a
 regression's predictions are shrunk towards the mean). A text of common words then reads as the
-word student read it; the training run teaches the blocks the split words.
+word student read it; the training run teaches the blocks the split words. The checkpoint marks
+the mapped rows trainable and the rest not, for `--tune rows` (only those rows learn); a run with
+`--tune all` trains everything.
 
 The head: the piece students distil into the teacher's space turned onto its principal axes
 (`--rotate-teacher`, the axes of the cache rows after the validation rows), so the word student's
@@ -33,12 +35,18 @@ from disan.text.pieces import PAD, SHIFT, PieceTokenizer
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
 
+def direct_rows(words: list[str], pieces: list[str]) -> np.ndarray:
+    """[len(pieces)] True where a piece is a whole word of the word table (padding: False)."""
+    known = set(words)
+    return np.asarray([bool(i > PAD and p and not p.startswith("##") and p in known)
+                       for i, p in enumerate(pieces)])
+
+
 def piece_table(words: list[str], word_rows: np.ndarray, pieces: list[str], start: np.ndarray,
                 ridge: float = 1e-2) -> tuple[np.ndarray, int]:
     """[len(pieces), word dim] table and how many rows came straight from the word table."""
     index = {w: i for i, w in enumerate(words)}
-    direct = np.asarray([bool(i > PAD and p and not p.startswith("##") and p in index)
-                       for i, p in enumerate(pieces)])
+    direct = direct_rows(words, pieces)
     src = np.flatnonzero(direct)
     x = np.hstack([start[src], np.ones((len(src), 1), np.float32)]).astype(np.float64)
     y = word_rows[[index[pieces[i]] for i in src]].astype(np.float64)
@@ -62,7 +70,8 @@ def graft(words_ckpt: dict, tok: PieceTokenizer, start: np.ndarray, axes: np.nda
     state = {k: v.clone() for k, v in words_ckpt["model_state"].items()}
     table, direct = piece_table(words_ckpt["vocab"], state["embed.weight"].numpy(), pieces, start)
     state["embed.weight"] = torch.from_numpy(table)
-    state["trainable_rows"] = torch.ones(len(pieces), dtype=torch.bool)
+    # the rows a `--tune rows` run may train: those not taken from the word table
+    state["trainable_rows"] = torch.from_numpy(~direct_rows(words_ckpt["vocab"], pieces))
     if axes is not None:
         turn = torch.from_numpy(axes)
         state["proj.weight"] = turn @ state["proj.weight"]

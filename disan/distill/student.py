@@ -68,6 +68,9 @@ class StudentConfig:
     # start from an earlier student's weights (same tokenizer and shape) with a new optimizer and
     # schedule: a longer run on a grown teacher cache need not repeat the steps already taken
     init: Path | None = None
+    # "rows": train only the table rows the --init student marks trainable (research.pieces_from_words
+    # marks the pieces it did not take from a word table); its blocks, head and other rows stay
+    tune: str = "all"
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -257,8 +260,15 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
-    head = [p for n, p in encoder.named_parameters() if n.startswith("proj.")]
-    body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.")]
+    if cfg.tune not in ("all", "rows"):
+        raise ValueError(f"tune={cfg.tune!r}: all or rows")
+    if cfg.tune == "rows":
+        if cfg.starts_fresh:
+            raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
+        for name, param in encoder.named_parameters():
+            param.requires_grad_(name == "embed.weight")
+    head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
+    body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
     groups = [{"params": body, "lr": cfg.lr}]
     groups += [{"params": head, "lr": cfg.lr * cfg.head_lr_scale}] if head else []
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
@@ -275,6 +285,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
         if cfg.init is not None:
             init_from(cfg, encoder, tok)
+            if cfg.tune == "all":
+                encoder.trainable_rows.fill_(True)
         else:
             fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
         start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
@@ -310,7 +322,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
 
 
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
-              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "seed")
+              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "seed")
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,
@@ -332,7 +344,8 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
         raise ValueError(f"--resume: {path} not found (no evaluation step was reached)")
     state = torch.load(path, map_location=cfg.device, weights_only=False)
     asked = {k: getattr(cfg, k) for k in STATE_KEYS}
-    changed = sorted(k for k in STATE_KEYS if state["config"].get(k) != asked[k])
+    fields = StudentConfig.__dataclass_fields__  # a key newer than the state: its default then
+    changed = sorted(k for k in STATE_KEYS if state["config"].get(k, fields[k].default) != asked[k])
     if changed:
         raise ValueError(f"--resume: {path} was written with other {', '.join(changed)}")
     encoder.load_state_dict(state["model"])

@@ -291,3 +291,32 @@ def test_a_turned_teacher_is_distilled_at_every_prefix() -> None:
                           rotate_teacher=False)
     only_full = student_loss(pred, target, None, None, plain)[0].item()
     assert only_full == pytest.approx(parts["distill"], rel=1e-5)
+
+
+def test_tune_rows_trains_only_the_rows_the_init_marks(tiny, tmp_path) -> None:
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    marked = torch.zeros(len(start["model_state"]["trainable_rows"]), dtype=torch.bool)
+    marked[1::2] = True
+    start["model_state"]["trainable_rows"] = marked
+    write_checkpoint(tmp_path / "start.pt", start)
+
+    train_student(StudentConfig(out=tmp_path / "rows", init=tmp_path / "start.pt", tune="rows", **values))
+    after = load_checkpoint(tmp_path / "rows" / "student.pt")["model_state"]
+    before = start["model_state"]
+    assert all(torch.equal(after[k], before[k]) for k in before if k != "embed.weight")  # blocks, head
+    moved = (after["embed.weight"] != before["embed.weight"]).any(1)
+    assert moved.any() and not moved[~marked].any()
+
+    train_student(StudentConfig(out=tmp_path / "all", init=tmp_path / "start.pt", tune="all", **values))
+    after = load_checkpoint(tmp_path / "all" / "student.pt")["model_state"]
+    assert (after["embed.weight"] != before["embed.weight"]).any(1)[~marked].any()  # every row learns
+    assert not torch.equal(after["proj.weight"], before["proj.weight"])
+    with pytest.raises(ValueError, match="give --init"):
+        train_student(StudentConfig(out=tmp_path / "fresh", tune="rows", **values), teacher_encode=table)
