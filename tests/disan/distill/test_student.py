@@ -320,3 +320,22 @@ def test_tune_rows_trains_only_the_rows_the_init_marks(tiny, tmp_path) -> None:
     assert not torch.equal(after["proj.weight"], before["proj.weight"])
     with pytest.raises(ValueError, match="give --init"):
         train_student(StudentConfig(out=tmp_path / "fresh", tune="rows", **values), teacher_encode=table)
+
+
+def test_a_state_written_before_a_newer_flag_resumes_with_its_default(tmp_path) -> None:
+    from disan.distill.student import STATE_KEYS, resume_state, save_state
+    from disan.model import DiSANConfig, DiSANEncoder
+
+    cfg = StudentConfig(corpus=tmp_path, out=tmp_path, embed_dim=4, d_h=4, proj_dim=8, dims=(8,))
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=10, embed_dim=4, d_h=4, task="encoder", proj_dim=8))
+    optimizer = torch.optim.AdamW(encoder.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    save_state(cfg, 7, encoder, optimizer, schedule, np.random.default_rng(0))
+    state = torch.load(tmp_path / "state.pt", weights_only=False)
+    assert "tune" in STATE_KEYS
+    del state["config"]["tune"]  # as written before --tune existed
+    torch.save(state, tmp_path / "state.pt")
+    first, _ = resume_state(cfg, encoder, optimizer, schedule)
+    assert first == 8
+    with pytest.raises(ValueError, match="tune"):
+        resume_state(StudentConfig(**{**cfg.__dict__, "tune": "rows"}), encoder, optimizer, schedule)
