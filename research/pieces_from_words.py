@@ -31,22 +31,17 @@ import torch
 from disan.distill.student import StudentConfig, principal_axes
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig
-from disan.text.pieces import PAD, SHIFT, PieceTokenizer
+from disan.text.pieces import PAD, PieceTokenizer
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
 
-def direct_rows(words: list[str], pieces: list[str]) -> np.ndarray:
-    """[len(pieces)] True where a piece is a whole word of the word table (padding: False)."""
-    known = set(words)
-    return np.asarray([bool(i > PAD and p and not p.startswith("##") and p in known)
-                       for i, p in enumerate(pieces)])
-
-
 def piece_table(words: list[str], word_rows: np.ndarray, pieces: list[str], start: np.ndarray,
-                ridge: float = 1e-2) -> tuple[np.ndarray, int]:
-    """[len(pieces), word dim] table and how many rows came straight from the word table."""
+                ridge: float = 1e-2) -> tuple[np.ndarray, np.ndarray]:
+    """([len(pieces), word dim] table, [len(pieces)] True where a row came straight from the word
+    table: a whole-word piece the word table has; padding never)."""
     index = {w: i for i, w in enumerate(words)}
-    direct = direct_rows(words, pieces)
+    direct = np.asarray([bool(i > PAD and p and not p.startswith("##") and p in index)
+                         for i, p in enumerate(pieces)])
     src = np.flatnonzero(direct)
     x = np.hstack([start[src], np.ones((len(src), 1), np.float32)]).astype(np.float64)
     y = word_rows[[index[pieces[i]] for i in src]].astype(np.float64)
@@ -58,26 +53,24 @@ def piece_table(words: list[str], word_rows: np.ndarray, pieces: list[str], star
     table = mapped.astype(np.float32)
     table[src] = y
     table[PAD] = 0.0
-    return table, len(src)
+    return table, direct
 
 
 def graft(words_ckpt: dict, tok: PieceTokenizer, start: np.ndarray, axes: np.ndarray | None
           ) -> tuple[dict, int]:
     """(piece student state dict and config, rows taken from the word table)."""
-    pieces = [""] * len(tok)  # by model id (piece id + SHIFT; 0 is padding)
-    for piece, i in tok._tok.get_vocab().items():
-        pieces[i + SHIFT] = piece
     state = {k: v.clone() for k, v in words_ckpt["model_state"].items()}
+    pieces = tok.pieces_by_id()
     table, direct = piece_table(words_ckpt["vocab"], state["embed.weight"].numpy(), pieces, start)
     state["embed.weight"] = torch.from_numpy(table)
     # the rows a `--tune rows` run may train: those not taken from the word table
-    state["trainable_rows"] = torch.from_numpy(~direct_rows(words_ckpt["vocab"], pieces))
+    state["trainable_rows"] = torch.from_numpy(~direct)
     if axes is not None:
         turn = torch.from_numpy(axes)
         state["proj.weight"] = turn @ state["proj.weight"]
         state["proj.bias"] = turn @ state["proj.bias"]
     config = DiSANConfig(**{**words_ckpt["config"], "vocab_size": len(pieces)}).to_dict()
-    return {"model_state": state, "config": config}, direct
+    return {"model_state": state, "config": config}, int(direct.sum())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,13 @@ class StudentConfig:
     threads: int | None = None
     relations: tuple[str, ...] = field(default=())  # pair relations to use (default: all)
 
+    def __post_init__(self) -> None:
+        # checked here, before a run reads its corpus and cache: a wrong flag fails at once
+        if self.tune not in ("all", "rows"):
+            raise ValueError(f"tune={self.tune!r}: all or rows")
+        if self.tune == "rows" and self.starts_fresh:
+            raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
+
     @property
     def starts_fresh(self) -> bool:
         """Its weights start from nothing (no --resume, no --init): only such a run reads the piece
@@ -129,8 +136,7 @@ def piece_vectors(tok: PieceTokenizer, dim: int, encode, cache: Path) -> np.ndar
         table = np.load(cache)
         if table.shape == (len(tok), dim):
             return table
-    vocab = tok._tok.get_vocab()
-    words = [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    words = tok.pieces_by_id()[PAD + 1:]
     texts = [w[2:] if w.startswith("##") else w for w in words]  # a continuation piece as a word
     raw = np.asarray(encode(texts), np.float32)
     raw = raw - raw.mean(0)
@@ -260,11 +266,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
-    if cfg.tune not in ("all", "rows"):
-        raise ValueError(f"tune={cfg.tune!r}: all or rows")
     if cfg.tune == "rows":
-        if cfg.starts_fresh:
-            raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
         for name, param in encoder.named_parameters():
             param.requires_grad_(name == "embed.weight")
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]

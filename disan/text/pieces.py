@@ -89,6 +89,14 @@ class PieceTokenizer:
 
     pad = staticmethod(pad_rows)
 
+    def pieces_by_id(self) -> list[str]:
+        """Each model id's piece string ("" for padding and any id no piece has): the table's rows
+        as text."""
+        pieces = [""] * len(self)
+        for piece, i in self._tok.get_vocab().items():
+            pieces[i + SHIFT] = piece
+        return pieces
+
     def index_spelling(self) -> None:
         """Nothing to index: the word vocabulary's spelling fallback has no use here."""
 

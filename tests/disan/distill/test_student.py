@@ -337,5 +337,24 @@ def test_a_state_written_before_a_newer_flag_resumes_with_its_default(tmp_path) 
     torch.save(state, tmp_path / "state.pt")
     first, _ = resume_state(cfg, encoder, optimizer, schedule)
     assert first == 8
-    with pytest.raises(ValueError, match="tune"):
-        resume_state(StudentConfig(**{**cfg.__dict__, "tune": "rows"}), encoder, optimizer, schedule)
+    with pytest.raises(ValueError, match="written with other tune"):
+        resume_state(StudentConfig(**{**cfg.__dict__, "tune": "rows", "resume": True}), encoder, optimizer,
+                     schedule)
+
+
+def test_pieces_by_id_name_each_model_id(tiny) -> None:
+    _, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    pieces = tok.pieces_by_id()
+    ids = tok.batch_ids(["river storm farmer"])[0]
+    assert len(pieces) == len(tok) and pieces[0] == ""
+    assert [pieces[i] for i in ids] == tok.tokens("river storm farmer")
+
+
+def test_a_bad_tune_fails_before_the_corpus_is_read(tmp_path) -> None:
+    missing = tmp_path / "no-corpus"
+    with pytest.raises(ValueError, match="all or rows"):
+        StudentConfig(corpus=missing, out=tmp_path, tune="blocks")
+    with pytest.raises(ValueError, match="give --init"):
+        StudentConfig(corpus=missing, out=tmp_path, tune="rows")
+    assert StudentConfig(corpus=missing, out=tmp_path, tune="rows", resume=True).tune == "rows"
