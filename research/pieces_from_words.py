@@ -82,17 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json (default: the teacher's WordPiece)")
     parser.add_argument("--no-rotate", action="store_true", help="for runs with --no-rotate-teacher")
     args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as exc:  # a missing or mismatched input: one line, not a traceback
+        parser.error(str(exc))
+
+
+def run(args: argparse.Namespace) -> int:
     words = load_checkpoint(args.words)
     if words["config"].get("proj_dim", 0) <= 0 or not words["vocab"]:
-        parser.error(f"{args.words}: not a word student with a projection to the teacher")
+        raise ValueError(f"{args.words}: not a word student with a projection to the teacher")
     tok = PieceTokenizer.from_file(args.tokenizer or teacher_tokenizer_file())
+    start = np.load(args.pieces)
+    if start.ndim != 2 or len(start) != len(tok):
+        raise ValueError(f"{args.pieces}: {start.shape} rows, the tokenizer has {len(tok)} (with padding)")
     axes = None
     if not args.no_rotate:
         # the rows train_student turns the teacher by: after the validation rows, 50,000 of them
         val = StudentConfig.__dataclass_fields__["val_rows"].default
         cache = TeacherCache.read(args.corpus / "teacher-mpnet")
         axes = principal_axes(np.asarray(cache.vectors()[val:val + 50_000], np.float32))
-    made, direct = graft(words, tok, np.load(args.pieces), axes)
+    made, direct = graft(words, tok, start, axes)
     write_checkpoint(args.out, {
         "format": "disan-checkpoint", "version": 1, **made, "vocab": [], "tokenizer": tok.to_str(),
         "labels": [], "train_config": {"rotate_teacher": not args.no_rotate, "grafted_from": args.words.name},

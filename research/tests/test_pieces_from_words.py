@@ -55,3 +55,23 @@ def test_whole_words_read_as_the_word_student_reads_them(tmp_path) -> None:
     split = [i for i in tok.batch_ids(["stormwater"])[0] if i not in tok.batch_ids([" ".join(WORDS)])[0]]
     assert split and np.isfinite(table[split]).all() and np.abs(table[split]).sum() > 0
     assert not table[0].any()  # padding stays zero
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys) -> None:
+    from research.pieces_from_words import main
+
+    vocab = Vocab(["<pad>", "<unk>", *WORDS])
+    words = make_tiny_checkpoint(tmp_path / "words.pt", "encoder", vocab, [], seed=3, proj_dim=12)
+    tok_file = tmp_path / "tokenizer.json"
+    tok = _tokenizer()
+    tok.save(tok_file)
+    np.save(tmp_path / "short.npy", np.zeros((3, 5), np.float32))
+    short = ["--pieces", str(tmp_path / "short.npy")]
+    base = ["--tokenizer", str(tok_file), "--corpus", str(tmp_path), "--out", str(tmp_path / "o.pt"),
+            "--no-rotate", *short]
+    for args, says in ((["--words", str(tmp_path / "none.pt")], "checkpoint not found"),
+                       (["--words", str(words)], "the tokenizer has")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args + base)
+        assert exit_info.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "o.pt").exists()
