@@ -2,7 +2,7 @@
 
 Commands: serve | embed | eval | train | export | verify | bundle-diff | calibrate | distill, where
 `disan distill STEP` runs the distillation pipeline's steps (corpus | teacher | student | task-teacher |
-pretrain | extend-vocab | borrow-words | merge). The steps' old top-level spellings (`disan
+pretrain | extend-vocab | borrow-words | whole-words | merge). The steps' old top-level spellings (`disan
 pretrain ...`) still work and are not listed. Research commands (experiment grids, ensembles,
 widening, slimming) run from a checkout: `python -m research COMMAND`.
 
@@ -35,7 +35,7 @@ COMMANDS = {
     "calibrate": ("model_export.calibrate", "add class offsets chosen on the recipe's dev set, as a bundle "
                   "serves the model, to an NLI or two-class sentiment model's head (a prior shift)", "train"),
     "distill": ("disan.distill", "the distillation pipeline, one step a subcommand: corpus, teacher, "
-                "student, task-teacher, pretrain, extend-vocab, borrow-words, merge", "train"),
+                "student, task-teacher, pretrain, extend-vocab, borrow-words, whole-words, merge", "train"),
 }
 # `disan distill STEP`: step -> (module, help, extra), as COMMANDS.
 DISTILL = {
@@ -55,6 +55,9 @@ DISTILL = {
                      "never saw", "train"),
     "borrow-words": ("disan.distill.borrow_words", "let an NLI or sentiment model read the embedding "
                      "encoder's words past its own table (a fitted map of its word vectors)", "train"),
+    "whole-words": ("disan.distill.whole_words", "let a piece encoder read a word encoder's words whole "
+                    "(the table the bundle's NLI and sentiment models borrow), other strings as pieces",
+                    "train"),
     "merge": ("disan.distill.merge", "add a further phase's change (or the mean of several seeds') to a "
               "student, less a control phase's (task arithmetic)", "train"),
 }

@@ -64,6 +64,11 @@ class DiSANConfig:
     # linear map into this model's word space (`disan borrow-words`), instead of as UNK.
     borrowed_rows: int = 0
     borrowed_dim: int = 0
+    # Where borrowed row 0 sits in the model's ids. 0 for a task model: its ids are the bundle
+    # vocabulary's, which lists its own words first, so id i past its table reads row i. A piece
+    # encoder that reads whole words through the bundle's word table (`disan distill whole-words`)
+    # has its own table's size here: id i past its pieces reads word row i - borrowed_offset.
+    borrowed_offset: int = 0
     # > 1 (sentiment): an ensemble of this many models trained apart over one frozen word table
     # (`disan train --freeze-words`, joined by `disan ensemble`); see SentimentModel.
     members: int = 1
@@ -425,9 +430,11 @@ class DiSANEncoder(nn.Module):
             return x
         # Only the few tokens that borrow are mapped (in the graph: NonZero, Gather, ScatterND),
         # not every token, so a text with none pays almost nothing for the map.
-        lent = ~own & (ids < self.borrowed.shape[0])                      # [B,n]
+        off = self.cfg.borrowed_offset
+        lent = ~own & (ids < off + self.borrowed.shape[0])                # [B,n]
         at = lent.flatten().nonzero().squeeze(1)                          # [K] flat positions
-        far = self.borrow_map(F.embedding(ids.flatten()[at], self.borrowed))  # [K,d_e]
+        rows = ids.flatten()[at] - off if off else ids.flatten()[at]      # (0: the graph as before)
+        far = self.borrow_map(F.embedding(rows, self.borrowed))           # [K,d_e]
         return x.flatten(0, 1).index_put((at,), far).view(x.shape)        # [B,n,d_e]
 
     def forward(self, ids: Tensor, mask: Tensor, return_tokens: bool = False):

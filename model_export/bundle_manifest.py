@@ -90,6 +90,14 @@ def bundle_manifest(name: str, vocab, max_len: int, layout: dict, chunk_cells: i
             "tokenizer": PIECES_FILE, "pieces": loaded["embed"][0].cfg.vocab_size - 1,
             "note": "the encoder reads subword pieces through tokenizer.json (model id = piece id + 1, "
                     "0 = padding); its graphs name it, /nli and /sentiment read vocab.json"}
+        cfg = loaded["embed"][0].cfg
+        if cfg.borrowed_rows:
+            manifest["models"]["embed"]["borrowed"] = {
+                "from": "own", "rows": cfg.borrowed_rows, "offset": cfg.borrowed_offset,
+                "whole_words": (payloads["embed"].get("whole_words") or {}).get("whole_words"),
+                "note": "tokenizer.json also lists the words of the word table the NLI and sentiment models "
+                        "borrowed, as whole pieces (disan distill whole-words): id offset + row reads that "
+                        "row of the same stored table (storage `borrowed`), through the model's borrow_map"}
     elif has_embed:
         own = loaded["embed"][1]
         manifest["models"]["embed"]["vocab"] = {

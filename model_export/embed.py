@@ -81,6 +81,21 @@ def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | Non
                              "again with this --embed")
 
 
+def check_whole_words(embed: DiSANEncoder, borrowers: dict[str, DiSANEncoder]) -> None:
+    """Raise ValueError unless the piece encoder `embed` reads whole words (`disan distill
+    whole-words`) from exactly the table the task models in `borrowers` borrowed: the bundle stores
+    that table once, for all of them."""
+    if not borrowers:
+        raise ValueError("the encoder reads whole words through a word table, and no NLI or sentiment "
+                         "model borrows one (disan borrow-words) for the bundle to share it with")
+    for task, encoder in borrowers.items():
+        mine, theirs = embed.borrowed, encoder.borrowed
+        if mine.shape != theirs.shape or not torch.equal(mine, theirs):
+            raise ValueError(f"the encoder reads whole words from another table than the {task} model "
+                             f"borrowed ({tuple(mine.shape)} against {tuple(theirs.shape)}, or other "
+                             "values): run `disan distill whole-words` with that model's checkpoint")
+
+
 def as_stored(models: dict[str, Any], storage: dict[str, str],
               matrices: dict[str, str] | None = None, keep_borrowed: bool = False) -> None:
     """Make `models` ({task: model}, "embed" the re-indexed encoder) the models a bundle holds, in
@@ -100,6 +115,10 @@ def as_stored(models: dict[str, Any], storage: dict[str, str],
                  if task != "embed" and model.cfg.borrowed_rows}
     if not keep_borrowed:
         check_borrowed(borrowers, models.get("embed"))
+    whole = models.get("embed") if keep_borrowed and models["embed"].cfg.borrowed_rows else None
+    if whole is not None:
+        check_whole_words(whole, borrowers)
+        round_table(whole.borrowed, storage.get(BORROWED, "fp32"), "embed (the words it reads whole)")
     for task, model in models.items():
         round_tables([model], storage[task])
         round_matrices(model, (matrices or {}).get(task, "fp32"))

@@ -65,6 +65,21 @@ def make_tiny_checkpoint(path: Path, task: str, vocab: Vocab, labels: list[str],
     return path
 
 
+def tiny_piece_tokenizer():
+    """A WordPiece tokenizer (a `PieceTokenizer`) of 160 pieces trained on WORDS and a few more:
+    some WORDS words ("man", "dog") are one piece, others ("guitar") and "phytosterol" several."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from disan.text.pieces import PieceTokenizer
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    corpus = [" ".join(WORDS)] * 4 + ["phyto sterol cholesterol lowers plays playing"] * 4
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=160, special_tokens=["[UNK]"]))
+    return PieceTokenizer(tok)
+
+
 def member_of(first: Path, out: Path, seed: int, **cfg_overrides) -> Path:
     """A tiny sentiment model with its own attention blocks and head (`seed`) over `first`'s word
     table, as `disan train --init-words FIRST --freeze-words` leaves it: an ensemble member."""

@@ -34,6 +34,9 @@ class PieceTokenizer:
         unk = getattr(tokenizer.model, "unk_token", None)
         self.unk_token: str = unk if unk is not None else "[UNK]"
         self.unk_piece = tokenizer.token_to_id(unk) if unk is not None else None
+        # one past the highest id, not the count of pieces: a vocabulary may leave ids unused
+        # (disan.distill.whole_words reads words at ids that follow a word table's rows)
+        self._ids = max(tokenizer.get_vocab().values(), default=-1) + 1
 
     @classmethod
     def from_file(cls, path: str | Path) -> PieceTokenizer:
@@ -47,7 +50,7 @@ class PieceTokenizer:
 
     def __len__(self) -> int:
         """Rows of the model's table: every piece, plus padding."""
-        return self._tok.get_vocab_size() + SHIFT
+        return self._ids + SHIFT
 
     def __contains__(self, piece: str) -> bool:
         return self._tok.token_to_id(piece) is not None
@@ -65,6 +68,12 @@ class PieceTokenizer:
     def tokens(self, text: str) -> list[str]:
         """Raw text -> the pieces the model reads."""
         return self._tok.encode(text, add_special_tokens=False).tokens
+
+    def words(self, text: str) -> list[str]:
+        """The words a text is split into before pieces (normalized: lower case, no accents)."""
+        tok, text = self._tok, str(text)
+        text = tok.normalizer.normalize_str(text) if tok.normalizer else text
+        return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text)] if tok.pre_tokenizer else text.split()
 
     def ids(self, pieces: Sequence[str]) -> list[int]:
         """Model ids of `pieces` (strings from `tokens`); a string that is no piece reads as unknown."""

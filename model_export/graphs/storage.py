@@ -60,6 +60,8 @@ STORAGE_NOTES = {
 # The storage key ({model: storage}) of the word table task models borrowed, where the bundle's
 # encoder reads subword pieces and so cannot lend its own: the models keep their copy, stored once.
 BORROWED = "borrowed"
+# that table's key in a bare encoder (`disan distill whole-words`), not under a task model's `encoder.`
+ENCODER_BORROWED_KEY = BORROWED_KEY.rsplit(".", 1)[-1]
 
 
 def table_name(task: str) -> str:
@@ -75,6 +77,8 @@ def table_storages(storage: dict[str, str]) -> dict[str, str]:
     lent = storage.get(BORROWED, storage.get("embed"))  # BORROWED: kept beside a piece encoder
     if lent is not None:
         names |= {f"{task}/{BORROWED_KEY}": lent for task in storage if task not in ("embed", BORROWED)}
+    if BORROWED in storage:  # a piece encoder that reads whole words reads the same table
+        names[f"embed/{ENCODER_BORROWED_KEY}"] = storage[BORROWED]
     return names
 
 

@@ -250,8 +250,9 @@ def borrowed_words(manifest: dict) -> dict[str, int]:
     """{model: how many words past its own table it reads through the embedding encoder's table}
     for the models that borrow them (`disan borrow-words`); the others read those words as UNK."""
     configs = model_configs(manifest)
+    # a piece encoder's borrowed rows (its whole words) sit past its pieces, not in the bundle vocabulary
     return {task: int(c["borrowed_rows"]) - int(c["vocab_size"]) for task, c in configs.items()
-            if c.get("borrowed_rows")}
+            if c.get("borrowed_rows") and not c.get("borrowed_offset")}
 
 
 def ensemble_members(manifest: dict) -> dict[str, int]:

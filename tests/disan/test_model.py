@@ -291,3 +291,29 @@ def test_ids_past_the_table_read_as_unk(tmp_path) -> None:
     path = export_graph(EncoderGraph(enc), tmp_path / "encoder.onnx", V)
     got = session(path).run(None, {"ids": past.numpy(), "mask": mask.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
+
+
+def test_ids_past_the_offset_read_borrowed_rows_through_the_map(tmp_path) -> None:
+    """A piece encoder that reads whole words (`disan distill whole-words`): id borrowed_offset + r
+    reads borrowed row r through borrow_map, ids below read its own table, ids past the borrowed
+    rows read as UNK; the ONNX graph reads them alike."""
+    pytest.importorskip("onnxruntime")
+    from model_export.graphs.wrappers import EncoderGraph, export_graph
+    from model_export.sessions import session
+
+    rows = 7
+    enc = encoder(borrowed_rows=rows, borrowed_dim=5, borrowed_offset=V).float()
+    with torch.no_grad():
+        enc.borrowed.copy_(torch.randn(rows, 5))
+        ids = torch.tensor([[5, V + 3, V, 9], [V + rows - 1, 6, V + rows, 2]])
+        got = enc.word_vectors(ids)
+        torch.testing.assert_close(got[0, 1], enc.borrow_map(enc.borrowed[3]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[0, 2], enc.borrow_map(enc.borrowed[0]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[1, 0], enc.borrow_map(enc.borrowed[rows - 1]), rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[1, 2], enc.embed.weight[1], rtol=0, atol=0)  # past them: UNK
+        torch.testing.assert_close(got[0, 0], enc.embed.weight[5], rtol=0, atol=0)
+        mask = torch.ones(2, 4, dtype=torch.bool)
+        want = enc(ids, mask)
+    path = export_graph(EncoderGraph(enc), tmp_path / "encoder.onnx", V + rows)
+    out = session(path).run(None, {"ids": ids.numpy(), "mask": mask.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(out), want, rtol=0, atol=1e-5)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, make_tiny_checkpoint, wait_ready
+from conftest import WORDS, make_tiny_checkpoint, tiny_piece_tokenizer, wait_ready
 
 from disan.bundle.manifest import BundleError, graph_tokenizer, load_manifest, write_manifest
 from disan.text.tokenizer import Vocab
@@ -36,22 +36,11 @@ torch.set_num_threads(1)
 TEXTS = ["a man is playing the guitar", "phytosterol lowers cholesterol", "the movie was great !", "dog"]
 
 
-def _piece_tokenizer() -> PieceTokenizer:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    corpus = [" ".join(WORDS)] * 4 + ["phyto sterol cholesterol lowers plays playing"] * 4
-    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=160, special_tokens=["[UNK]"]))
-    return PieceTokenizer(tok)
-
-
 @pytest.fixture(scope="module")
 def piece_ckpt(tmp_path_factory) -> Path:
     """A tiny piece encoder checkpoint as `disan distill student` writes one: no word list, its
     tokenizer.json inside, Matryoshka sizes."""
-    tok = _piece_tokenizer()
+    tok = tiny_piece_tokenizer()
     path = tmp_path_factory.mktemp("pieces") / "student.pt"
     filler = Vocab([f"w{i}" for i in range(len(tok) - 2)])  # a table of len(tok) rows
     make_tiny_checkpoint(path, "encoder", filler, [], seed=7, proj_dim=16, embed_dim=12)
@@ -209,3 +198,103 @@ def test_recover_gives_the_piece_encoder_back_with_its_tokenizer(piece_bundle, p
     assert embed["vocab"] == [] and PieceTokenizer.from_str(embed["tokenizer"]).batch_ids(TEXTS) == pieces
     assert "tokenizer" not in load_checkpoint(written["nli"]) and load_checkpoint(written["nli"])["vocab"]
     np.testing.assert_allclose(_reference(written["embed"], TEXTS), _reference(piece_ckpt, TEXTS), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def whole_ckpt(tmp_path_factory, borrowed, piece_ckpt) -> Path:
+    """The piece encoder reading whole the words of the table the sentiment model borrowed."""
+    from disan.cli import main
+
+    out = tmp_path_factory.mktemp("whole") / "student.pt"
+    assert main(["distill", "whole-words", str(piece_ckpt), str(borrowed), str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def whole_bundle(tmp_path_factory, tiny_checkpoints, borrowed, whole_ckpt) -> Path:
+    out = tmp_path_factory.mktemp("whole-bundle") / "bundle"
+    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=whole_ckpt, name="tiny-whole",
+                              sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
+    return out
+
+
+def _stored_at(bundle: Path) -> dict[str, tuple[str, str]]:
+    """{initializer: (offset, length) in the weights file} over the bundle's graphs."""
+    import onnx
+
+    at = {}
+    for path in bundle.glob("*.onnx"):
+        for init in onnx.load(str(path), load_external_data=False).graph.initializer:
+            ext = {e.key: e.value for e in init.external_data}
+            if ext:
+                at[init.name] = (ext["offset"], ext["length"])
+    return at
+
+
+def test_whole_words_read_the_table_the_task_models_borrowed_stored_once(whole_bundle, whole_ckpt, borrowed,
+                                                                          tiny_checkpoints) -> None:
+    from model_export.graphs.storage import round_table
+
+    manifest = load_manifest(whole_bundle)
+    assert manifest["verification"]["passed"]
+    at = _stored_at(whole_bundle)
+    assert at["embed/borrowed/int8"] == at["sentiment/encoder.borrowed/int8"]  # the same bytes
+    entry = manifest["models"]["embed"]["borrowed"]
+    assert entry["from"] == "own" and entry["offset"] == manifest["models"]["embed"]["config"]["vocab_size"]
+    runtime = load_offline(whole_bundle)
+    assert runtime.tokenizer("embed").tokens("violin") == ["violin"]
+    payload = load_checkpoint(whole_ckpt)
+    model, _, _ = model_from_checkpoint(payload)
+    round_table(model.borrowed, "int8", "embed")  # as the bundle stores it
+    tok = PieceTokenizer.from_str(payload["tokenizer"])
+    texts = [*TEXTS, "a man is playing the violin", "piano"]
+    enc = tok.encode(texts)
+    with torch.no_grad():
+        want = model(torch.from_numpy(enc.ids), torch.from_numpy(enc.mask)).numpy()
+    np.testing.assert_allclose(Encoder(whole_bundle).encode(texts, normalize=False), want, atol=1e-4)
+    report = verify_bundle(whole_bundle, checkpoints=[whole_ckpt, tiny_checkpoints.nli, borrowed])
+    assert report["passed"], json.dumps(report)[:2000]
+
+
+def test_whole_words_from_another_table_are_refused(tiny_checkpoints, borrowed, piece_ckpt, tmp_path) -> None:
+    """Reading another table than the one the task models borrowed would store a second copy."""
+    from disan.cli import main
+
+    other = make_tiny_checkpoint(tmp_path / "other.pt", "encoder", Vocab(["violin", "piano", *WORDS]), [],
+                                 seed=9, proj_dim=16, embed_dim=12)
+    assert main(["distill", "whole-words", str(piece_ckpt), str(other), str(tmp_path / "w.pt")]) == 0
+    with pytest.raises(ValueError, match="whole-words"):
+        build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, tmp_path / "b", embed=tmp_path / "w.pt",
+                                  sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
+    assert not (tmp_path / "b").exists()
+
+
+def test_info_counts_only_the_task_models_borrowed_words(whole_bundle) -> None:
+    """The encoder's whole words are no words the task models borrow: /info's borrowed_words names
+    the sentiment model's two (violin, piano) and not the encoder."""
+    from fastapi.testclient import TestClient
+
+    from service.main import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(bundle=whole_bundle, max_wait_ms=1.0))) as client:
+        wait_ready(client.get)
+        assert client.get("/info").json()["bundle"]["borrowed_words"] == {"sentiment": 2}
+        tokens = client.post("/tokenize", json={"texts": ["violin"]}).json()["results"][0]
+        assert tokens["tokens"] == ["violin"] and tokens["unknown"] == []
+
+
+def test_recover_gives_the_whole_words_encoder_back(whole_bundle, whole_ckpt, tmp_path) -> None:
+    """The recovered encoder reads the words whole through the table the bundle stores (int8 here)."""
+    from model_export.graphs.storage import round_table
+    from model_export.recover import recover
+
+    written = recover(whole_bundle, tmp_path / "r", log=lambda *_: None)
+    embed = load_checkpoint(written["embed"])
+    assert embed["config"]["borrowed_offset"] == load_checkpoint(whole_ckpt)["config"]["borrowed_offset"]
+    payload = load_checkpoint(whole_ckpt)
+    round_table(payload["model_state"]["borrowed"], "int8", "embed")
+    write_checkpoint(tmp_path / "stored.pt", payload)
+    texts = [*TEXTS, "the violin and the piano"]
+    np.testing.assert_allclose(_reference(written["embed"], texts), _reference(tmp_path / "stored.pt", texts),
+                               atol=1e-5)
