@@ -88,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
 
+def teacher_axes(corpus: Path) -> np.ndarray:
+    """The axes train_student turns the teacher by: the principal axes of 50,000 cache rows after
+    the validation rows."""
+    val = StudentConfig.__dataclass_fields__["val_rows"].default
+    cache = TeacherCache.read(corpus / "teacher-mpnet")
+    return principal_axes(np.asarray(cache.vectors()[val:val + 50_000], np.float32))
+
+
 def run(args: argparse.Namespace) -> int:
     words = load_checkpoint(args.words)
     if words["config"].get("proj_dim", 0) <= 0 or not words["vocab"]:
@@ -96,12 +104,7 @@ def run(args: argparse.Namespace) -> int:
     start = np.load(args.pieces)
     if start.ndim != 2 or len(start) != len(tok):
         raise ValueError(f"{args.pieces}: {start.shape} rows, the tokenizer has {len(tok)} (with padding)")
-    axes = None
-    if not args.no_rotate:
-        # the rows train_student turns the teacher by: after the validation rows, 50,000 of them
-        val = StudentConfig.__dataclass_fields__["val_rows"].default
-        cache = TeacherCache.read(args.corpus / "teacher-mpnet")
-        axes = principal_axes(np.asarray(cache.vectors()[val:val + 50_000], np.float32))
+    axes = None if args.no_rotate else teacher_axes(args.corpus)
     made, direct = graft(words, tok, start, axes)
     write_checkpoint(args.out, {
         "format": "disan-checkpoint", "version": 1, **made, "vocab": [], "tokenizer": tok.to_str(),

@@ -13,8 +13,10 @@ the table has reads as its row; a string it lacks still reads as pieces.
 The rows are read through a linear map fitted (least squares) from the word rows to the student's
 own rows over the words that are whole pieces of both, as borrow-words fits one; for a student
 grafted from this word encoder (`research/pieces_from_words.py`) those rows are the word rows
-themselves and the map is the identity. The student's pieces, ids and weights stay as they were, so
-a text whose words are all pieces reads exactly as before.
+themselves and the map is the identity. A piece whose row is its word's row read through the map
+(within SAME_ROW) is then read from the word table too, and its row leaves the student's own
+table: the bundle holds it once (for a graft, 22,779 of 30,527 pieces). The other pieces keep
+their rows, renumbered in order, so a text reads the same vectors as before.
 
 Only words the tokenizer can meet whole are added: one pre-token, unchanged by its normalizer
 (lower case, no accents), not already a piece, and with a row of their own (not the UNK row a
@@ -52,6 +54,7 @@ def readable_words(tok: PieceTokenizer, words: list[str], limit: int | None) -> 
 # splits elsewhere: a clitic is one token ("does n't", "he 's"), not "doesn ' t" / "he ' s". The
 # rest is BERT's split: whitespace, then each symbol on its own.
 WORD_SPLIT = r"n't\b|'(?:s|re|ve|ll|d|m)\b|[^\w\s]|_"
+SAME_ROW = 1e-4  # a piece row within this (relative) of its mapped word row is that row
 QUOTES = {"\u2018": "'", "\u2019": "'"}  # typographic apostrophes read as the ASCII one
 
 
@@ -99,27 +102,66 @@ def whole_words(student: dict, lender: dict, limit: int | None = None) -> tuple[
     rows = [r for r in readable_words(tok, words, limit) if r not in unk_rows]
     if not rows:
         raise ValueError("no word of the lender's table would read whole")
-    data = json.loads(tok.to_str())
-    vocab = data["model"]["vocab"]
-    for row in rows:  # at id own + row (a model id: piece id + SHIFT); the other rows' ids stay unused
-        vocab[words[row]] = own - SHIFT + row
-    wide = PieceTokenizer.from_str(json.dumps(data, ensure_ascii=False))
-
     state = dict(student["model_state"])
     mine = state["embed.weight"].float().numpy()
-    shared = [(tok.ids([w])[0], r) for r, w in enumerate(words) if r > UNK and w in tok]
+    shared = [(tok.ids([w])[0], r) for r, w in enumerate(words) if r > UNK and r not in unk_rows and w in tok]
     if len(shared) <= table.shape[1] + 1:
         raise ValueError(f"the two share {len(shared)} words: too few to fit a map from {table.shape[1]} "
                          "dimensions")
-    mine_ids, word_rows = map(list, zip(*shared, strict=True))
-    mapping, cosine = fit_map(table[word_rows].numpy().astype(np.float64), mine[mine_ids].astype(np.float64))
+    mine_ids, word_rows = (np.asarray(x) for x in zip(*shared, strict=True))
+    lent = table[word_rows].numpy().astype(np.float64)
+    mapping, cosine = fit_map(lent, mine[mine_ids].astype(np.float64))
+    # A piece whose row is its word's row read through the map (a graft's whole-word pieces) is
+    # read from the word table instead: the bundle then holds that row once, not twice.
+    mapped = np.hstack([lent, np.ones((len(lent), 1))]) @ mapping
+    gap = np.linalg.norm(mapped - mine[mine_ids], axis=1)
+    special = {i + SHIFT for i in tok.special_ids()}
+    same = (gap <= SAME_ROW * np.linalg.norm(mine[mine_ids], axis=1)) & ~np.isin(mine_ids, list(special))
+    moved = dict(zip(mine_ids[same].tolist(), word_rows[same].tolist(), strict=True))  # model id -> row
+    keep = [i for i in range(own) if i not in moved]
+    kept = len(keep)
+    new_id = {old: new for new, old in enumerate(keep)}  # model ids of the pieces that stay
+
+    def renumber(piece_id: int) -> int:
+        model_id = piece_id + SHIFT
+        return (kept + moved[model_id] if model_id in moved else new_id[model_id]) - SHIFT
+
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for piece, i in vocab.items():
+        vocab[piece] = renumber(i)
+    for added in data.get("added_tokens") or []:
+        added["id"] = renumber(added["id"])
+    renumber_post_processor(data.get("post_processor"), renumber)
+    for row in rows:  # at id kept + row (a model id: piece id + SHIFT); the other rows' ids stay unused
+        vocab[words[row]] = kept - SHIFT + row
+    wide = PieceTokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+    state["embed.weight"] = torch.from_numpy(mine[keep])
+    if "trainable_rows" in state:
+        state["trainable_rows"] = state["trainable_rows"][keep].clone()
     state["borrowed"] = table.clone()
     state["borrow_map.weight"] = torch.from_numpy(mapping[:-1].T.astype(np.float32))
     state["borrow_map.bias"] = torch.from_numpy(mapping[-1].astype(np.float32))
-    config |= {"borrowed_rows": table.shape[0], "borrowed_dim": table.shape[1], "borrowed_offset": own}
-    report = {"pieces": own - SHIFT, "whole_words": len(rows), "ids": len(wide) - SHIFT,
-              "fit_words": len(shared), "fit_heldout_cosine": round(cosine, 4)}
+    config |= {"vocab_size": kept, "borrowed_rows": table.shape[0], "borrowed_dim": table.shape[1],
+               "borrowed_offset": kept}
+    report = {"pieces": kept - SHIFT, "whole_words": len(rows), "pieces_read_from_the_table": len(moved),
+              "ids": len(wide) - SHIFT, "fit_words": len(shared), "fit_heldout_cosine": round(cosine, 4)}
     return {**student, "config": config, "model_state": state, "tokenizer": wide.to_str()}, report
+
+
+def renumber_post_processor(processor: dict | None, renumber) -> None:
+    """Give the special tokens a post-processor names (never used: DiSAN adds none) their new ids,
+    so the tokenizer.json stays consistent."""
+    if not processor:
+        return
+    for key in ("sep", "cls"):  # RobertaProcessing, BertProcessing: [token, id]
+        if isinstance(processor.get(key), list):
+            processor[key][1] = renumber(processor[key][1])
+    for token in (processor.get("special_tokens") or {}).values():  # TemplateProcessing
+        token["ids"] = [renumber(i) for i in token.get("ids", [])]
+    for step in processor.get("processors") or []:  # Sequence
+        renumber_post_processor(step, renumber)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     out["whole_words"] = report | {"from": provenance(args.student, student),
                                    "lender": provenance(args.words, lender)}
     write_checkpoint(args.out, out)
-    print(f"{args.out}: reads {report['whole_words']} words whole ({report['ids']} ids; map fitted on "
+    print(f"{args.out}: reads {report['whole_words']} more words whole, "
+          f"{report['pieces_read_from_the_table']} pieces from the word table, "
+          f"{report['pieces']} pieces of its own ({report['ids']} ids; map fitted on "
           f"{report['fit_words']} shared words, held-out cosine {report['fit_heldout_cosine']})")
     return 0

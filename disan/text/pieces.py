@@ -106,6 +106,10 @@ class PieceTokenizer:
             pieces[i + SHIFT] = piece
         return pieces
 
+    def special_ids(self) -> list[int]:
+        """Piece ids of the special tokens ("<s>", "[UNK]", ...; Hugging Face's added tokens)."""
+        return [i for i, added in self._tok.get_added_tokens_decoder().items() if added.special]
+
     def index_spelling(self) -> None:
         """Nothing to index: the word vocabulary's spelling fallback has no use here."""
 

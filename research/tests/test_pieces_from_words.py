@@ -75,3 +75,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys) -> None:
             main(args + base)
         assert exit_info.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_turned_back_serves_the_teachers_own_coordinates(tmp_path) -> None:
+    """research.turn_back: the vectors turned back by the axes (the same cosines); no Matryoshka
+    sizes are claimed for them; a student of the unturned teacher is refused."""
+    from research.turn_back import turned_back
+
+    path = make_tiny_checkpoint(tmp_path / "s.pt", "encoder", Vocab(["<pad>", "<unk>", *WORDS]), [], seed=3,
+                                proj_dim=12)
+    payload = load_checkpoint(path) | {"train_config": {"rotate_teacher": True}, "matryoshka_dims": [12, 6]}
+    axes = np.linalg.qr(np.random.default_rng(1).normal(size=(12, 12)))[0].astype(np.float32)
+    back = turned_back(payload, axes)
+    before, after = (DiSANEncoder(DiSANConfig.from_dict(p["config"])).eval() for p in (payload, back))
+    before.load_state_dict(payload["model_state"])
+    after.load_state_dict(back["model_state"])
+    ids = torch.tensor([[2, 3, 4, 5], [6, 7, 0, 0]])
+    with torch.no_grad():
+        want = before(ids, ids != 0).numpy() @ axes
+        np.testing.assert_allclose(after(ids, ids != 0).numpy(), want, atol=1e-5)
+    assert "matryoshka_dims" not in back and back["train_config"]["rotate_teacher"] is False
+    with pytest.raises(ValueError, match="turned teacher"):
+        turned_back(back, axes)
