@@ -81,6 +81,11 @@ def load_state(model, arrays: dict[str, np.ndarray], task: str):
     import torch  # torch, as above
 
     state = model.state_dict()
+    # The exporter drops a Linear's all-zero bias (a Gemm's C is optional), so a bias the graphs lack
+    # beside its weight was zero; were it not, the parity check against the graphs would fail.
+    dropped = [k for k in state if k.endswith(".bias") and k not in arrays
+               and k.removesuffix(".bias") + ".weight" in arrays]
+    arrays = {**{k: np.zeros(tuple(state[k].shape), np.float32) for k in dropped}, **arrays}
     missing = [k for k in state if k not in arrays and not k.endswith("trainable_rows")]
     if missing:
         raise BundleError(f"{task}: the graphs hold no weights for {missing[:5]}"

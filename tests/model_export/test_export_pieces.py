@@ -298,3 +298,17 @@ def test_recover_gives_the_whole_words_encoder_back(whole_bundle, whole_ckpt, tm
     texts = [*TEXTS, "the violin and the piano"]
     np.testing.assert_allclose(_reference(written["embed"], texts), _reference(tmp_path / "stored.pt", texts),
                                atol=1e-5)
+
+
+def test_a_zero_borrow_map_bias_verifies_from_the_bundle_alone(tiny_checkpoints, borrowed, whole_ckpt,
+                                                               tmp_path) -> None:
+    """An identity map (a graft's) has a zero bias, which the exporter drops from the graph; `disan
+    verify` without checkpoints rebuilds the encoder from the graphs all the same."""
+    payload = load_checkpoint(whole_ckpt)
+    payload["model_state"]["borrow_map.bias"].zero_()
+    write_checkpoint(tmp_path / "zero.pt", payload)
+    out = tmp_path / "bundle"
+    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=tmp_path / "zero.pt", sets=("cpu",),
+                              embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
+    report = verify_bundle(out)
+    assert report["passed"], json.dumps(report)[:2000]
