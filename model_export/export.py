@@ -318,8 +318,10 @@ def build_bundle(cfg: ExportConfig, log=print) -> dict[str, Any]:
                 f"{len(vocab) - len(loaded['nli'][1])} of the encoder's {len(own_vocab)}")
         else:
             embed = own_model.eval()
-            log(f"the encoder reads {len(pieces) - 1} subword pieces ({PIECES_FILE}); /nli and "
-                f"/sentiment read the NLI model's {len(vocab)} words ({VOCAB_FILE})")
+            lent = embed.cfg.borrowed_rows
+            words = f" and whole words (the {lent}-word table the task models borrow)" if lent else ""
+            log(f"the encoder reads {embed.cfg.vocab_size - 1} subword pieces{words} ({PIECES_FILE}); /nli "
+                f"and /sentiment read the NLI model's {len(vocab)} words ({VOCAB_FILE})")
         loaded["embed"] = (embed, own_vocab, [])
     tasks = tuple(loaded)
     matrices = storage_by_model(cfg.matrix_storage, tasks, MATRIX_STORAGES, "--matrix-storage")
