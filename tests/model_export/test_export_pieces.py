@@ -63,13 +63,18 @@ def borrowed(tmp_path_factory, tiny_checkpoints) -> Path:
     return root / "sentiment.pt"
 
 
+def export_with(tiny_checkpoints, sentiment: Path, embed: Path, out: Path) -> Path:
+    """The tiny NLI model, `sentiment` and the encoder `embed` exported to `out` (cpu set; tables in
+    fp32, the borrowed word table in int8)."""
+    build_bundle(ExportConfig(tiny_checkpoints.nli, sentiment, out, embed=embed, name="tiny-pieces",
+                              sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
+    return out
+
+
 @pytest.fixture(scope="module")
 def piece_bundle(tmp_path_factory, tiny_checkpoints, borrowed, piece_ckpt) -> Path:
     """NLI, a sentiment model that borrowed a word table, and the piece encoder (one export)."""
-    out = tmp_path_factory.mktemp("piece-bundle") / "bundle"
-    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=piece_ckpt, name="tiny-pieces",
-                              sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
-    return out
+    return export_with(tiny_checkpoints, borrowed, piece_ckpt, tmp_path_factory.mktemp("pieces") / "bundle")
 
 
 def _reference(ckpt: Path, texts: list[str]) -> np.ndarray:
@@ -212,10 +217,7 @@ def whole_ckpt(tmp_path_factory, borrowed, piece_ckpt) -> Path:
 
 @pytest.fixture(scope="module")
 def whole_bundle(tmp_path_factory, tiny_checkpoints, borrowed, whole_ckpt) -> Path:
-    out = tmp_path_factory.mktemp("whole-bundle") / "bundle"
-    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=whole_ckpt, name="tiny-whole",
-                              sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
-    return out
+    return export_with(tiny_checkpoints, borrowed, whole_ckpt, tmp_path_factory.mktemp("whole") / "bundle")
 
 
 def _stored_at(bundle: Path) -> dict[str, tuple[str, str]]:
@@ -264,8 +266,7 @@ def test_whole_words_from_another_table_are_refused(tiny_checkpoints, borrowed, 
                                  seed=9, proj_dim=16, embed_dim=12)
     assert main(["distill", "whole-words", str(piece_ckpt), str(other), str(tmp_path / "w.pt")]) == 0
     with pytest.raises(ValueError, match="whole-words"):
-        build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, tmp_path / "b", embed=tmp_path / "w.pt",
-                                  sets=("cpu",), embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
+        export_with(tiny_checkpoints, borrowed, tmp_path / "w.pt", tmp_path / "b")
     assert not (tmp_path / "b").exists()
 
 
@@ -307,8 +308,5 @@ def test_a_zero_borrow_map_bias_verifies_from_the_bundle_alone(tiny_checkpoints,
     payload = load_checkpoint(whole_ckpt)
     payload["model_state"]["borrow_map.bias"].zero_()
     write_checkpoint(tmp_path / "zero.pt", payload)
-    out = tmp_path / "bundle"
-    build_bundle(ExportConfig(tiny_checkpoints.nli, borrowed, out, embed=tmp_path / "zero.pt", sets=("cpu",),
-                              embedding_storage="fp32,borrowed=int8"), log=lambda *_: None)
-    report = verify_bundle(out)
+    report = verify_bundle(export_with(tiny_checkpoints, borrowed, tmp_path / "zero.pt", tmp_path / "bundle"))
     assert report["passed"], json.dumps(report)[:2000]
