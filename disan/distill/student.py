@@ -246,7 +246,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     target = np.asarray(cache.vectors()[:done], np.float32)
     if cfg.rotate_teacher:
         target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
-    tok = PieceTokenizer.from_file(cfg.tokenizer or teacher_tokenizer_file())
+    init = load_checkpoint(cfg.init) if cfg.init is not None else None
+    tok = run_tokenizer(cfg, init)
     pairs = np.load(cfg.corpus / "pairs.npy")
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
     needed[:done] = True
@@ -260,7 +261,11 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     val_pairs, pairs = pairs[:held], pairs[held:]
     val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
 
-    model_cfg = DiSANConfig(vocab_size=len(tok), embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
+    # a start that reads whole words (disan distill whole-words) keeps its tables' layout
+    lent = ("vocab_size", "borrowed_rows", "borrowed_dim", "borrowed_offset")
+    layout = ({k: init["config"][k] for k in lent} if init is not None and init["config"].get("borrowed_rows")
+              else {"vocab_size": len(tok)})
+    model_cfg = DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
                             proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob)
     encoder = DiSANEncoder(model_cfg).to(cfg.device)
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
@@ -285,8 +290,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.resume:
         first, rng = resume_state(cfg, encoder, optimizer, schedule)
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
-        if cfg.init is not None:
-            init_from(cfg, encoder, tok)
+        if init is not None:
+            init_from(cfg, encoder, tok, init)
             if cfg.tune == "all":
                 encoder.trainable_rows.fill_(True)
         else:
@@ -359,11 +364,20 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
     return state["step"] + 1, rng
 
 
-def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer) -> None:
-    """Load `cfg.init`'s weights into `encoder`; refuses a student of another shape, tokenizer or
-    target space (a turned teacher's coordinates are not the teacher's own). The dropout rate may
-    differ: it is a setting of training, not of the weights."""
-    ckpt = load_checkpoint(cfg.init)
+def run_tokenizer(cfg: StudentConfig, init: dict | None) -> PieceTokenizer:
+    """The run's tokenizer: --tokenizer, else the --init student's own (whole words too, after
+    `disan distill whole-words`), else the teacher's WordPiece."""
+    if cfg.tokenizer is not None:
+        return PieceTokenizer.from_file(cfg.tokenizer)
+    if init is not None and init.get("tokenizer"):
+        return PieceTokenizer.from_str(init["tokenizer"])
+    return PieceTokenizer.from_file(teacher_tokenizer_file())
+
+
+def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer, ckpt: dict) -> None:
+    """Load the --init checkpoint `ckpt`'s weights into `encoder`; refuses a student of another
+    shape, tokenizer or target space (a turned teacher's coordinates are not the teacher's own). The
+    dropout rate may differ: it is a setting of training, not of the weights."""
     trained = ckpt.get("train_config", {})
     problems = [k for k, v in encoder.cfg.to_dict().items()
                 if k != "keep_prob" and ckpt["config"].get(k) != v]

@@ -358,3 +358,31 @@ def test_a_bad_tune_fails_before_the_corpus_is_read(tmp_path) -> None:
     with pytest.raises(ValueError, match="give --init"):
         StudentConfig(corpus=missing, out=tmp_path, tune="rows")
     assert StudentConfig(corpus=missing, out=tmp_path, tune="rows", resume=True).tune == "rows"
+
+
+def test_a_start_that_reads_whole_words_trains_with_its_tokenizer_and_tables(tiny, tmp_path) -> None:
+    """`disan distill whole-words` output as --init: the run reads text through its tokenizer (whole
+    words too), keeps its tables' layout and the borrowed word table, and trains its own rows."""
+    from conftest import make_tiny_checkpoint
+
+    from disan.distill.whole_words import whole_words
+    from disan.text.tokenizer import Vocab
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8), batch_size=16,
+                  pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", tokenizer=path, **values), teacher_encode=table)
+    pieces = [p for p in PieceTokenizer.from_file(path).pieces_by_id() if p.isalpha() and p.islower()]
+    words = Vocab([*pieces, "riverbank", "stormwater"])  # the pieces that are words fit the map
+    lender = make_tiny_checkpoint(tmp_path / "w.pt", "encoder", words, [], seed=4, proj_dim=16, embed_dim=8)
+    made, report = whole_words(load_checkpoint(tmp_path / "one" / "student.pt"), load_checkpoint(lender))
+    assert report["whole_words"] >= 1
+    write_checkpoint(tmp_path / "whole.pt", made)
+
+    train_student(StudentConfig(out=tmp_path / "two", init=tmp_path / "whole.pt", tune="rows", **values))
+    after = load_checkpoint(tmp_path / "two" / "student.pt")
+    assert after["tokenizer"] == made["tokenizer"] and after["config"] == made["config"]
+    assert torch.equal(after["model_state"]["borrowed"], made["model_state"]["borrowed"])
+    assert not torch.equal(after["model_state"]["embed.weight"], made["model_state"]["embed.weight"])
