@@ -113,29 +113,12 @@ def whole_words(student: dict, lender: dict, limit: int | None = None) -> tuple[
     mapping, cosine = fit_map(lent, mine[mine_ids].astype(np.float64))
     # A piece whose row is its word's row read through the map (a graft's whole-word pieces) is
     # read from the word table instead: the bundle then holds that row once, not twice.
-    mapped = np.hstack([lent, np.ones((len(lent), 1))]) @ mapping
-    gap = np.linalg.norm(mapped - mine[mine_ids], axis=1)
-    special = {i + SHIFT for i in tok.special_ids()}
-    same = (gap <= SAME_ROW * np.linalg.norm(mine[mine_ids], axis=1)) & ~np.isin(mine_ids, list(special))
+    gap = np.linalg.norm(np.hstack([lent, np.ones((len(lent), 1))]) @ mapping - mine[mine_ids], axis=1)
+    same = (gap <= SAME_ROW * np.linalg.norm(mine[mine_ids], axis=1)) & ~np.isin(
+        mine_ids, [i + SHIFT for i in tok.special_ids()])
     moved = dict(zip(mine_ids[same].tolist(), word_rows[same].tolist(), strict=True))  # model id -> row
     keep = [i for i in range(own) if i not in moved]
-    kept = len(keep)
-    new_id = {old: new for new, old in enumerate(keep)}  # model ids of the pieces that stay
-
-    def renumber(piece_id: int) -> int:
-        model_id = piece_id + SHIFT
-        return (kept + moved[model_id] if model_id in moved else new_id[model_id]) - SHIFT
-
-    data = json.loads(tok.to_str())
-    vocab = data["model"]["vocab"]
-    for piece, i in vocab.items():
-        vocab[piece] = renumber(i)
-    for added in data.get("added_tokens") or []:
-        added["id"] = renumber(added["id"])
-    renumber_post_processor(data.get("post_processor"), renumber)
-    for row in rows:  # at id kept + row (a model id: piece id + SHIFT); the other rows' ids stay unused
-        vocab[words[row]] = kept - SHIFT + row
-    wide = PieceTokenizer.from_str(json.dumps(data, ensure_ascii=False))
+    wide = widened(tok, {words[r]: r for r in rows}, moved, keep)
 
     state["embed.weight"] = torch.from_numpy(mine[keep])
     if "trainable_rows" in state:
@@ -143,11 +126,33 @@ def whole_words(student: dict, lender: dict, limit: int | None = None) -> tuple[
     state["borrowed"] = table.clone()
     state["borrow_map.weight"] = torch.from_numpy(mapping[:-1].T.astype(np.float32))
     state["borrow_map.bias"] = torch.from_numpy(mapping[-1].astype(np.float32))
+    kept = len(keep)
     config |= {"vocab_size": kept, "borrowed_rows": table.shape[0], "borrowed_dim": table.shape[1],
                "borrowed_offset": kept}
     report = {"pieces": kept - SHIFT, "whole_words": len(rows), "pieces_read_from_the_table": len(moved),
               "ids": len(wide) - SHIFT, "fit_words": len(shared), "fit_heldout_cosine": round(cosine, 4)}
     return {**student, "config": config, "model_state": state, "tokenizer": wide.to_str()}, report
+
+
+def widened(tok: PieceTokenizer, added: dict[str, int], moved: dict[int, int],
+            keep: list[int]) -> PieceTokenizer:
+    """`tok` reading the `added` words ({word: row}) and the `moved` pieces ({model id: row}) at id
+    len(keep) + row, the pieces it `keep`s at their rank among them; the other rows' ids stay unused."""
+    kept, new_id = len(keep), {old: new for new, old in enumerate(keep)}
+
+    def renumber(piece_id: int) -> int:  # piece ids: model id - SHIFT
+        model_id = piece_id + SHIFT
+        return (kept + moved[model_id] if model_id in moved else new_id[model_id]) - SHIFT
+
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    for piece, i in vocab.items():
+        vocab[piece] = renumber(i)
+    for token in data.get("added_tokens") or []:
+        token["id"] = renumber(token["id"])
+    renumber_post_processor(data.get("post_processor"), renumber)
+    vocab.update({word: kept - SHIFT + row for word, row in added.items()})
+    return PieceTokenizer.from_str(json.dumps(data, ensure_ascii=False))
 
 
 def renumber_post_processor(processor: dict | None, renumber) -> None:
