@@ -33,6 +33,7 @@ from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.text.tokenizer import Vocab
 from disan.train.checkpoint import load_checkpoint, model_from_checkpoint, provenance, write_checkpoint
 from model_export.embed import task_model_as_stored
+from model_export.graphs.storage import BORROWED
 
 BATCH = 128
 BIAS = "out.linear.bias"  # the head's last layer: logits = ... + bias
@@ -52,7 +53,11 @@ def stored_task_model(payload: dict[str, Any], weights: dict, name: str = "check
         raise ValueError(f"{name} borrows an encoder's words; the bundle has no encoder (--embed)")
 
     def per_model(storage: str | dict[str, str]) -> dict[str, str]:  # one for all, or one per model
-        return {t: storage if isinstance(storage, str) else storage.get(t, "fp32") for t in (task, "embed")}
+        if isinstance(storage, str):
+            return {t: storage for t in (task, "embed")}
+        # BORROWED: the word table kept beside a piece encoder, stored in a storage of its own
+        return {t: storage.get(t, "fp32") for t in (task, "embed")} | (
+            {BORROWED: storage[BORROWED]} if BORROWED in storage else {})
 
     task_model_as_stored(model, task, per_model(tables), per_model(matrices))
     return model

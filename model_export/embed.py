@@ -133,11 +133,18 @@ def task_model_as_stored(model, task: str, storage: dict[str, str], matrices: di
     """An NLI or sentiment `model` as a bundle with these storages ({task: storage}, as its
     manifest's `weights` records them) would hold it, in place, without the encoder at hand: what
     as_stored does, with the borrowed copy of the encoder's table rounded as the encoder's own
-    table is stored (the values as_stored copies in). To compare checkpoints before exporting one
+    table is stored (the values as_stored copies in), or, beside a piece encoder, as the bundle
+    stores the word table itself (storage `borrowed`). To compare checkpoints before exporting one
     (research/analyses/sentiment_served.py)."""
-    from model_export.graphs.storage import round_matrices, round_table, round_tables  # onnx: as as_stored
+    from model_export.graphs.storage import (  # onnx: as as_stored
+        BORROWED,
+        round_matrices,
+        round_table,
+        round_tables,
+    )
 
     round_tables([model], storage[task])
     round_matrices(model, matrices.get(task, "fp32"))
     if model.cfg.borrowed_rows:
-        round_table(model.encoder.borrowed, storage["embed"], f"{task} (its borrowed words)")
+        lent = storage.get(BORROWED, storage["embed"])
+        round_table(model.encoder.borrowed, lent, f"{task} (its borrowed words)")

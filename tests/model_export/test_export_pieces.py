@@ -310,3 +310,20 @@ def test_a_zero_borrow_map_bias_verifies_from_the_bundle_alone(tiny_checkpoints,
     write_checkpoint(tmp_path / "zero.pt", payload)
     report = verify_bundle(export_with(tiny_checkpoints, borrowed, tmp_path / "zero.pt", tmp_path / "bundle"))
     assert report["passed"], json.dumps(report)[:2000]
+
+
+def test_calibrate_rounds_the_borrowed_table_as_a_piece_bundle_stores_it(piece_bundle, borrowed) -> None:
+    """Beside a piece encoder the task models' word table has a storage of its own (int8 here, the
+    encoder's table fp32): `disan calibrate`'s model must read it as served."""
+    from conftest import run_texts
+
+    from model_export.calibrate import stored_task_model
+
+    manifest = load_manifest(piece_bundle)
+    payload = load_checkpoint(borrowed)
+    model = stored_task_model(payload, manifest["weights"])
+    texts = ["a man is playing the violin", "piano", "the movie was great !"]
+    want = torch.softmax(torch.from_numpy(run_texts(model, Vocab(payload["vocab"]), texts)), -1).numpy()
+    got = Encoder(piece_bundle).sentiment(texts)
+    labels = manifest["models"]["sentiment"]["labels"]
+    np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in got], want, atol=1e-5, rtol=0)
