@@ -65,6 +65,11 @@ def reindexed(encoder: DiSANEncoder, own: Vocab, bundle: Vocab) -> DiSANEncoder:
     return out.eval()
 
 
+def same_table(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two word tables hold the same rows: what lets the bundle store them once."""
+    return a.shape == b.shape and torch.equal(a, b)
+
+
 def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | None) -> None:
     """Raise ValueError unless every task encoder in `borrowers` (task: encoder) borrowed exactly
     the table of `embed`, the bundle's encoder re-indexed (`disan borrow-words`): its map was
@@ -73,8 +78,7 @@ def check_borrowed(borrowers: dict[str, DiSANEncoder], embed: DiSANEncoder | Non
         if embed is None:
             raise ValueError(f"the {task} model reads words through a sentence encoder's table "
                              "(disan borrow-words): export it with that encoder as --embed")
-        if encoder.borrowed.shape != embed.embed.weight.shape or not torch.equal(
-                encoder.borrowed, embed.embed.weight):
+        if not same_table(encoder.borrowed, embed.embed.weight):
             raise ValueError(f"the {task} model borrowed another table than --embed's ("
                              f"{tuple(encoder.borrowed.shape)} against {tuple(embed.embed.weight.shape)} "
                              "in the bundle's order, or other values): run `disan borrow-words` "
@@ -90,7 +94,7 @@ def check_whole_words(embed: DiSANEncoder, borrowers: dict[str, DiSANEncoder]) -
                          "model borrows one (disan borrow-words) for the bundle to share it with")
     for task, encoder in borrowers.items():
         mine, theirs = embed.borrowed, encoder.borrowed
-        if mine.shape != theirs.shape or not torch.equal(mine, theirs):
+        if not same_table(mine, theirs):
             raise ValueError(f"the encoder reads whole words from another table than the {task} model "
                              f"borrowed ({tuple(mine.shape)} against {tuple(theirs.shape)}, or other "
                              "values): run `disan distill whole-words` with that model's checkpoint")

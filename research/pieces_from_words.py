@@ -56,6 +56,14 @@ def piece_table(words: list[str], word_rows: np.ndarray, pieces: list[str], star
     return table, direct
 
 
+def turn_head(state: dict, turn: np.ndarray) -> None:
+    """Turn an encoder's head (its projection to the teacher) by `turn`, in place: its vectors v
+    become turn @ v."""
+    turn = torch.from_numpy(np.ascontiguousarray(turn))
+    state["proj.weight"] = turn @ state["proj.weight"]
+    state["proj.bias"] = turn @ state["proj.bias"]
+
+
 def graft(words_ckpt: dict, tok: PieceTokenizer, start: np.ndarray, axes: np.ndarray | None
           ) -> tuple[dict, int]:
     """(piece student state dict and config, rows taken from the word table)."""
@@ -66,9 +74,7 @@ def graft(words_ckpt: dict, tok: PieceTokenizer, start: np.ndarray, axes: np.nda
     # the rows a `--tune rows` run may train: those not taken from the word table
     state["trainable_rows"] = torch.from_numpy(~direct)
     if axes is not None:
-        turn = torch.from_numpy(axes)
-        state["proj.weight"] = turn @ state["proj.weight"]
-        state["proj.bias"] = turn @ state["proj.bias"]
+        turn_head(state, axes)
     config = DiSANConfig(**{**words_ckpt["config"], "vocab_size": len(pieces)}).to_dict()
     return {"model_state": state, "config": config}, int(direct.sum())
 

@@ -19,10 +19,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
-from research.pieces_from_words import teacher_axes
+from research.pieces_from_words import teacher_axes, turn_head
 
 
 def turned_back(payload: dict, axes: np.ndarray) -> dict:
@@ -31,9 +30,7 @@ def turned_back(payload: dict, axes: np.ndarray) -> dict:
     if not trained.get("rotate_teacher", False):
         raise ValueError("the student was not distilled into the turned teacher (rotate_teacher is off)")
     state = dict(payload["model_state"])
-    back = torch.from_numpy(np.ascontiguousarray(axes.T))
-    state["proj.weight"] = back @ state["proj.weight"]
-    state["proj.bias"] = back @ state["proj.bias"]
+    turn_head(state, axes.T)
     out = {k: v for k, v in payload.items() if k != "matryoshka_dims"}
     trained |= {"rotate_teacher": False, "turned_back": True}
     return {**out, "model_state": state, "train_config": trained}
