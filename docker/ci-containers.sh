@@ -165,7 +165,7 @@ fi
 
 # ------------------------------------------------------------------------------ run
 log "running tests/repo/test_containers_live.py"
-DISAN_CONTAINERS_LIVE=1 DISAN_GPU_IMAGE=$GPU_IMAGE DISAN_LB_IMAGE=$LB_IMAGE PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+DISAN_CONTAINERS_LIVE=1 DISAN_CPU_IMAGE=$CPU_IMAGE DISAN_GPU_IMAGE=$GPU_IMAGE DISAN_LB_IMAGE=$LB_IMAGE PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
     python -m pytest tests/repo/test_containers_live.py -x -q -p no:cacheprovider -s
 # Untagged leftovers of earlier runs' builds on our base (old builder stages, about 1 GB a run);
 # this run's stay as the next run's layer cache.

@@ -7,7 +7,8 @@
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 # ---------------------------------------------------------------------------------------------
-# builder: a virtualenv holding the package and its `serve-cpu` extra; pip and build tools stay here.
+# builder: a virtualenv holding the package and its `serve-cpu` and `tracing` extras; pip and build
+# tools stay here.
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
@@ -18,7 +19,7 @@ COPY pyproject.toml README.md ./
 COPY disan/ disan/
 COPY service/ service/
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install "./[serve-cpu]" \
+    pip install "./[serve-cpu,tracing]" \
     && pip uninstall -y pip
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 
 # ---------------------------------------------------------------------------------------------
-# builder: a virtualenv holding the package and its `serve` extra. pip, setuptools and the
+# builder: a virtualenv holding the package and its `serve` and `tracing` extras. pip, setuptools and the
 # build-isolation environments stay in this stage; only /opt/venv is copied out.
 FROM ${CUDA_IMAGE} AS builder
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -32,7 +32,7 @@ COPY disan/ disan/
 COPY service/ service/
 # A regular (non-editable) install: the image does not need the source tree afterwards.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install "./[serve]" \
+    pip install "./[serve,tracing]" \
     && pip uninstall -y pip
 
 # ---------------------------------------------------------------------------------------------

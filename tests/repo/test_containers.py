@@ -326,6 +326,16 @@ def test_base_images_match_packaging() -> None:
         assert requires.contains(f"{python}.0"), f"Python {python} does not satisfy {requires}"
 
 
+@pytest.mark.parametrize("path", SERVICE_DOCKERFILES, ids=lambda p: p.name)
+def test_service_images_install_the_tracing_extra(path: Path) -> None:
+    """An OTLP endpoint in the environment (OTEL_EXPORTER_OTLP_ENDPOINT, which an OpenTelemetry
+    operator sets cluster-wide) turns tracing on: without the extra the server exits at start."""
+    installs = [ins["value"] for ins in DockerfileParser(path=str(path)).structure
+                if ins["instruction"] == "RUN" and "pip install" in ins["value"]]
+    extras = {e.strip() for v in installs for m in re.findall(r'"\./\[([^\]]+)\]"', v) for e in m.split(",")}
+    assert "tracing" in extras, installs
+
+
 def test_dockerignore_allows_what_images_copy() -> None:
     """Build context is an allow-list; every COPY source is on it (and exists, except the bundle)."""
     ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]

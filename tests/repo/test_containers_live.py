@@ -42,6 +42,7 @@ if shutil.which("podman") is None or shutil.which("podman-compose") is None:
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE, SCALE = ROOT / "docker-compose.yml", ROOT / "docker-compose.scale.yml"
+CPU_IMAGE = os.environ.get("DISAN_CPU_IMAGE", "localhost/disan-serve:cpu")
 GPU_IMAGE = os.environ.get("DISAN_GPU_IMAGE", "localhost/disan-serve:gpu-debian")
 LB_IMAGE = os.environ.get("DISAN_LB_IMAGE", "localhost/disan-nginx:debian")
 SERVICE_UID = 10001
@@ -363,6 +364,48 @@ def test_killing_a_replica_fails_at_most_the_requests_in_flight(scaled) -> None:
     assert len(failed) <= clients, failed
     assert len(after) - len(failed) >= 10 and after[-clients:] == [200] * clients, after
     print(f"\nkill -9 of {victim} under load: {len(after)} requests after it, {len(failed)} failed")
+
+
+# -------------------------------------------------------------------------------- traces
+# An OTLP/HTTP endpoint that records the paths posted to it, run inside the service's container.
+OTLP_SINK = """
+import http.server
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        with open("/tmp/otlp-posts", "a") as out:
+            out.write(self.path + "\\n")
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", 4318), Sink).serve_forever()
+"""
+
+
+def test_cpu_image_sends_traces_where_otel_says() -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT (what an OpenTelemetry operator sets) turns tracing on: the image
+    starts, serves, and posts its spans there (it exited at start before it had the extra)."""
+    name, port = "disan-ci-cpu-traces", free_port()
+    podman("rm", "-f", name, check=False)
+    try:
+        podman("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", "--read-only",
+               "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+               "-e", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318", "-e", "OTEL_BSP_SCHEDULE_DELAY=100",
+               CPU_IMAGE)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, name)
+        podman("exec", "-d", name, "python", "-c", OTLP_SINK)
+        posts = ""
+        deadline = time.monotonic() + 60
+        while "/v1/traces" not in posts and time.monotonic() < deadline:
+            r = httpx.post(f"{url}/embed", json={"texts": ["A man is playing a guitar."]}, timeout=30)
+            assert r.status_code == 200, r.text
+            time.sleep(0.5)
+            posts = podman("exec", name, "cat", "/tmp/otlp-posts", check=False).stdout
+        assert "/v1/traces" in posts, logs(name)[-3000:]
+    finally:
+        podman("rm", "-f", name, check=False)
 
 
 # ------------------------------------------------------------- GPU image without a GPU
