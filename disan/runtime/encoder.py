@@ -34,7 +34,7 @@ from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
 from disan.runtime.runtime import Runtime, RuntimeOptions
 from disan.text.prepare import PreparedText, flat_rows, pool, prepare_texts, row_bounds
-from disan.text.windowing import LONG_TEXT_POLICIES, LongTextPolicy
+from disan.text.windowing import EMBEDDING_LEAD, LONG_TEXT_POLICIES, LongTextPolicy
 
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
@@ -145,14 +145,14 @@ class Encoder:
                               first.limit)
         return Prepared.of(items)
 
-    def pool(self, prepared: Prepared, row_vectors: np.ndarray) -> np.ndarray:
+    def pool(self, prepared: Prepared, row_vectors: np.ndarray, lead: float = 1.0) -> np.ndarray:
         """Per-text vectors [texts, D] from per-row vectors: a windowed text's windows pooled by
-        their token counts (disan.text.windowing.pool_windows)."""
+        their token counts, the first window's times `lead` (disan.text.windowing.pool_windows)."""
         if prepared.windowed == 0:
             return row_vectors
         if prepared.items is None:
             raise ValueError("windows are pooled by their texts: build a Prepared with Prepared.of")
-        return pool(prepared.items, row_vectors)
+        return pool(prepared.items, row_vectors, lead)
 
     # ---- run ----
     def batches(self, rows: Sequence[Sequence[int]], batch_size: int | None = None) -> list[np.ndarray]:
@@ -182,8 +182,10 @@ class Encoder:
 
     def embed_prepared(self, prepared: Prepared, batch_size: int | None = None,
                        progress: object | None = None, route: str = "embed") -> np.ndarray:
-        """Vectors float32 [texts, D] of prepared texts (windows pooled)."""
-        return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress, route))
+        """Vectors float32 [texts, D] of prepared texts (windows pooled; the embed route's first
+        window counting EMBEDDING_LEAD times, as the service pools them)."""
+        lead = EMBEDDING_LEAD if route == "embed" else 1.0
+        return self.pool(prepared, self.embed_rows(prepared.rows, batch_size, progress, route), lead)
 
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, normalize: bool = False,
                show_progress: bool = False, dimensions: int | None = None) -> np.ndarray:

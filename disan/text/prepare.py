@@ -5,7 +5,8 @@
 `disan.Encoder` runs the rows in length-sorted batches itself; the service's engine feeds the
 same rows to its micro-batcher (service.inference.longtext adds the request limits and the HTTP
 errors). Both pool with `pool`: a text's single row as it is, a windowed text's rows as the
-token-weighted mean of its windows (`disan.text.windowing.pool_windows`).
+token-weighted mean of its windows (`disan.text.windowing.pool_windows`), an embedding's first
+window counting `EMBEDDING_LEAD` times (`pool_embeddings`).
 
 A text over `max_tokens` is windowed (every window a row of its own), truncated to its first
 `max_tokens` tokens, or refused (`LongTextPolicy.ERROR`); a windowed text over
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from disan.text.pieces import AnyTokenizer
-from disan.text.windowing import LongTextPolicy, pool_windows, split_windows
+from disan.text.windowing import EMBEDDING_LEAD, LongTextPolicy, pool_windows, split_windows
 
 
 @dataclass
@@ -102,10 +103,11 @@ def row_bounds(items: Sequence[PreparedText]) -> np.ndarray:
     return np.cumsum([0, *(len(item.rows) for item in items)])
 
 
-def pool(items: Sequence[PreparedText], outputs: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+def pool(items: Sequence[PreparedText], outputs: np.ndarray | Sequence[np.ndarray],
+         lead: float = 1.0) -> np.ndarray:
     """One result per item from the results of `flat_rows(items)` (vectors or class
     probabilities): a single row as it is, several pooled by `pool_windows` (token-weighted
-    mean). float32 [items, ...]."""
+    mean, the first window's weight times `lead`). float32 [items, ...]."""
     outputs = np.asarray(outputs)
     if len(outputs) == len(items):  # no text was windowed: one row each
         return outputs.astype(np.float32, copy=False)
@@ -113,5 +115,11 @@ def pool(items: Sequence[PreparedText], outputs: np.ndarray | Sequence[np.ndarra
     out = outputs[bounds[:-1]].astype(np.float32, copy=False)
     for i in np.flatnonzero(np.diff(bounds) > 1):
         lo, hi = bounds[i], bounds[i + 1]
-        out[i] = pool_windows(outputs[lo:hi], [len(r) for r in items[i].rows])
+        out[i] = pool_windows(outputs[lo:hi], [len(r) for r in items[i].rows], lead)
     return out
+
+
+def pool_embeddings(items: Sequence[PreparedText], outputs: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+    """`pool` of the embed route's vectors: a windowed text's first window counts `EMBEDDING_LEAD`
+    times its tokens (disan.text.windowing)."""
+    return pool(items, outputs, EMBEDDING_LEAD)

@@ -7,8 +7,11 @@ text gets the same vector whichever way it is embedded. The API below is kept st
 - `split_windows(ids, max_tokens, overlap=0)`: consecutive windows of at most `max_tokens` ids,
   each starting `max_tokens - overlap` after the previous one; the last window ends at the text's
   end. A text that fits is one window (the ids themselves), so short texts pay nothing.
-- `pool_windows(vectors, lengths)`: the token-weighted mean of the window vectors. Normalisation
-  is left to the caller (the service normalises when asked, as for any vector).
+- `pool_windows(vectors, lengths, lead=1.0)`: the token-weighted mean of the window vectors, the
+  first window's weight multiplied by `lead`. Normalisation is left to the caller (the service
+  normalises when asked, as for any vector).
+- `EMBEDDING_LEAD`: the `lead` of an embedding (the `/embed` route's vectors, everywhere they are
+  served); class probabilities and the NLI model's vectors pool with `lead` 1.
 - `LongTextPolicy`: what to do with a text over `max_tokens`: `window` (split and pool),
   `truncate` (keep the first `max_tokens` ids) or `error` (refuse it).
 """
@@ -30,6 +33,12 @@ class LongTextPolicy(StrEnum):
 
 
 LONG_TEXT_POLICIES: tuple[str, ...] = tuple(p.value for p in LongTextPolicy)
+
+# An embedding's first window counts twice its tokens: a document's opening (its title, its first
+# sentences) says what it is about more often than any later window does, which is also all that a
+# model truncating at its window reads. A text that fits one window is unchanged. Chosen below the
+# best weight on the staged retrieval dev sets, not at it (research/RECORD.md, "Window pooling").
+EMBEDDING_LEAD = 2.0
 
 
 def window_starts(n_tokens: int, max_tokens: int, overlap: int = 0) -> list[int]:
@@ -56,13 +65,16 @@ def split_windows(ids: Sequence[int], max_tokens: int, overlap: int = 0) -> list
     return [ids[s:s + max_tokens] for s in window_starts(len(ids), max_tokens, overlap)]
 
 
-def pool_windows(vectors: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
-    """Token-weighted mean of window vectors [W, D] with token counts `lengths` [W] -> [D].
+def pool_windows(vectors: np.ndarray, lengths: Sequence[int], lead: float = 1.0) -> np.ndarray:
+    """Token-weighted mean of window vectors [W, D] with token counts `lengths` [W] -> [D], the
+    first window's weight multiplied by `lead` (> 0; 1: every token alike).
 
     Weighted by tokens so a text's vector does not depend on where the cuts fall as much as a
     plain mean would (a short window counts for its few tokens, not for a whole window).
     Not normalised: the caller does that when asked.
     """
+    if not lead > 0:
+        raise ValueError(f"lead must be > 0, got {lead}")
     vectors = np.asarray(vectors)
     if vectors.ndim != 2:
         raise ValueError(f"vectors must be [windows, dim], got shape {vectors.shape}")
@@ -72,5 +84,6 @@ def pool_windows(vectors: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
                          f"{weights.size} lengths")
     if (weights <= 0).any():
         raise ValueError("window lengths must be positive")
+    weights[0] *= lead
     pooled = weights @ vectors.astype(np.float64) / weights.sum()
     return pooled.astype(vectors.dtype if vectors.dtype.kind == "f" else np.float32)

@@ -39,6 +39,7 @@ from service.inference.longtext import (
     Tokenized,
     check_chars,
     flat_rows,
+    pool_embedding_rows,
     pool_rows,
     prepare_texts,
     require_fitting,
@@ -265,10 +266,12 @@ class Engine:
                     field: str = "texts", max_items: int | None = None, member: str = ""
                     ) -> tuple[np.ndarray, list[Tokenized]]:
         """Vectors float32 [B, D] of up to `max_items` texts (default max_texts_per_request; a
-        long text's is its windows' pooled vector) and the prepared texts (token counts, notes)."""
+        long text's is its windows' pooled vector, `pool_embedding_rows`) and the prepared texts (token
+        counts, notes)."""
         items = await self.prepare_async(texts, policy, field, max_items, member)
         outs = await self._run_rows(self.require_ready().graph_for("embed"), flat_rows(items))
-        return normalized(pool_rows(items, outs)) if normalize else pool_rows(items, outs), items
+        vectors = pool_embedding_rows(items, outs)
+        return normalized(vectors) if normalize else vectors, items
 
     async def embed_explained(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str
                               ) -> tuple[np.ndarray, list[Tokenized], list[dict]]:
@@ -353,7 +356,7 @@ class Engine:
         results, start = [], 0
         for items in prepared:
             rows = len(flat_rows(items))
-            results.append((normalized(pool_rows(items, outs[start:start + rows])), items))
+            results.append((normalized(pool_embedding_rows(items, outs[start:start + rows])), items))
             start += rows
         return results
 

@@ -3,7 +3,8 @@ preparation of texts (`disan.text.prepare`, which `disan.Encoder` uses too) (HTT
 
 A text over the window (`max_tokens`) is, by the request's or the server's `LongTextPolicy`:
 windowed (cut by `disan.text.windowing.split_windows`, every window a row of its own in the batcher,
-the text's result the token-weighted mean of its rows: `pool_rows`), truncated, or refused.
+the text's result the token-weighted mean of its rows: `pool_rows`; an embedding's first window
+counts twice: `pool_embedding_rows`), truncated, or refused.
 Windowing is bounded per text (`max_tokens_per_text`, OpenAI's 8,192 by default) and per request
 (`max_tokens_per_request`), both checked after tokenizing and before any model work; the rows
 then queue in the batcher like any sentences, which admission control counts.
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from disan.text.pieces import AnyTokenizer
-from disan.text.prepare import PreparedText, flat_rows, pool
+from disan.text.prepare import PreparedText, flat_rows, pool, pool_embeddings
 from disan.text.prepare import prepare_texts as prepare_rows
 from disan.text.windowing import LongTextPolicy
 from service.common.errors import InvalidRequest, RequestTooLarge
@@ -28,8 +29,9 @@ from service.common.errors import InvalidRequest, RequestTooLarge
 Tokenized = PreparedText
 # One result per text from the results of `flat_rows(items)`.
 pool_rows = pool
+pool_embedding_rows = pool_embeddings
 __all__ = ["TRUNCATE_LEFT", "Limits", "OneText", "Tokenized", "check_chars", "flat_rows", "location",
-           "pool_rows", "prepare_texts", "require_fitting"]
+           "pool_embedding_rows", "pool_rows", "prepare_texts", "require_fitting"]
 
 # How to get an over-long text embedded, where it is refused (long_text=error).
 _ERROR_HINTS = {"input": "the server's openai_long_text is error; window or truncate embed it"}

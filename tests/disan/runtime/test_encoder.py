@@ -13,7 +13,7 @@ from disan import Encoder  # noqa: E402
 from disan.runtime.encoder import TextTooLong  # noqa: E402
 from disan.runtime.runtime import load_offline  # noqa: E402
 from disan.text.tokenizer import tokenize  # noqa: E402
-from disan.text.windowing import pool_windows, split_windows  # noqa: E402
+from disan.text.windowing import EMBEDDING_LEAD, pool_windows, split_windows  # noqa: E402
 
 TEXTS = ["a man is playing guitar", "the movie was great !", "dogs run in the park", "a",
          "the woman is not reading a book at the table in the rain", "zebra zebra", "the best film"]
@@ -88,10 +88,11 @@ def test_similarity_nli_sentiment_match_the_service(encoder, client):
         assert mine["scores"] == pytest.approx(theirs["scores"], abs=1e-5)
 
 
-LONG = "the man is playing guitar in the park " * 30  # 240 tokens, max_tokens 128
+# 254 tokens, max_tokens 128: two windows that say different things, so how they are pooled shows
+LONG = "the man is playing guitar in the park " * 16 + "a dog runs on the beach with a ball " * 14
 
 
-def test_long_texts_are_windows_pooled_by_tokens(encoder, client):
+def test_long_texts_are_windows_pooled_by_tokens_the_first_counting_twice(encoder, client):
     """`window` (the default): windows of max_tokens (disan.text.windowing), each embedded as the
     service embeds that window's text, pooled by token counts; short texts are untouched."""
     tokens = tokenize(LONG)
@@ -99,7 +100,7 @@ def test_long_texts_are_windows_pooled_by_tokens(encoder, client):
         windows = split_windows(tokens, 128, overlap)
         served = np.asarray(client.post("/embed", json={"texts": [" ".join(w) for w in windows]}
                                         ).json()["embeddings"], dtype=np.float32)
-        want = pool_windows(served, [len(w) for w in windows])
+        want = pool_windows(served, [len(w) for w in windows], EMBEDDING_LEAD)
         ours = Encoder(runtime=encoder.runtime, overlap=overlap).encode([TEXTS[0], LONG, TEXTS[1]])
         np.testing.assert_allclose(ours[1], want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(ours[[0, 2]], encoder.encode(TEXTS[:2]), rtol=1e-5, atol=1e-6)
@@ -116,7 +117,7 @@ def test_long_texts_cut_or_refused(encoder, client):
     np.testing.assert_allclose(cut.encode([LONG]), served, rtol=1e-5, atol=1e-6)
     assert cut.prepare([LONG]).truncated == 1
     strict = Encoder(runtime=encoder.runtime, long_texts="error")
-    with pytest.raises(TextTooLong, match="text 1: 240 tokens, at most 128"):
+    with pytest.raises(TextTooLong, match="text 1: 254 tokens, at most 128"):
         strict.encode(["a", LONG])
     with pytest.raises(ValueError, match="long_texts"):
         Encoder(runtime=encoder.runtime, long_texts="drop")  # type: ignore[arg-type]

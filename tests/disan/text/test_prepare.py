@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from disan.text.prepare import flat_rows, pool, prepare_texts, row_bounds
+from disan.text.prepare import flat_rows, pool, pool_embeddings, prepare_texts, row_bounds
 from disan.text.tokenizer import UNK, Vocab
-from disan.text.windowing import LongTextPolicy, pool_windows, split_windows
+from disan.text.windowing import EMBEDDING_LEAD, LongTextPolicy, pool_windows, split_windows
 from service.inference.longtext import Limits
 from service.inference.longtext import prepare_texts as service_prepare
 
@@ -40,6 +40,18 @@ def test_pool_keeps_single_rows_and_weights_windows_by_tokens() -> None:
     np.testing.assert_array_equal(pooled[0], outputs[0])
     want = pool_windows(outputs[bounds[1]:bounds[2]], [len(r) for r in rows[1:]])
     np.testing.assert_allclose(pooled[1], want)
+
+
+def test_embeddings_pool_with_the_first_window_counting_lead_times() -> None:
+    items, _ = prepare_texts(["a b", LONG], VOCAB, 8, LongTextPolicy.WINDOW)
+    rows = flat_rows(items)
+    outputs = np.arange(len(rows) * 2, dtype=np.float32).reshape(len(rows), 2)
+    pooled = pool_embeddings(items, outputs)
+    np.testing.assert_array_equal(pooled[0], outputs[0])  # a text in one window: its own vector
+    windows = outputs[1:]  # LONG: three windows of 8
+    want = (EMBEDDING_LEAD * windows[0] + windows[1] + windows[2]) / (EMBEDDING_LEAD + 2)
+    np.testing.assert_allclose(pooled[1], want)
+    assert not np.allclose(pooled[1], pool(items, outputs)[1])
 
 
 def test_the_service_prepares_as_the_core_does() -> None:

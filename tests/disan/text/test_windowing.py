@@ -71,6 +71,14 @@ def test_pool_equals_the_mean_over_tokens() -> None:
     np.testing.assert_allclose(pool_windows(vectors, lengths), per_token.mean(axis=0), rtol=1e-5)
 
 
+def test_pool_lead_weights_the_first_window() -> None:
+    vectors = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    np.testing.assert_allclose(pool_windows(vectors, [3, 3], lead=2.0), [2 / 3, 1 / 3])
+    np.testing.assert_array_equal(pool_windows(vectors[:1], [3], lead=2.0), [1.0, 0.0])  # one window: itself
+    with pytest.raises(ValueError, match="lead"):
+        pool_windows(vectors, [3, 3], lead=0.0)
+
+
 def test_pool_refuses_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="one length per window"):
         pool_windows(np.ones((2, 3)), [1])

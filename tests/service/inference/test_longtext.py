@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
-from disan.text.windowing import pool_windows, split_windows
+from disan.text.windowing import EMBEDDING_LEAD, pool_windows, split_windows
 from service.main import create_app
 from service.settings import Settings
 
@@ -29,12 +29,13 @@ def windows_of(words: list[str], size: int, overlap: int = 0) -> tuple[list[str]
     return [" ".join(words[c[0]:c[-1] + 1]) for c in cuts], [len(c) for c in cuts]
 
 
-def test_embed_pools_the_windows_token_weighted(client):
+def test_embed_pools_the_windows_token_weighted_the_first_counting_twice(client):
     texts, lengths = windows_of(WORDS, 6)
     assert lengths == [6, 6, 6]  # the last window ends at the text's end
     parts = np.asarray(client.post("/embed", json={"texts": texts}).json()["embeddings"])
     got = client.post("/embed", json={"texts": [LONG]}).json()
-    np.testing.assert_allclose(got["embeddings"][0], pool_windows(parts, lengths), atol=1e-6)
+    assert EMBEDDING_LEAD == 2.0
+    np.testing.assert_allclose(got["embeddings"][0], (2 * parts[0] + parts[1] + parts[2]) / 4, atol=1e-6)
     assert got["notes"] == [{"index": 0, "tokens": 18, "windows": 3, "truncated": False, "empty": False}]
     assert got["usage"]["tokens"] == 18
 
@@ -46,7 +47,7 @@ def test_overlap_setting_changes_the_cuts(tiny_bundle):
         assert len(texts) == 4
         parts = np.asarray(c.post("/embed", json={"texts": texts}).json()["embeddings"])
         got = c.post("/embed", json={"texts": [LONG]}).json()["embeddings"][0]
-        np.testing.assert_allclose(got, pool_windows(parts, lengths), atol=1e-6)
+        np.testing.assert_allclose(got, pool_windows(parts, lengths, EMBEDDING_LEAD), atol=1e-6)
 
 
 def test_sentiment_pools_window_probabilities(client):
