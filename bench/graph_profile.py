@@ -24,12 +24,19 @@ import onnxruntime as ort
 
 from bench.offline import BUCKETS, load_sentences
 from bench.report import run_and_report
-from disan.bundle.manifest import load_manifest
-from disan.text.tokenizer import Vocab
+from disan.bundle.manifest import graph_tokenizer, load_manifest
+from disan.text.pieces import read_tokenizer
 
 TOP_NODES = 15
 KERNEL = "_kernel_time"
 LENGTHS = [f"{lo}-{hi}" for lo, hi in BUCKETS]  # the offline benchmark's length buckets
+
+
+def graph_feed(bundle: Path, manifest: dict, graph: str, sentences: list[str]) -> dict:
+    """The graph's inputs for `sentences`, read through the tokenizer that graph reads (the word
+    vocabulary, or the subword tokenizer.json the manifest names for it), as the service reads them."""
+    batch = read_tokenizer(bundle / graph_tokenizer(manifest, graph)).encode(sentences)
+    return {"ids": batch.ids, "mask": batch.mask}
 
 
 def profile(graph: Path, feed: dict, runs: int, threads: int) -> list[dict]:
@@ -94,9 +101,8 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--set {args.set!r}: the bundle has {', '.join(manifest['sets'])}")
     graph_set = manifest["sets"][args.set]
     graph_file = graph_set["variants"][graph_set["default_variant"]]["files"][args.graph]  # what is served
-    vocab = Vocab.load(args.bundle / manifest["vocab"])
-    batch = vocab.encode(load_sentences(args.data, args.batch)[args.lengths])
-    feed = {"ids": batch.ids, "mask": batch.mask}
+    sentences = load_sentences(args.data, args.batch)[args.lengths]
+    feed = graph_feed(args.bundle, manifest, args.graph, sentences)
     events = profile(args.bundle / graph_file, feed, args.runs, args.threads)
     by_node, by_op = leaf_times(events, args.bundle / graph_file)
     total = sum(by_node.values())
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         return round(100 * us / total, 2)
 
     return {"bundle": str(args.bundle), "graph": args.graph, "file": graph_file, "lengths": args.lengths,
-            "batch": list(batch.ids.shape),
+            "batch": list(feed["ids"].shape),
             "threads": args.threads, "runs": args.runs,
             "microseconds_per_run": round(total / args.runs, 1),
             "by_operator": {op: share(us) for op, us in by_op.most_common()},

@@ -88,3 +88,26 @@ def test_a_scan_body_is_counted_once(tiny_bundle):
     by_node, by_op = bench.leaf_times(events, path)
     assert by_node[scan.name] == 5 and by_node[inner.name] == 10 and by_node[outer.name] == 5
     assert sum(by_node.values()) == 20 and by_op["Scan"] == 5
+
+
+def test_a_graph_that_reads_pieces_is_fed_pieces(tiny_bundle, tmp_path):
+    """The feed is the ids the graph's own tokenizer gives (a piece encoder's tokenizer.json), not
+    the bundle vocabulary's word ids."""
+    pytest.importorskip("tokenizers")
+    from conftest import tiny_piece_tokenizer
+
+    from disan.bundle.manifest import load_manifest
+    from disan.text.tokenizer import Vocab
+
+    pieces = tiny_piece_tokenizer()
+    pieces._tok.save(str(tmp_path / "tokenizer.json"))
+    manifest = load_manifest(tiny_bundle)
+    manifest["graphs"]["encoder"]["tokenizer"] = "tokenizer.json"
+    sentences = ["a man is playing guitar", "phytosterol lowers cholesterol"]
+    bundle = tmp_path
+    (bundle / manifest["vocab"]).write_bytes((tiny_bundle / manifest["vocab"]).read_bytes())
+    feed = bench.graph_feed(bundle, manifest, "encoder", sentences)
+    assert feed["ids"].tolist() == pieces.encode(sentences).ids.tolist()
+    words = Vocab.load(tiny_bundle / manifest["vocab"]).encode(sentences).ids
+    assert feed["ids"].shape != words.shape or (feed["ids"] != words).any()
+    assert bench.graph_feed(bundle, manifest, "sentiment", sentences)["ids"].tolist() == words.tolist()
