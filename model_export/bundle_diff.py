@@ -31,6 +31,7 @@ from disan.bundle.manifest import (
     available_variants,
     graph_tokenizer,
     load_manifest,
+    matryoshka_dims,
     routes,
     sha256_file,
     variant_files,
@@ -92,6 +93,26 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
     return out
 
 
+def dimension_ways(bundle: Path) -> dict[int, str]:
+    """Each shorter size the embed route serves (`dimensions`) -> how it is made: "prefix", or
+    "axes:<sha256 of the principal axes file>" (disan.bundle.dimensions)."""
+    manifest = load_manifest(bundle, verify_hashes=False)
+    projection = manifest.get("matryoshka_projection")
+    way = "prefix" if not projection else f"axes:{sha256_file(bundle / projection['file'])}"
+    return {m: way for m in matryoshka_dims(manifest)[1:]}
+
+
+def compare_dimensions(old: Path, new: Path, embed_same: bool) -> dict[str, Any]:
+    """The shorter sizes of both bundles: a size both serve is `changed` when the embed route
+    changed or the size is made another way (an index of such vectors must be re-embedded)."""
+    a, b = dimension_ways(old), dimension_ways(new)
+    both = sorted(set(a) & set(b), reverse=True)
+    changed = [m for m in both if not embed_same or a[m] != b[m]]
+    return {"status": "changed" if changed else "same", "changed": changed, "compared": both,
+            "only_old": sorted(set(a) - set(b), reverse=True),
+            "only_new": sorted(set(b) - set(a), reverse=True)}
+
+
 def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, Any]:
     """{"routes": {route: {"status", "compared", "only_old", "only_new"}}, "changed": [route...]}:
     `status` is same, changed, or missing (no graph set and variant both bundles carry, e.g. a
@@ -111,8 +132,14 @@ def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, An
             status = "same" if all(x[k] == y[k] for k in both) else "changed"
         report[route] = {"status": status, "compared": both,
                          "only_old": sorted(set(x) - set(y)), "only_new": sorted(set(y) - set(x))}
-    return {"old": str(old), "new": str(new), "routes": report,
-            "changed": [r for r, v in report.items() if v["status"] != "same"]}
+    changed = [r for r, v in report.items() if v["status"] != "same"]
+    out = {"old": str(old), "new": str(new), "routes": report, "changed": changed}
+    dims = compare_dimensions(old, new, report["embed"]["status"] == "same") if "embed" in report else None
+    if dims and (dims["compared"] or dims["only_old"] or dims["only_new"]):  # either serves shorter sizes
+        out["dimensions"] = dims
+        if dims["changed"]:
+            changed.append("embed dimensions")
+    return out
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -131,6 +158,12 @@ def run(args: argparse.Namespace) -> int:
         extra = "".join(f"; only in {side[5:]}: {', '.join(row[side])}"
                         for side in ("only_old", "only_new") if row[side])
         print(f"{route:18} {row['status']:8} ({', '.join(row['compared']) or 'no common graph set'}{extra})")
+    if "dimensions" in report:
+        dims = report["dimensions"]
+        extra = "".join(f"; only in {side[5:]}: {', '.join(map(str, dims[side]))}"
+                        for side in ("only_old", "only_new") if dims[side])
+        sizes = ", ".join(map(str, dims["compared"])) or "no shorter size in both"
+        print(f"{'embed dimensions':18} {dims['status']:8} ({sizes}{extra})")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 1 if report["changed"] else 0

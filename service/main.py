@@ -97,8 +97,9 @@ class DisanApp(FastAPI):
                 dims.clear()
                 dims.update({"anyOf": [{"type": "integer", "enum": sizes}, {"type": "null"}],
                              "title": "Dimensions",
-                             "description": f"one of {sizes}, the sizes this model was trained to "
-                                            "serve: each vector's first `dimensions` components, "
+                             "description": f"one of {sizes}, the sizes this model serves: each "
+                                            "vector cut to `dimensions` components (its first ones, "
+                                            "or its coordinates on the bundle's principal axes), "
                                             f"then normalised where asked; omitted: {runtime.dim}"})
         self.openapi_schema = patched
         return patched

@@ -53,6 +53,10 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
                                                 trained to serve (Matryoshka: its vector's first
                                                 m components are a vector too), descending from
                                                 embedding_dim; absent: only D (`matryoshka_dims`)
+    "matryoshka_projection": {"file": "dimensions.npy", "axes": K, ...}   optional: the shorter
+                                                sizes are coordinates on these principal axes
+                                                (fp16 [D, K]), not prefixes (disan.bundle.dimensions;
+                                                `python -m model_export.dimensions` writes it)
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths; each checkpoint a source was made from named once, under its sha256, in
@@ -167,7 +171,7 @@ def write_manifest(bundle_dir: str | Path, manifest: dict[str, Any]) -> Path:
     manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION}
     files = [p for p in sorted(bundle_dir.iterdir())
              if p.is_file() and p.name != MANIFEST_NAME and not p.name.startswith(".")
-             and p.suffix in {".onnx", ".json", ".data"}]
+             and p.suffix in {".onnx", ".json", ".data", ".npy"}]
     manifest["files"] = {p.name: sha256_file(p) for p in files}
     sizes = {p.name: p.stat().st_size for p in files}
     manifest["sizes"] = {"files": sizes, "total_bytes": sum(sizes.values())}

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.bundle.dimensions import bundle_projection, shorten
 from disan.data.readers import open_text
 from disan.optional import MissingDependency, require
 
@@ -224,11 +225,12 @@ def metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) 
 
 
 def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
-                 dimensions: Sequence[int] = ()) -> dict:
+                 dimensions: Sequence[int] = (), projection: np.ndarray | None = None) -> dict:
     """Embed `dataset` with `encode` (texts -> vectors), rank, score: the metrics, the counts and
-    the seconds spent embedding; with `dimensions`, also the metrics of each vector's first m
-    components, normalised (a Matryoshka size), under "dimensions" {m: metrics}, from the same
-    vectors."""
+    the seconds spent embedding; with `dimensions`, also the metrics of each vector cut to m
+    components as the bundle serves `dimensions=m` (its first m, or with `projection` its
+    coordinates on the first m principal axes: disan.bundle.dimensions), normalised, under
+    "dimensions" {m: metrics}, from the same vectors."""
     start = time.perf_counter()
     doc_raw = np.asarray(encode(dataset.docs), dtype=np.float32)
     doc_s = time.perf_counter() - start
@@ -236,7 +238,8 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
     query_s = time.perf_counter() - start - doc_s
 
     def score(size: int | None) -> dict[str, float]:
-        idx, scores = top_k(unit_rows(query_raw[:, :size]), unit_rows(doc_raw[:, :size]), k)
+        cut_to = (lambda v: v) if size is None else (lambda v: shorten(v, size, projection))
+        idx, scores = top_k(unit_rows(cut_to(query_raw)), unit_rows(cut_to(doc_raw)), k)
         return metrics(dataset.qrels, run_of(dataset, idx, scores))
 
     result = score(None) | {"docs": len(dataset.docs), "queries": len(dataset.queries),
@@ -302,8 +305,10 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
         if names.count(s.name) > 1:
             s.name = str(s.folder)
     models: list[tuple[str, Callable[[], Encode]]] = []
+    projections: dict[str, np.ndarray | None] = {}
     if bundle is not None:
         models.append((f"DiSAN ({bundle})", lambda: disan_encoder(bundle, variant)))
+        projections[f"DiSAN ({bundle})"] = bundle_projection(bundle) if dimensions else None
     models += [BASELINES[key] for key in baselines]
     encoders = [(label, make()) for label, make in models]  # a missing package fails before any run
     report: dict = {"top_k": TOP_K, "measures": {k: m for k, (m, _, _) in MEASURES.items()},
@@ -312,7 +317,8 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
         report["models"][label] = {}
         for s in sets:
             log(f"{label}: {s.name} ({len(s.docs)} documents, {len(s.queries)} queries) ...")
-            report["models"][label][s.name] = evaluate_set(s, encode, dimensions=dimensions)
+            report["models"][label][s.name] = evaluate_set(s, encode, dimensions=dimensions,
+                                                           projection=projections.get(label))
     return report
 
 
@@ -326,7 +332,7 @@ def format_table(report: dict) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         for m in per_set[sets[0]].get("dimensions", {}) if sets else ():
             cells = [f"{per_set[s]['dimensions'][m][k]:.4f}" for s in sets for k in MEASURES]
-            lines.append(f"| {label}, first {m} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label}, {m} dims | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 
+from disan.bundle.dimensions import bundle_projection, shorten
 from disan.data.sts import sts_scores
 
 
@@ -40,16 +41,19 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     sizes = getattr(args, "dimensions", None) or ()
+    # the bundle's `dimensions=m` (disan.bundle.dimensions); checkpoints and baselines: prefixes
+    projection = bundle_projection(args.bundle) if sizes and not args.checkpoint else None
     results = {}
     for label, make in encoders.items():
         encode = remembered(make()) if sizes else make()
         results[label] = sts_scores(encode, args.data, by_genre=True)
         width = len(encode(["a"])[0]) if sizes else 0
-        for m in (m for m in sizes if 0 < m < width):  # a Matryoshka size: the first m, renormalised
-            def prefix(texts: list[str], m: int = m, encode=encode):
-                return encode(texts)[:, :m]
+        axes = projection if label.startswith("DiSAN (") else None
+        for m in (m for m in sizes if 0 < m < width):  # a size as served: m components, renormalised
+            def cut(texts: list[str], m: int = m, encode=encode, axes=axes):
+                return shorten(encode(texts), m, axes)
 
-            results[f"{label}, first {m}"] = sts_scores(prefix, args.data, by_genre=True)
+            results[f"{label}, {m} dims"] = sts_scores(cut, args.data, by_genre=True)
     columns = list(next(iter(results.values())))  # the sets, then STS-B dev by genre
     lines = ["| cosine Spearman | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     lines += [f"| {label} | " + " | ".join(f"{s[n]:.4f}" for n in columns) + " |"

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from disan.bundle.dimensions import shorten
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
@@ -199,7 +200,7 @@ class Encoder:
         prepared = self.prepare(text_list([texts] if one else texts))
         with _progress(show_progress, len(prepared.rows)) as bar:
             vectors = self.embed_prepared(prepared, batch_size, bar)
-        vectors = prefixed(vectors, dimensions, normalize)
+        vectors = prefixed(vectors, dimensions, normalize, self.runtime.projection)
         return vectors[0] if one else vectors
 
     def iter_encode(self, texts: Iterable[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
@@ -306,16 +307,17 @@ def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None
     if not isinstance(dimensions, (int, np.integer)) or isinstance(dimensions, bool):
         return f"dimensions: an integer, one of {list(allowed)}; got {type(dimensions).__name__}"
     if int(dimensions) not in allowed:
-        return (f"dimensions: {dimensions} is not a size this model was trained to serve; "
-                f"the sizes are {list(allowed)} (its vectors' first components, then normalised)")
+        return (f"dimensions: {dimensions} is not a size this model serves; the sizes are {list(allowed)}")
     return None
 
 
-def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """Rows cut to their first `dimensions` components (None: whole), then L2-normalised if
-    `normalize`: a Matryoshka vector (prefix, then normalise)."""
+def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool,
+             projection: np.ndarray | None = None) -> np.ndarray:
+    """Rows cut to `dimensions` components (None: whole), then L2-normalised if `normalize`: their
+    first ones (a Matryoshka vector), or with `projection` (the bundle's principal axes, Runtime.
+    projection) their coordinates on its first axes (disan.bundle.dimensions)."""
     if dimensions is not None and dimensions < vectors.shape[-1]:
-        vectors = np.ascontiguousarray(vectors[..., :dimensions])
+        vectors = shorten(vectors, dimensions, projection)
     return normalized(vectors) if normalize else vectors
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from disan.bundle.dimensions import load_projection
 from disan.bundle.manifest import (
     DEFAULT_LABELS,
     GRAPHS,
@@ -137,6 +138,8 @@ class Runtime(ExplainFlags):
         self.max_tokens = min(limits)
         self.name = (options.model_name or self.manifest.get("name") or self.bundle_dir.resolve().name)
         self.dim = int(self.embed([[1]]).shape[1])
+        # `dimensions=m` through principal axes, or None: the first m components (disan.bundle.dimensions)
+        self.projection = load_projection(self.bundle_dir, self.manifest, self.dim)
 
     def _load(self, name: str, options: RuntimeOptions, providers: list[str]) -> Graph:
         file = variant_files(self.manifest, self.graph_set, self.variant)[name]

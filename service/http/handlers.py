@@ -67,7 +67,7 @@ def token_count(items: list[Tokenized]) -> int:
 
 def prefix_size(engine: Engine, dimensions: int | None) -> int | None:
     """How many components of each vector to send (None: all): a request's `dimensions` when it
-    is one of the sizes the model was trained to serve, else a 422 naming them."""
+    is one of the sizes the model serves, else a 422 naming them."""
     if dimensions is None:
         return None
     runtime = engine.require_ready()
@@ -89,9 +89,9 @@ async def embed_result(body: EmbedRequest, engine: Engine) -> dict[str, Any]:
         vectors, items, explanations = await engine.embed_explained(body.texts, normalize, policy)
     else:
         vectors, items = await engine.embed(body.texts, normalize, policy)
-    if size is not None:
-        vectors = prefixed(vectors, size, body.normalize)
     runtime = engine.require_ready()
+    if size is not None:
+        vectors = prefixed(vectors, size, body.normalize, runtime.projection)
     result = {"model": runtime.name, "dim": size or runtime.dim,
               "embeddings": encode_embeddings(vectors, body.encoding_format),
               "usage": {"tokens": token_count(items)}}
@@ -159,7 +159,7 @@ async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine
     vectors, items = await engine.embed(texts, size is None, policy, OneText("input") if one else "input",
                                         s.openai_max_inputs)
     if size is not None:
-        vectors = prefixed(vectors, size, True)
+        vectors = prefixed(vectors, size, True, runtime.projection)
     data = list(encode_embeddings(vectors, body.encoding_format))
     tokens = token_count(items)
     return {"object": "list", "model": runtime.name,

@@ -278,6 +278,7 @@ async def info(engine: EngineDep) -> dict:
     return {
         **tei_info(engine),
         "model": rt.name, "dim": rt.dim, "matryoshka_dims": matryoshka_dims(m, rt.dim),
+        "dimensions_by": "prefix" if rt.projection is None else "principal_axes",
         "provider": rt.provider, "providers": rt.providers,
         "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,
         "limits": {"max_texts_per_request": s.max_texts_per_request,

@@ -20,9 +20,10 @@ _LONG_TEXT = ("texts over max_tokens: window (cut into windows of max_tokens, ea
               "token-weighted mean), truncate (keep the first max_tokens), error (422); omitted: the "
               "server's long_text (window by default)")
 _TRUNCATE = "same as long_text=truncate (kept for older clients)"
-_DIMENSIONS = ("vectors of this many components: each vector's first `dimensions`, then normalised "
-               "where asked (Matryoshka); one of the sizes the model was trained to serve (GET /info "
-               "`matryoshka_dims`, the largest its dim), any other a 422 naming them; omitted: dim")
+_DIMENSIONS = ("vectors of this many components: each vector's first `dimensions` (Matryoshka), or its "
+               "coordinates on the bundle's first `dimensions` principal axes, then normalised where "
+               "asked; one of the sizes the model serves (GET /info `matryoshka_dims`, the largest its "
+               "dim), any other a 422 naming them; omitted: dim")
 # Requests are strict (no 0 -> False, "5" -> 5 coercion) so the API accepts exactly what its
 # OpenAPI schema says, and unknown fields are errors (a typo like "text" is reported, not ignored).
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -305,8 +306,12 @@ class Info(BaseModel):
     model: str
     dim: int
     matryoshka_dims: list[int] = Field(description="the `dimensions` /embed and /v1/embeddings take, "
-                                       "largest (dim) first: the prefixes of the vector the model "
-                                       "was trained to serve as vectors (the bundle manifest's)")
+                                       "largest (dim) first (the bundle manifest's): trained prefixes, "
+                                       "or coordinates on the bundle's principal axes where "
+                                       "`dimensions_by` is `principal_axes`")
+    dimensions_by: str = Field(description="how a shorter vector is made: `prefix` (the encoder was "
+                                           "trained with Matryoshka prefixes, or serves only dim) or "
+                                           "`principal_axes` (the bundle's dimensions.npy)")
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
     variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")

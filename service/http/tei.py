@@ -63,7 +63,8 @@ async def tei_embed_result(body: TEIEmbedRequest, engine: Engine) -> np.ndarray:
     normalize = body.normalize and size is None  # a prefix is normalised once cut
     vectors, _ = await engine.embed(texts, normalize, tei_policy(engine, body.truncate,
                                                                  body.truncation_direction), field)
-    return prefixed(vectors, size, body.normalize) if size is not None else vectors
+    projection = engine.require_ready().projection
+    return prefixed(vectors, size, body.normalize, projection) if size is not None else vectors
 
 
 async def tei_similarity_result(body: TEISimilarityRequest, engine: Engine) -> list[float]:

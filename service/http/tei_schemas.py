@@ -62,9 +62,10 @@ class TEIEmbedRequest(BaseModel):
     truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
     prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
-    dimensions: int | None = Field(None, description="a size the model was trained to serve (GET /info "
-                                   "`matryoshka_dims`): each vector's first `dimensions` components, then "
-                                   "normalised where asked; any other a 422 naming them")
+    dimensions: int | None = Field(None, description="a size the model serves (GET /info `matryoshka_dims`): "
+                                   "each vector cut to `dimensions` components (its first ones, or its "
+                                   "coordinates on the bundle's principal axes), then normalised where "
+                                   "asked; any other a 422 naming them")
 
     @field_validator("inputs", mode="before")
     @classmethod

@@ -221,7 +221,7 @@ def test_cli_prints_the_table_and_writes_the_report(tiny_bundle: Path, tmp_path:
     assert row["alpha"]["ndcg@10"] == row["beta"]["ndcg@10"]  # the same texts in both layouts
     code = main(["eval", "--retrieval", str(a), "--bundle", str(tiny_bundle), "--baselines", "",
                  "--report", str(out), "--dimensions", "8"])
-    assert code == 0 and f"| {label}, first 8 | " in capsys.readouterr().out
+    assert code == 0 and f"| {label}, 8 dims | " in capsys.readouterr().out
     assert set(json.loads(out.read_text())["models"][label]["alpha"]["dimensions"]) == {"8"}
     assert format_table(report) in stdout
 

@@ -142,4 +142,4 @@ def test_sizes_at_or_past_a_models_width_get_no_row(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(transfer, "encoders_under_test", lambda *_: {"four": lambda: encode})
     args = argparse.Namespace(checkpoint=[], bundle=None, sts_baselines="", data=tmp_path,
                               out_dir=tmp_path / "out", dimensions=[2, 4, 8])
-    assert set(sts_run.run_sts(args)) == {"four", "four, first 2"}
+    assert set(sts_run.run_sts(args)) == {"four", "four, 2 dims"}

@@ -1,0 +1,85 @@
+"""Shorter vectors of a bundle's embed route (TORCH-FREE: numpy): how `dimensions=m` is made.
+
+An encoder trained with Matryoshka prefixes serves the first m components of its vector. Any
+other serves m components through the bundle's principal axes (`dimensions.npy`, written by
+`python -m model_export.dimensions`): the vector's coordinates on the first m axes. The axes are
+the uncentered principal directions of the encoder's vectors of a broad set of texts, so the first
+m coordinates
+are the best m-dimensional summary of those vectors in the least-squares sense, and all of them
+together are a rotation (cosines of whole vectors unchanged). The embed route's vector is a linear
+map of DiSAN's 2*d_h sentence vector plus a bias, so its components span at most 2*d_h + 1
+directions: that many axes lose nothing.
+
+The manifest names the file (`matryoshka_projection`); `disan.runtime` loads it once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disan.bundle.manifest import BundleError, load_manifest, matryoshka_dims
+
+PROJECTION_FILE = "dimensions.npy"
+
+
+def projection_entry(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's `matryoshka_projection` ({"file", "axes", ...}) or None."""
+    entry = manifest.get("matryoshka_projection")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        raise BundleError(f"matryoshka_projection must be an object naming its file, got {entry!r}")
+    return entry
+
+
+def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int | None = None
+                    ) -> np.ndarray | None:
+    """The bundle's principal axes, float32 [D, K] (None: its sizes are trained prefixes). Raises
+    BundleError when the file is missing, not an array of that shape, or has fewer axes than the
+    largest shorter size the manifest lists."""
+    entry = projection_entry(manifest)
+    if entry is None:
+        return None
+    path = Path(bundle_dir) / entry["file"]
+    if entry["file"] not in (manifest.get("files") or {}):
+        raise BundleError(f"{path.name}: matryoshka_projection names a file the manifest does not list")
+    try:
+        axes = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not a numpy array ({exc})") from exc
+    whole = int(manifest.get("embedding_dim") if dim is None else dim)
+    shorter = matryoshka_dims(manifest, whole)[1:]
+    if not shorter:
+        raise BundleError(f"{path.name}: matryoshka_projection without shorter matryoshka_dims")
+    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < shorter[0]:
+        raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {shorter[0]}] for the sizes "
+                          f"{matryoshka_dims(manifest, whole)}")
+    return axes.astype(np.float32)
+
+
+def bundle_projection(bundle_dir: str | Path) -> np.ndarray | None:
+    """`load_projection` of a bundle folder (its manifest read, the files' hashes not checked)."""
+    return load_projection(bundle_dir, load_manifest(bundle_dir, verify_hashes=False))
+
+
+def principal_axes(vectors: np.ndarray, k: int) -> np.ndarray:
+    """The first `k` uncentered principal directions of `vectors` [N, D] as columns, float64 [D, k],
+    strongest first; each axis's sign set so its largest component is positive (the same axes
+    whatever the SVD's signs)."""
+    if not 1 <= k <= vectors.shape[1]:
+        raise ValueError(f"k={k}: from 1 to the vectors' size {vectors.shape[1]}")
+    _, _, vt = np.linalg.svd(np.asarray(vectors, dtype=np.float64), full_matrices=False)
+    axes = vt[:k].T
+    signs = np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(k)])
+    return axes * signs
+
+
+def shorten(vectors: np.ndarray, m: int, projection: np.ndarray | None) -> np.ndarray:
+    """Rows of `m` components (not normalised): their first m, or with `projection` [D, K] their
+    coordinates on its first m axes."""
+    if projection is None:
+        return np.ascontiguousarray(vectors[..., :m])
+    return (vectors @ projection[:, :m]).astype(np.float32, copy=False)
