@@ -22,7 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from disan.bundle.manifest import fingerprints_in_use
+from disan.bundle.manifest import fingerprints_in_use, load_manifest, matryoshka_dims
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import (
     FORMATS,
@@ -42,7 +42,7 @@ from disan.embed.shards import (
     write_shard,
 )
 from disan.optional import require
-from disan.runtime.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, normalized
+from disan.runtime.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, dimensions_problem, prefixed
 from disan.runtime.ort_session import Providers, Variant
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size,
                         help="most sentences per onnxruntime call (default: the service's for the provider)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
+    parser.add_argument("--dimensions", type=int, default=d.dimensions,
+                        help="vectors of this size, one the bundle serves (GET /info matryoshka_dims), as "
+                             "/embed's `dimensions` makes them (default: the whole vector)")
     parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default=d.long_texts,
                         help="a text over the model's max_tokens: windows of max_tokens whose vectors are "
                              "pooled by token counts (as the service does), cut it, or stop with an error")
@@ -109,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
                                ("--threads", cfg.threads, 0)):
         if value is not None and value < least:
             raise EmbedError(f"{flag} must be at least {least}, got {value}")
+    if cfg.dimensions is not None:  # one of the sizes the bundle serves
+        sizes = matryoshka_dims(load_manifest(cfg.bundle, verify_hashes=False))
+        problem = dimensions_problem(cfg.dimensions, sizes)
+        if problem:
+            raise EmbedError(f"--{problem}")
     if cfg.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed.on_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 
@@ -142,7 +150,7 @@ class Job:
         self.job = {"input": file_fingerprint(cfg.input), "input_format": self.fmt_in, "column": cfg.column,
                     "id_column": cfg.id_column, "output_format": self.fmt_out, "model": rt.name,
                     **self.model_identity(rt), "graph_set": rt.graph_set,
-                    "variant": rt.variant, "dim": rt.dim, "max_tokens": rt.max_tokens,
+                    "variant": rt.variant, "dim": cfg.dimensions or rt.dim, "max_tokens": rt.max_tokens,
                     "normalize": cfg.normalize, "long_texts": cfg.long_texts,
                     "window_overlap": cfg.window_overlap}
 
@@ -222,9 +230,8 @@ class Job:
         except TextTooLong as exc:
             raise EmbedError(f"row {exc.where}: {exc.tokens} tokens, at most {exc.limit} ({progress.rows} "
                              "rows committed; --long-texts window or truncate embeds such texts)") from None
-        vectors = self.encoder.embed_prepared(prepared, self.cfg.batch_size)
-        if self.cfg.normalize:
-            vectors = normalized(vectors)
+        vectors = prefixed(self.encoder.embed_prepared(prepared, self.cfg.batch_size), self.cfg.dimensions,
+                           self.cfg.normalize, self.encoder.runtime.projection)
         if good:
             self.write(lambda: write_shard(self.cfg.output, progress.shards, self.fmt_out,
                                            [r.id for r in good], vectors), progress)

@@ -47,7 +47,7 @@ from disan.embed.config import EmbedConfig
 from disan.embed.inputs import CorpusError, Position, Row, checked_row, cut, detect_format, read_rows
 from disan.embed.shards import id_array
 from disan.optional import require
-from disan.runtime.encoder import Encoder, TextTooLong, normalized
+from disan.runtime.encoder import Encoder, TextTooLong, prefixed
 
 ray = require("ray", "ray")
 ray_data = require("ray.data", "ray")
@@ -183,10 +183,10 @@ class EmbedActor:
             bad = next(r for r in rows if r.error is not None)
             raise CorpusError(f"row {bad.number}: {bad.error}")
         prepared = self.encoder.prepare([r.text for r in good], [r.number for r in good])
-        vectors = self.encoder.embed_prepared(prepared, self.options["batch_size"])
-        if self.options["normalize"]:
-            vectors = normalized(vectors)
-        dim = self.encoder.dim
+        size = self.options.get("dimensions")
+        vectors = prefixed(self.encoder.embed_prepared(prepared, self.options["batch_size"]), size,
+                           self.options["normalize"], self.encoder.runtime.projection)
+        dim = size or self.encoder.dim
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
         # The ids as a single-process shard holds them (integers int64; any string makes them strings).
         return pa.table({"id": pa.array(id_array([r.id for r in good])), "embedding": embedding})
@@ -197,6 +197,7 @@ def actor_options(cfg: EmbedConfig, threads: int) -> dict[str, Any]:
     return {"providers": cfg.providers, "variant": cfg.variant, "threads": threads,
             "input_format": input_format(str(cfg.input), cfg.input_format), "long_texts": cfg.long_texts,
             "overlap": cfg.window_overlap, "batch_size": cfg.batch_size, "normalize": cfg.normalize,
+            "dimensions": cfg.dimensions,
             "on_bad_row": cfg.on_bad_row}
 
 

@@ -185,3 +185,23 @@ def test_bundle_diff_reports_how_shorter_sizes_are_made(projected, tiny_bundle, 
     moved = compare(prefixes, projected)
     assert moved["dimensions"]["changed"] == [dim // 2, dim // 4]
     assert moved["changed"] == ["embed dimensions"]
+
+
+def test_disan_embed_writes_the_served_size(projected, tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from disan.cli import main as disan_main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    m = load_manifest(projected)["embedding_dim"] // 4
+    out = tmp_path / "vectors"
+    assert disan_main(["embed", str(corpus), "-o", str(out), "--bundle", str(projected), "--normalize",
+                       "--dimensions", str(m), "--no-progress"]) == 0
+    table = pq.read_table(sorted(out.glob("part-*"))[0])
+    got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(got, Encoder(projected).encode(TEXTS, dimensions=m, normalize=True), atol=1e-5)
+    assert disan_main(["embed", str(corpus), "-o", str(tmp_path / "other"), "--bundle", str(projected),
+                       "--dimensions", "3"]) == 2
+    assert "dimensions: 3 is not a size this model serves" in capsys.readouterr().err
