@@ -42,7 +42,7 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     sizes = getattr(args, "dimensions", None) or ()
     # the bundle's `dimensions=m` (disan.bundle.dimensions); checkpoints and baselines: prefixes
-    projection = bundle_projection(args.bundle) if sizes and not args.checkpoint else None
+    projection = bundle_projection(args.bundle) if sizes and args.bundle and not args.checkpoint else None
     results = {}
     for label, make in encoders.items():
         encode = remembered(make()) if sizes else make()

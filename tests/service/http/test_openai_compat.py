@@ -11,6 +11,7 @@ import pytest
 from conftest import wait_ready
 from fastapi.testclient import TestClient
 
+from disan.text.windowing import EMBEDDING_LEAD
 from service.main import create_app
 from service.settings import Settings
 
@@ -97,8 +98,8 @@ def test_v1_long_inputs_are_windowed_by_default_and_truncate_or_error_by_setting
 
 
 def test_a_5000_token_document_is_one_window_pooled_vector(client):
-    """The pooled vector is the token-weighted mean of the windows' own vectors (checked against
-    /embed of each window's words), then normalised."""
+    """The pooled vector is the token-weighted mean of the windows' own vectors, the first window
+    counting twice (checked against /embed of each window's words), then normalised."""
     words = ("the man is playing a guitar in the park and the dog runs on the grass . " * 400).split()[:5000]
     r = client.post("/v1/embeddings", json={"input": " ".join(words)})
     got = vectors(r)[0]
@@ -107,7 +108,8 @@ def test_a_5000_token_document_is_one_window_pooled_vector(client):
     windows = [" ".join(words[s:s + 128]) for s in starts]
     raw = np.asarray(client.post("/embed", json={"texts": windows[:20]}).json()["embeddings"] +
                      client.post("/embed", json={"texts": windows[20:]}).json()["embeddings"])
-    expected = raw.mean(axis=0)  # every window is full (the last one ends at the text's end)
+    # every window is full (the last one ends at the text's end); the first counts EMBEDDING_LEAD times
+    expected = raw.sum(axis=0) + (EMBEDDING_LEAD - 1) * raw[0]
     np.testing.assert_allclose(got, expected / np.linalg.norm(expected), atol=1e-5)
 
 
