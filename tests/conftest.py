@@ -22,6 +22,7 @@ import pytest
 
 from disan.bundle.manifest import NLI_LABELS
 from disan.bundle.manifest import SST5_LABELS as SENTIMENT_LABELS
+from disan.data.recipes import BENCH_SENTENCE_FILES
 from disan.text.tokenizer import Vocab
 
 # Real English words, so test texts tokenize to known ids (anything else maps to UNK = 1).
@@ -288,6 +289,21 @@ def write_fake_sst5(root: Path, words: list[str], sentences: int, more_phrases: 
     write("sst5_dev.jsonl.gz", rows(10))
     write("sst5_test.jsonl.gz", rows(10))
     return root
+
+
+@pytest.fixture
+def bench_sentences(tmp_path) -> Path:
+    """A staged-data folder holding the offline benchmark's sentence files (tests/bench): 12 short
+    sentences each (3 to 8 words, then two numbers), so every length bucket's reader finds them."""
+    words = "the a man film good bad is was playing guitar".split()
+    for i, rel in enumerate(BENCH_SENTENCE_FILES):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            for j in range(12):
+                picked = [words[(i + j + k) % len(words)] for k in range(3 + j % 6)]
+                f.write(json.dumps({"text": " ".join(picked) + f" {i} {j}"}) + "\n")
+    return tmp_path
 
 
 # ---- exported tiny bundles (tests/model_export/test_export.py, test_verify.py, test_weights.py) ----

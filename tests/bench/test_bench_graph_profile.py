@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
 
 from bench import graph_profile as bench
-from disan.data.recipes import BENCH_SENTENCE_FILES
-
-WORDS = "the a man film good bad is was playing guitar".split()
 
 
-@pytest.fixture
-def data(tmp_path):
-    for i, rel in enumerate(BENCH_SENTENCE_FILES):
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(path, "wt") as f:
-            for j in range(12):
-                words = [WORDS[(i + j + k) % len(WORDS)] for k in range(3 + j % 6)]
-                f.write(json.dumps({"text": " ".join(words) + f" {i} {j}"}) + "\n")
-    return tmp_path
-
-
-def test_shares_of_node_time(tiny_bundle, data, tmp_path):
+def test_shares_of_node_time(tiny_bundle, bench_sentences, tmp_path):
     out = tmp_path / "profile.json"
-    assert bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--lengths", "1-10",
+    assert bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), "--lengths", "1-10",
                        "--batch", "8", "--runs", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     cpu = json.loads((tiny_bundle / "manifest.json").read_text())["sets"]["cpu"]
@@ -39,7 +23,7 @@ def test_shares_of_node_time(tiny_bundle, data, tmp_path):
     assert 0 < report["groups"]["embedding"] < 100
 
 
-def test_the_warm_up_run_is_left_out(tiny_bundle, data, monkeypatch):
+def test_the_warm_up_run_is_left_out(tiny_bundle, bench_sentences, monkeypatch):
     """Three runs asked for: the profile holds the nodes of three, not four (the first allocates)."""
     seen = {}
     real = bench.profile
@@ -50,25 +34,25 @@ def test_the_warm_up_run_is_left_out(tiny_bundle, data, monkeypatch):
         return events
 
     monkeypatch.setattr(bench, "profile", count)
-    bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--lengths", "1-10", "--batch", "4",
-                "--runs", "3", "--json", str(data / "p.json")])
+    bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), "--lengths", "1-10",
+                "--batch", "4", "--runs", "3", "--json", str(bench_sentences / "p.json")])
     assert seen["runs"] == 3
 
 
-def test_a_graph_that_does_not_read_texts_is_refused(tiny_bundle, data):
+def test_a_graph_that_does_not_read_texts_is_refused(tiny_bundle, bench_sentences):
     with pytest.raises(ValueError, match="nli_head"):
-        bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--graph", "nli_head",
-                    "--json", str(data / "p.json")])
+        bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), "--graph", "nli_head",
+                    "--json", str(bench_sentences / "p.json")])
     with pytest.raises(ValueError, match="the bundle has"):
-        bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--graph", "decoder",
-                    "--json", str(data / "p.json")])
+        bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), "--graph", "decoder",
+                    "--json", str(bench_sentences / "p.json")])
     for flag, value in [("--lengths", "5-9"), ("--runs", "0"), ("--batch", "-1")]:
         with pytest.raises(SystemExit):  # argparse's one-line error, not a KeyError or a division by 0
-            bench.main(["--bundle", str(tiny_bundle), "--data", str(data), flag, value,
-                        "--json", str(data / "p.json")])
+            bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), flag, value,
+                        "--json", str(bench_sentences / "p.json")])
     with pytest.raises(ValueError, match="--set 'tpu'"):
-        bench.main(["--bundle", str(tiny_bundle), "--data", str(data), "--set", "tpu",
-                    "--json", str(data / "p.json")])
+        bench.main(["--bundle", str(tiny_bundle), "--data", str(bench_sentences), "--set", "tpu",
+                    "--json", str(bench_sentences / "p.json")])
 
 
 def test_a_scan_body_is_counted_once(tiny_bundle):
