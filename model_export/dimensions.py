@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = read_texts(args.texts, args.max_texts)
         entries = add_dimensions(args.bundle, texts, args.sizes, args.threads)
     except ValueError as exc:  # BundleError too
-        print(f"dimensions: error: {exc}")
+        print(f"dimensions: error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.bundle}: dimensions {entries['matryoshka_dims']} from {len(texts)} texts "
           f"({entries['matryoshka_projection']['file']})")

@@ -4,9 +4,8 @@ An encoder trained with Matryoshka prefixes serves the first m components of its
 other serves m components through the bundle's principal axes (`dimensions.npy`, written by
 `python -m model_export.dimensions`): the vector's coordinates on the first m axes. The axes are
 the uncentered principal directions of the encoder's vectors of a broad set of texts, so the first
-m coordinates
-are the best m-dimensional summary of those vectors in the least-squares sense, and all of them
-together are a rotation (cosines of whole vectors unchanged). The embed route's vector is a linear
+m coordinates are the best m-dimensional summary of those vectors in the least-squares sense, and
+all of them together are a rotation (cosines of whole vectors unchanged). The embed route's vector is a linear
 map of DiSAN's 2*d_h sentence vector plus a bias, so its components span at most 2*d_h + 1
 directions: that many axes lose nothing.
 
@@ -51,12 +50,12 @@ def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int |
     except (OSError, ValueError) as exc:
         raise BundleError(f"{path}: not a numpy array ({exc})") from exc
     whole = int(manifest.get("embedding_dim") if dim is None else dim)
-    shorter = matryoshka_dims(manifest, whole)[1:]
-    if not shorter:
+    sizes = matryoshka_dims(manifest, whole)
+    if len(sizes) < 2:
         raise BundleError(f"{path.name}: matryoshka_projection without shorter matryoshka_dims")
-    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < shorter[0]:
-        raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {shorter[0]}] for the sizes "
-                          f"{matryoshka_dims(manifest, whole)}")
+    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < sizes[1]:
+        raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {sizes[1]}] "
+                          f"for the sizes {sizes}")
     return axes.astype(np.float32)
 
 

@@ -152,7 +152,16 @@ class Job:
                     **self.model_identity(rt), "graph_set": rt.graph_set,
                     "variant": rt.variant, "dim": cfg.dimensions or rt.dim, "max_tokens": rt.max_tokens,
                     "normalize": cfg.normalize, "long_texts": cfg.long_texts,
-                    "window_overlap": cfg.window_overlap}
+                    "window_overlap": cfg.window_overlap, **self.size_identity(rt, cfg.dimensions)}
+
+    @staticmethod
+    def size_identity(rt, dimensions: int | None) -> dict[str, str]:
+        """What says shorter vectors are made the same way: the principal axes file's sha256 (the
+        embed fingerprint does not cover it), when `--dimensions` is served through them."""
+        entry = rt.manifest.get("matryoshka_projection")
+        if dimensions is None or rt.projection is None or not entry:
+            return {}
+        return {"dimensions_axes": rt.manifest["files"][entry["file"]]}
 
     @staticmethod
     def model_identity(rt) -> dict[str, str]:

@@ -37,7 +37,8 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         mpnet_encoder,
     )
 
-    encoders = encoders_under_test(args.checkpoint, args.bundle, f"DiSAN ({args.bundle})")
+    bundle_label = f"DiSAN ({args.bundle})"
+    encoders = encoders_under_test(args.checkpoint, args.bundle, bundle_label)
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     sizes = getattr(args, "dimensions", None) or ()
@@ -48,7 +49,7 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         encode = remembered(make()) if sizes else make()
         results[label] = sts_scores(encode, args.data, by_genre=True)
         width = len(encode(["a"])[0]) if sizes else 0
-        axes = projection if label.startswith("DiSAN (") else None
+        axes = projection if label == bundle_label else None
         for m in (m for m in sizes if 0 < m < width):  # a size as served: m components, renormalised
             def cut(texts: list[str], m: int = m, encode=encode, axes=axes):
                 return shorten(encode(texts), m, axes)

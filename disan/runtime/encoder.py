@@ -312,7 +312,7 @@ def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None
 
 
 def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool,
-             projection: np.ndarray | None = None) -> np.ndarray:
+             projection: np.ndarray | None) -> np.ndarray:
     """Rows cut to `dimensions` components (None: whole), then L2-normalised if `normalize`: their
     first ones (a Matryoshka vector), or with `projection` (the bundle's principal axes, Runtime.
     projection) their coordinates on its first axes (disan.bundle.dimensions)."""

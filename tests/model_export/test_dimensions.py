@@ -205,3 +205,25 @@ def test_disan_embed_writes_the_served_size(projected, tmp_path, capsys):
     assert disan_main(["embed", str(corpus), "-o", str(tmp_path / "other"), "--bundle", str(projected),
                        "--dimensions", "3"]) == 2
     assert "dimensions: 3 is not a size this model serves" in capsys.readouterr().err
+
+
+def test_disan_embed_refuses_to_resume_with_other_axes(projected, tmp_path, capsys):
+    """The embed fingerprint does not cover the principal axes: a job of shorter vectors records
+    them, so its output is not continued with vectors made another way."""
+    pytest.importorskip("pyarrow")
+    import shutil
+
+    from disan.cli import main as disan_main
+
+    bundle = shutil.copytree(projected, tmp_path / "bundle")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    m = load_manifest(bundle)["embedding_dim"] // 4
+    args = ["embed", str(corpus), "-o", str(tmp_path / "vectors"), "--bundle", str(bundle),
+            "--dimensions", str(m), "--no-progress"]
+    assert disan_main(args) == 0
+    refit = tmp_path / "refit.txt"
+    refit.write_text("\n".join(fit_texts(300)[::-1][:200]) + "\n")
+    assert main([str(bundle), "--texts", str(refit), "--sizes", str(m)]) == 0
+    assert disan_main(args) == 2
+    assert "dimensions_axes" in capsys.readouterr().err
