@@ -14,6 +14,7 @@ The manifest names the file (`matryoshka_projection`); `disan.runtime` loads it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,16 @@ def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int |
 def bundle_projection(bundle_dir: str | Path) -> np.ndarray | None:
     """`load_projection` of a bundle folder (its manifest read, the files' hashes not checked)."""
     return load_projection(bundle_dir, load_manifest(bundle_dir, verify_hashes=False))
+
+
+def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None:
+    """Why `dimensions` cannot be served (not an integer, or not one of the `allowed` sizes, which
+    the message names), or None: the one message of `Encoder.encode` and the service."""
+    if not isinstance(dimensions, (int, np.integer)) or isinstance(dimensions, bool):
+        return f"dimensions: an integer, one of {list(allowed)}; got {type(dimensions).__name__}"
+    if int(dimensions) not in allowed:
+        return (f"dimensions: {dimensions} is not a size this model serves; the sizes are {list(allowed)}")
+    return None
 
 
 def principal_axes(vectors: np.ndarray, k: int) -> np.ndarray:

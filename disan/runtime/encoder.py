@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from disan.bundle.dimensions import shorten
+from disan.bundle.dimensions import dimensions_problem, shorten
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
@@ -299,16 +299,6 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (float32), as /embed's normalize=true."""
     vectors = vectors.astype(np.float32, copy=False)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-
-
-def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None:
-    """Why `dimensions` cannot be served (not an integer, or not one of the `allowed` sizes, which
-    the message names), or None: the one message of `Encoder.encode` and the service."""
-    if not isinstance(dimensions, (int, np.integer)) or isinstance(dimensions, bool):
-        return f"dimensions: an integer, one of {list(allowed)}; got {type(dimensions).__name__}"
-    if int(dimensions) not in allowed:
-        return (f"dimensions: {dimensions} is not a size this model serves; the sizes are {list(allowed)}")
-    return None
 
 
 def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool,
