@@ -71,6 +71,10 @@ class StudentConfig:
     # "rows": train only the table rows the --init student marks trainable (research.pieces_from_words
     # marks the pieces it did not take from a word table); its blocks, head and other rows stay
     tune: str = "all"
+    # the share of each target that is the --init student's own vector of the row (unit vectors
+    # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
+    # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
+    anchor: float = 0.0
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -82,6 +86,10 @@ class StudentConfig:
             raise ValueError(f"tune={self.tune!r}: all or rows")
         if self.tune == "rows" and self.starts_fresh:
             raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
+        if not 0.0 <= self.anchor <= 1.0:
+            raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
+        if self.anchor > 0 and self.init is None:
+            raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
 
     @property
     def starts_fresh(self) -> bool:
@@ -289,11 +297,15 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
     if cfg.resume:
         first, rng = resume_state(cfg, encoder, optimizer, schedule)
+        if cfg.anchor > 0:  # the start's vectors, cached by the run's first part
+            target = anchored(target, start_vectors(None, rows, done, cfg), cfg.anchor)
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
         if init is not None:
             init_from(cfg, encoder, tok, init)
             if cfg.tune == "all":
                 encoder.trainable_rows.fill_(True)
+            if cfg.anchor > 0:
+                target = anchored(target, start_vectors(encoder, rows, done, cfg), cfg.anchor)
         else:
             fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
         start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
@@ -329,7 +341,34 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
 
 
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
-              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "seed")
+              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "anchor", "seed")
+
+
+@torch.no_grad()
+def start_vectors(encoder: DiSANEncoder | None, rows: PieceRows, done: int, cfg: StudentConfig) -> np.ndarray:
+    """The --init student's own vectors of the first `done` rows [done, proj_dim], cached in
+    OUT/anchor.f16.npy; a resumed run (`encoder` None: its weights have moved) reads that cache."""
+    path = cfg.out / "anchor.f16.npy"
+    cached = np.load(path) if path.is_file() else None
+    if cached is not None and len(cached) == done:
+        return cached.astype(np.float32)
+    if encoder is None:
+        raise ValueError(f"--resume with --anchor: {path} does not hold the start's vectors of {done} rows")
+    was = encoder.training
+    encoder.eval()
+    own = rows.encode_all(encoder, np.arange(done), cfg.device, cfg.length_buckets, chunk=1024)
+    encoder.train(was)
+    vectors = own.float().cpu().numpy()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors.astype(np.float16))
+    return vectors
+
+
+def anchored(target: np.ndarray, own: np.ndarray, share: float) -> np.ndarray:
+    """Unit targets `share` of the way from the teacher's direction to the start's own."""
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return unit((1.0 - share) * unit(target) + share * unit(own)).astype(np.float32)
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,

@@ -19,6 +19,7 @@ _HELP = {
     "schedule and no head fit",
     "tune": "all, or rows: only the table rows the --init student marks trainable (its blocks and head stay)",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
+    "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
 }
 
 

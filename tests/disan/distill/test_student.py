@@ -386,3 +386,36 @@ def test_a_start_that_reads_whole_words_trains_with_its_tokenizer_and_tables(tin
     assert after["tokenizer"] == made["tokenizer"] and after["config"] == made["config"]
     assert torch.equal(after["model_state"]["borrowed"], made["model_state"]["borrowed"])
     assert not torch.equal(after["model_state"]["embed.weight"], made["model_state"]["embed.weight"])
+
+
+def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) -> None:
+    """--anchor 1 makes each target the --init student's own vector (cosine 1 at step 0); a share
+    between lies between the teacher and the start; a resumed run reads the start's cached vectors."""
+    from disan.distill.student import anchored
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=4, val_rows=16, eval_every=2, lr=3e-3, keep_prob=1.0)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    init = tmp_path / "one" / "student.pt"
+
+    def start_cosine(out: str, share: float) -> float:
+        train_student(StudentConfig(out=tmp_path / out, init=init, anchor=share, **values))
+        return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["val_cosine"]
+
+    alone, half, own = start_cosine("t0", 0.0), start_cosine("t5", 0.5), start_cosine("t1", 1.0)
+    assert own == pytest.approx(1.0, abs=2e-3)
+    assert alone < half < own
+    assert (tmp_path / "t1" / "anchor.f16.npy").is_file()
+    assert not (tmp_path / "t0" / "anchor.f16.npy").exists()
+    cut = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, max_minutes=0.0, **values))
+    resumed = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, resume=True, **values))
+    assert cut["step"] == 1 and resumed["step"] == 4 and resumed["val_cosine"] > 0.99
+
+    a, b = np.eye(2, dtype=np.float32), np.array([[0, 3], [3, 0]], np.float32)
+    np.testing.assert_allclose(anchored(a, b, 0.5), np.full((2, 2), 0.5 ** 0.5), rtol=1e-6)
+    with pytest.raises(ValueError, match="give --init"):
+        StudentConfig(corpus=root, out=tmp_path, anchor=0.5)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        StudentConfig(corpus=root, out=tmp_path, init=init, anchor=1.5)
