@@ -31,7 +31,7 @@ from service.common.errors import (
 )
 from service.common.metrics import Metrics
 from service.common.timing import CURRENT, RequestTiming
-from service.http.schemas import TOKEN_IDS_MESSAGE
+from service.http.openai_schemas import TOKEN_IDS_MESSAGE
 from service.http.tei_schemas import is_tei
 from service.inference.admission import Admission
 

@@ -18,7 +18,8 @@ from service.http.handlers import (
     similarity_result,
     tokenize_result,
 )
-from service.http.schemas import NLIRequest, OpenAIEmbeddingsRequest, SentimentRequest
+from service.http.openai_schemas import OpenAIEmbeddingsRequest
+from service.http.schemas import NLIRequest, SentimentRequest
 from service.http.tei import (
     cohere_rerank_result,
     predict_result,

@@ -19,10 +19,10 @@ import orjson
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
+from service.http.openai_schemas import OpenAIEmbeddingsRequest
 from service.http.schemas import (
     EmbedRequest,
     NLIRequest,
-    OpenAIEmbeddingsRequest,
     SentimentRequest,
     SimilarityRequest,
     TokenizeRequest,

@@ -30,16 +30,18 @@ from service.http.handlers import (
     openai_embeddings_result,
     sentiment_result,
 )
+from service.http.openai_schemas import (
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    OpenAIModel,
+    OpenAIModelList,
+)
 from service.http.schemas import (
     EmbedResponse,
     ErrorResponse,
     Info,
     NLIRequest,
     NLIResponse,
-    OpenAIEmbeddingsRequest,
-    OpenAIEmbeddingsResponse,
-    OpenAIModel,
-    OpenAIModelList,
     SentimentRequest,
     SentimentResponse,
     SimilarityResponse,

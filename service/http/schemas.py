@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 Text = Annotated[str, StringConstraints(min_length=1)]
@@ -20,7 +20,7 @@ _LONG_TEXT = ("texts over max_tokens: window (cut into windows of max_tokens, ea
               "token-weighted mean), truncate (keep the first max_tokens), error (422); omitted: the "
               "server's long_text (window by default)")
 _TRUNCATE = "same as long_text=truncate (kept for older clients)"
-_DIMENSIONS = ("vectors of this many components: each vector's first `dimensions` (Matryoshka), or its "
+DIMENSIONS_HELP = ("vectors of this many components: each vector's first `dimensions` (Matryoshka), or its "
                "coordinates on the bundle's first `dimensions` principal axes, then normalised where "
                "asked; one of the sizes the model serves (GET /info `matryoshka_dims`, the largest its "
                "dim), any other a 422 naming them; omitted: dim")
@@ -50,7 +50,7 @@ class EmbedRequest(BaseModel):
         "float32 (smaller and cheaper to write and read, as on /v1/embeddings)")
     explain: bool = Field(False, description="also return each text's tokens and source2token "
                           "weights (at most max_explain_texts texts; needs the encoder_explain graph)")
-    dimensions: int | None = Field(None, description=_DIMENSIONS)
+    dimensions: int | None = Field(None, description=DIMENSIONS_HELP)
 
 
 class TokenWeights(BaseModel):
@@ -161,13 +161,6 @@ class SentimentResponse(BaseModel):
     usage: Usage
 
 
-# What a client that pre-tokenizes with tiktoken (LangChain's OpenAIEmbeddings by default) is told;
-# also the answer to such a body that is over the size limits (service.http.asgi).
-TOKEN_IDS_MESSAGE = (
-    "input: token-id arrays are not supported: this server tokenizes text itself, and its tokens are "
-    "not tiktoken's (POST /tokenize shows them). Send strings; with LangChain set "
-    "OpenAIEmbeddings(check_embedding_ctx_length=False). Texts of any length are embedded (long "
-    "ones in windows)")
 # JSON's names for what was sent, in messages (a client reads JSON, not Python).
 _JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number", dict: "object",
                list: "array", str: "string"}
@@ -184,9 +177,9 @@ def _locations(indices: list[int], field: str) -> str:
     return ", ".join(f"{field}[{i}]" for i in indices)
 
 
-def input_problem(value: object, field: str = "input", token_ids: str = TOKEN_IDS_MESSAGE) -> str | None:
-    """What is wrong with an OpenAI `input` (or TEI's `inputs`: `field`), naming every offending
-    item; None when nothing is. `token_ids` is the answer to token-id input.
+def input_problem(value: object, field: str, token_ids: str) -> str | None:
+    """What is wrong with an OpenAI `input` or TEI's `inputs` (`field`), naming every offending
+    item; None when nothing is. `token_ids` is the family's answer to token-id input.
 
     Each case has its own message (pydantic's union errors said "Input should be a valid string
     (and 1 more)" to all of them)."""
@@ -209,56 +202,6 @@ def input_problem(value: object, field: str = "input", token_ids: str = TOKEN_ID
         kinds = sorted({_JSON_TYPES.get(type(value[i]), type(value[i]).__name__) for i in wrong})
         parts.append(f"{_locations(wrong, field)}: not a string (got {', '.join(kinds)})")
     return "; ".join(parts) or None
-
-
-class OpenAIEmbeddingsRequest(BaseModel):
-    """OpenAI `POST /v1/embeddings` request; unknown fields are ignored like OpenAI's own clients."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={"examples": [
-        # no `model`: an example must work against any server, whatever name it serves
-        {"input": ["The food was delicious.", "The waiter was friendly."]},
-        {"input": "hello world", "encoding_format": "base64"}]})
-    input: Text | TextList = Field(
-        description="a string or a non-empty list of strings (up to openai_max_inputs, 2,048 by "
-        "default), each of any length (long ones are embedded in windows, the server's "
-        "openai_long_text); token-id arrays are refused with a 422 saying what to set instead")
-    model: str | None = Field(None, description="any name: the served model answers and is named in "
-                              "the response (a server with openai_strict_model accepts only its name "
-                              "and model_aliases)")
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, description=_DIMENSIONS)
-    user: str | None = None
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _check_input(cls, value: object) -> object:
-        problem = input_problem(value)
-        if problem is not None:
-            raise PydanticCustomError("input_items", problem)
-        return value
-
-
-class OpenAIEmbedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
-
-
-class OpenAIUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-    truncated_inputs: int = Field(0, description="inputs cut to max_tokens (server setting "
-                                  "openai_long_text=truncate)")
-    windowed_inputs: int = Field(0, description="inputs over max_tokens embedded in windows (the default)")
-    empty_inputs: int = Field(0, description="inputs of only spaces or control characters, embedded "
-                              "as the empty text")
-
-
-class OpenAIEmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIEmbedding]
-    model: str
-    usage: OpenAIUsage
 
 
 class ErrorDetail(BaseModel):
@@ -332,18 +275,6 @@ class Info(BaseModel):
                                       "was exported from (file name and sha256); route_fingerprints: "
                                       "per route, what the graph in use computes (graph, weights, "
                                       "tokenizer): the same embed fingerprint means the same vectors")
-
-
-class OpenAIModel(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(description="bundle creation time (Unix seconds; 0 if the manifest has none)")
-    owned_by: str
-
-
-class OpenAIModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIModel]
 
 
 class TokenizeRequest(BaseModel):
