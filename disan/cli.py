@@ -28,7 +28,7 @@ COMMANDS = {
     "eval": ("disan.eval.evaluate", "evaluate a bundle on its tasks, or bundles and checkpoints on STS "
              "(--sts), frozen-vector transfer (--transfer) and retrieval (--retrieval)", "train"),
     "train": ("disan.train.cli", "train a DiSAN model on NLI or sentiment data", "train"),
-    "export": ("model_export.export", "export checkpoints to an ONNX bundle and verify it", "train"),
+    "export": ("model_export.export_cli", "export checkpoints to an ONNX bundle and verify it", "train"),
     "verify": ("model_export.verify", "re-verify a bundle: hashes and ORT vs PyTorch parity", "train"),
     "bundle-diff": ("model_export.bundle_diff", "which routes of two bundles compute the same thing "
                     "(does /embed change: re-embed an index?); exit 1 if any differ", "train"),
