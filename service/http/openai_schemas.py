@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
 
-from service.http.schemas import DIMENSIONS_HELP, Text, TextList, input_problem
+from service.http.schemas import DIMENSIONS_HELP, Text, TextList, checked_input
 
 # What a client that pre-tokenizes with tiktoken (LangChain's OpenAIEmbeddings by default) is told;
 # also the answer to such a body that is over the size limits (service.http.asgi).
@@ -42,10 +41,7 @@ class OpenAIEmbeddingsRequest(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _check_input(cls, value: object) -> object:
-        problem = input_problem(value, "input", TOKEN_IDS_MESSAGE)
-        if problem is not None:
-            raise PydanticCustomError("input_items", problem)
-        return value
+        return checked_input(value, "input", TOKEN_IDS_MESSAGE)
 
 
 class OpenAIEmbedding(BaseModel):

@@ -204,6 +204,14 @@ def input_problem(value: object, field: str, token_ids: str) -> str | None:
     return "; ".join(parts) or None
 
 
+def checked_input(value: object, field: str, token_ids: str) -> object:
+    """`value` unchanged, or the pydantic error `input_problem` names (a `mode="before"` validator)."""
+    problem = input_problem(value, field, token_ids)
+    if problem is not None:
+        raise PydanticCustomError("input_items", problem)
+    return value
+
+
 class ErrorDetail(BaseModel):
     type: str = Field(description="stable machine-readable error type (see the error table)")
     message: str

@@ -21,7 +21,7 @@ from service.http.schemas import (
     SimilarityRequest,
     Text,
     TokenizeRequest,
-    input_problem,
+    checked_input,
 )
 
 # Routes only TEI has: every request there is TEI's, whatever its body.
@@ -70,10 +70,7 @@ class TEIEmbedRequest(BaseModel):
     @field_validator("inputs", mode="before")
     @classmethod
     def _check_inputs(cls, value: object) -> object:
-        problem = input_problem(value, "inputs", TOKEN_IDS_MESSAGE)
-        if problem is not None:
-            raise PydanticCustomError("input_items", problem)
-        return value
+        return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
 
     _check_prompt = field_validator("prompt_name")(_no_prompt)
 
