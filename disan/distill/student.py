@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -27,75 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from disan.distill.corpus.build import read_corpus
+from disan.distill.student_config import StudentConfig
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.pieces import PAD, PieceTokenizer
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
-
-
-@dataclass(frozen=True)
-class StudentConfig:
-    corpus: Path
-    out: Path
-    teacher: Path | None = None  # the teacher cache (default: CORPUS/teacher-mpnet)
-    tokenizer: Path | None = None  # tokenizer.json (default: the teacher's own)
-    embed_dim: int = 256
-    d_h: int = 256
-    proj_dim: int = 768
-    keep_prob: float = 0.9  # dropout keep probability (the paper's 0.75 is for the task models)
-    dims: tuple[int, ...] = (768, 512, 256, 128)
-    max_pieces: int = 128
-    batch_size: int = 128
-    pairs_batch: int = 64
-    pairs_weight: float = 1.0
-    # distil into the teacher's space turned onto its principal axes (cosines unchanged), so that
-    # a prefix of the target is its best summary of that size, and distil every prefix
-    rotate_teacher: bool = True
-    geometry_weight: float = 1.0
-    mnr_scale: float = 20.0
-    lr: float = 4e-3
-    warmup_steps: int = 100  # the learning rate rises linearly over these steps, then falls to zero
-    head_lr_scale: float = 1.0  # the projection's learning rate, times lr (a fitted head moves less)
-    steps: int = 2000
-    max_minutes: float | None = None
-    val_rows: int = 1024
-    eval_every: int = 250
-    # the projection starts as the ridge map from the untrained encoder's vectors of this many rows
-    # to the teacher's (0: random), so distillation starts where a linear probe of it would
-    fit_head_rows: int = 16384
-    length_buckets: int = 4  # a batch runs as this many length-sorted parts: far less padding
-    resume: bool = False  # continue OUT's run from its state.pt (same flags, same schedule)
-    # start from an earlier student's weights (same tokenizer and shape) with a new optimizer and
-    # schedule: a longer run on a grown teacher cache need not repeat the steps already taken
-    init: Path | None = None
-    # "rows": train only the table rows the --init student marks trainable (research.pieces_from_words
-    # marks the pieces it did not take from a word table); its blocks, head and other rows stay
-    tune: str = "all"
-    # the share of each target that is the --init student's own vector of the row (unit vectors
-    # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
-    # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
-    anchor: float = 0.0
-    seed: int = 0
-    device: str = "cpu"
-    threads: int | None = None
-    relations: tuple[str, ...] = field(default=())  # pair relations to use (default: all)
-
-    def __post_init__(self) -> None:
-        # checked here, before a run reads its corpus and cache: a wrong flag fails at once
-        if self.tune not in ("all", "rows"):
-            raise ValueError(f"tune={self.tune!r}: all or rows")
-        if self.tune == "rows" and self.starts_fresh:
-            raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
-        if not 0.0 <= self.anchor <= 1.0:
-            raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
-        if self.anchor > 0 and self.init is None:
-            raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
-
-    @property
-    def starts_fresh(self) -> bool:
-        """Its weights start from nothing (no --resume, no --init): only such a run reads the piece
-        table's start (RUN/pieces.npy, or the teacher that makes it)."""
-        return not self.resume and self.init is None
 
 
 class PieceRows:
