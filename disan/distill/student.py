@@ -282,14 +282,16 @@ STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces",
 
 @torch.no_grad()
 def start_vectors(encoder: DiSANEncoder | None, rows: PieceRows, done: int, cfg: StudentConfig) -> np.ndarray:
-    """The --init student's own vectors of the first `done` rows [done, proj_dim], cached in
-    OUT/anchor.f16.npy; a resumed run (`encoder` None: its weights have moved) reads that cache."""
+    """The --init student's own vectors of the first `done` rows [done, proj_dim], written to
+    OUT/anchor.f16.npy. A resumed run (`encoder` None: its weights have moved) reads that file; a new
+    run always computes them, so a file left by another start is never read as this one's."""
     path = cfg.out / "anchor.f16.npy"
-    cached = np.load(path) if path.is_file() else None
-    if cached is not None and len(cached) == done:
-        return cached.astype(np.float32)
     if encoder is None:
-        raise ValueError(f"--resume with --anchor: {path} does not hold the start's vectors of {done} rows")
+        cached = np.load(path) if path.is_file() else None
+        if cached is None or len(cached) != done:
+            raise ValueError(f"--resume with --anchor: {path} does not hold the start's vectors "
+                             f"of {done} rows")
+        return cached.astype(np.float32)
     was = encoder.training
     encoder.eval()
     own = rows.encode_all(encoder, np.arange(done), cfg.device, cfg.length_buckets, chunk=1024)

@@ -404,6 +404,10 @@ def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) 
         train_student(StudentConfig(out=tmp_path / out, init=init, anchor=share, **values))
         return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["val_cosine"]
 
+    stale = tmp_path / "t1" / "anchor.f16.npy"  # another start's file, of the right length
+    stale.parent.mkdir()
+    np.save(stale, np.random.default_rng(9).normal(size=(len(TeacherCache.read(
+        root / "corpus" / "teacher-mpnet").vectors()), 16)).astype(np.float16))
     alone, half, own = start_cosine("t0", 0.0), start_cosine("t5", 0.5), start_cosine("t1", 1.0)
     assert own == pytest.approx(1.0, abs=2e-3)
     assert alone < half < own
