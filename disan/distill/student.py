@@ -215,9 +215,9 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
-    if cfg.tune == "rows":
+    if cfg.tune != "all":
         for name, param in encoder.named_parameters():
-            param.requires_grad_(name == "embed.weight")
+            param.requires_grad_(name == "embed.weight" if cfg.tune == "rows" else name.startswith("proj."))
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
     body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
     groups = [{"params": body, "lr": cfg.lr}]

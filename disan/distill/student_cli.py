@@ -18,7 +18,7 @@ _HELP = {
     "rotate_teacher": "distil into the teacher's space turned onto its principal axes, every prefix",
     "init": "start from this student's weights (same shape and tokenizer), with a new optimizer and "
     "schedule and no head fit",
-    "tune": "all, or rows: only the table rows the --init student marks trainable (its blocks and head stay)",
+    "tune": "all; rows: only the table rows the --init student marks trainable; head: only the projection",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
     "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
 }

@@ -43,7 +43,9 @@ class StudentConfig:
     # schedule: a longer run on a grown teacher cache need not repeat the steps already taken
     init: Path | None = None
     # "rows": train only the table rows the --init student marks trainable (research.pieces_from_words
-    # marks the pieces it did not take from a word table); its blocks, head and other rows stay
+    # marks the pieces it did not take from a word table); its blocks, head and other rows stay.
+    # "head": train only the projection, so the encoder's own vector (what the transfer tasks and
+    # the task models' habits were fitted to) stays and the pairs teach a metric on it
     tune: str = "all"
     # the share of each target that is the --init student's own vector of the row (unit vectors
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
@@ -56,10 +58,10 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         # checked here, before a run reads its corpus and cache: a wrong flag fails at once
-        if self.tune not in ("all", "rows"):
-            raise ValueError(f"tune={self.tune!r}: all or rows")
-        if self.tune == "rows" and self.starts_fresh:
-            raise ValueError("--tune rows trains the rows an --init (or resumed) student marks; give --init")
+        if self.tune not in ("all", "rows", "head"):
+            raise ValueError(f"tune={self.tune!r}: all, rows or head")
+        if self.tune != "all" and self.starts_fresh:
+            raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
         if self.anchor > 0 and self.init is None:

@@ -12,55 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 tokenizers = pytest.importorskip("tokenizers")
 
+from student_tiny import tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
+
 from disan.distill.corpus import build as corpus  # noqa: E402
-from disan.distill.corpus.documents import Doc  # noqa: E402
-from disan.distill.corpus.sources import Source  # noqa: E402
 from disan.distill.student import PieceRows, StudentConfig, piece_vectors, student_loss, train_student  # noqa: E402
-from disan.distill.teacher import TeacherCache  # noqa: E402
 from disan.text.pieces import PieceTokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
-
-WORDS = ("river storm farmer cattle council shelter road water kernel module driver memory page "
-         "cache disk file network packet server client query answer question title").split()
-
-
-def _tokenizer(texts: list[str]) -> PieceTokenizer:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=120, special_tokens=["[UNK]"]))
-    return PieceTokenizer(tok)
-
-
-def _docs(n: int) -> list[Doc]:
-    rng = np.random.default_rng(0)
-    docs = []
-    for i in range(n):
-        words = rng.choice(WORDS, 40)
-        sentences = [" ".join(words[j:j + 8]).capitalize() + "." for j in range(0, 40, 8)]
-        docs.append(Doc([" ".join(sentences)], title=f"{words[0]} {words[1]} {i}", relation="heading"))
-    return docs
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("student")
-    docs = _docs(60)
-    source = Source("t", "test", "CC0", lambda _root: iter(docs), staged=True)
-    orig = corpus.eval_keys
-    corpus.eval_keys = lambda _data: set()
-    try:
-        corpus.build([source], root, None, root / "corpus", passage_words=(10, 24))
-    finally:
-        corpus.eval_keys = orig
-    texts, info = corpus.read_corpus(root / "corpus")
-    cache = TeacherCache.open(root / "corpus" / "teacher-mpnet", info["sha256"], "mpnet", len(texts), 16)
-    vectors = np.random.default_rng(1).normal(size=(len(texts), 16)).astype(np.float16)
-    cache.write(0, vectors)
-    tok = _tokenizer(texts)
-    tok.save(root / "tokenizer.json")
-    return root, root / "tokenizer.json"
 
 
 def test_piece_rows_hold_each_text_cut_to_its_limit(tiny) -> None:
@@ -293,35 +250,6 @@ def test_a_turned_teacher_is_distilled_at_every_prefix() -> None:
     assert only_full == pytest.approx(parts["distill"], rel=1e-5)
 
 
-def test_tune_rows_trains_only_the_rows_the_init_marks(tiny, tmp_path) -> None:
-    from disan.train.checkpoint import write_checkpoint
-
-    root, path = tiny
-    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
-                  batch_size=16, pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    start = load_checkpoint(tmp_path / "one" / "student.pt")
-    marked = torch.zeros(len(start["model_state"]["trainable_rows"]), dtype=torch.bool)
-    marked[1::2] = True
-    start["model_state"]["trainable_rows"] = marked
-    write_checkpoint(tmp_path / "start.pt", start)
-
-    train_student(StudentConfig(out=tmp_path / "rows", init=tmp_path / "start.pt", tune="rows", **values))
-    after = load_checkpoint(tmp_path / "rows" / "student.pt")["model_state"]
-    before = start["model_state"]
-    assert all(torch.equal(after[k], before[k]) for k in before if k != "embed.weight")  # blocks, head
-    moved = (after["embed.weight"] != before["embed.weight"]).any(1)
-    assert moved.any() and not moved[~marked].any()
-
-    train_student(StudentConfig(out=tmp_path / "all", init=tmp_path / "start.pt", tune="all", **values))
-    after = load_checkpoint(tmp_path / "all" / "student.pt")["model_state"]
-    assert (after["embed.weight"] != before["embed.weight"]).any(1)[~marked].any()  # every row learns
-    assert not torch.equal(after["proj.weight"], before["proj.weight"])
-    with pytest.raises(ValueError, match="give --init"):
-        train_student(StudentConfig(out=tmp_path / "fresh", tune="rows", **values), teacher_encode=table)
-
-
 def test_a_state_written_before_a_newer_flag_resumes_with_its_default(tmp_path) -> None:
     from disan.distill.student import STATE_KEYS, resume_state, save_state
     from disan.model import DiSANConfig, DiSANEncoder
@@ -350,76 +278,3 @@ def test_pieces_by_id_name_each_model_id(tiny) -> None:
     assert len(pieces) == len(tok) and pieces[0] == ""
     assert [pieces[i] for i in ids] == tok.tokens("river storm farmer")
 
-
-def test_a_bad_tune_fails_before_the_corpus_is_read(tmp_path) -> None:
-    missing = tmp_path / "no-corpus"
-    with pytest.raises(ValueError, match="all or rows"):
-        StudentConfig(corpus=missing, out=tmp_path, tune="blocks")
-    with pytest.raises(ValueError, match="give --init"):
-        StudentConfig(corpus=missing, out=tmp_path, tune="rows")
-    assert StudentConfig(corpus=missing, out=tmp_path, tune="rows", resume=True).tune == "rows"
-
-
-def test_a_start_that_reads_whole_words_trains_with_its_tokenizer_and_tables(tiny, tmp_path) -> None:
-    """`disan distill whole-words` output as --init: the run reads text through its tokenizer (whole
-    words too), keeps its tables' layout and the borrowed word table, and trains its own rows."""
-    from conftest import make_tiny_checkpoint
-
-    from disan.distill.whole_words import whole_words
-    from disan.text.tokenizer import Vocab
-    from disan.train.checkpoint import write_checkpoint
-
-    root, path = tiny
-    values = dict(corpus=root / "corpus", embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8), batch_size=16,
-                  pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", tokenizer=path, **values), teacher_encode=table)
-    pieces = [p for p in PieceTokenizer.from_file(path).pieces_by_id() if p.isalpha() and p.islower()]
-    words = Vocab([*pieces, "riverbank", "stormwater"])  # the pieces that are words fit the map
-    lender = make_tiny_checkpoint(tmp_path / "w.pt", "encoder", words, [], seed=4, proj_dim=16, embed_dim=8)
-    made, report = whole_words(load_checkpoint(tmp_path / "one" / "student.pt"), load_checkpoint(lender))
-    assert report["whole_words"] >= 1
-    write_checkpoint(tmp_path / "whole.pt", made)
-
-    train_student(StudentConfig(out=tmp_path / "two", init=tmp_path / "whole.pt", tune="rows", **values))
-    after = load_checkpoint(tmp_path / "two" / "student.pt")
-    assert after["tokenizer"] == made["tokenizer"] and after["config"] == made["config"]
-    assert torch.equal(after["model_state"]["borrowed"], made["model_state"]["borrowed"])
-    assert not torch.equal(after["model_state"]["embed.weight"], made["model_state"]["embed.weight"])
-
-
-def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) -> None:
-    """--anchor 1 makes each target the --init student's own vector (cosine 1 at step 0); a share
-    between lies between the teacher and the start; a resumed run reads the start's cached vectors."""
-    from disan.distill.student import anchored
-
-    root, path = tiny
-    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
-                  batch_size=16, pairs_batch=8, steps=4, val_rows=16, eval_every=2, lr=3e-3, keep_prob=1.0)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    init = tmp_path / "one" / "student.pt"
-
-    def start_cosine(out: str, share: float) -> float:
-        train_student(StudentConfig(out=tmp_path / out, init=init, anchor=share, **values))
-        return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["val_cosine"]
-
-    stale = tmp_path / "t1" / "anchor.f16.npy"  # another start's file, of the right length
-    stale.parent.mkdir()
-    np.save(stale, np.random.default_rng(9).normal(size=(len(TeacherCache.read(
-        root / "corpus" / "teacher-mpnet").vectors()), 16)).astype(np.float16))
-    alone, half, own = start_cosine("t0", 0.0), start_cosine("t5", 0.5), start_cosine("t1", 1.0)
-    assert own == pytest.approx(1.0, abs=2e-3)
-    assert alone < half < own
-    assert (tmp_path / "t1" / "anchor.f16.npy").is_file()
-    assert not (tmp_path / "t0" / "anchor.f16.npy").exists()
-    cut = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, max_minutes=0.0, **values))
-    resumed = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, resume=True, **values))
-    assert cut["step"] == 1 and resumed["step"] == 4 and resumed["val_cosine"] > 0.99
-
-    a, b = np.eye(2, dtype=np.float32), np.array([[0, 3], [3, 0]], np.float32)
-    np.testing.assert_allclose(anchored(a, b, 0.5), np.full((2, 2), 0.5 ** 0.5), rtol=1e-6)
-    with pytest.raises(ValueError, match="give --init"):
-        StudentConfig(corpus=root, out=tmp_path, anchor=0.5)
-    with pytest.raises(ValueError, match="between 0 and 1"):
-        StudentConfig(corpus=root, out=tmp_path, init=init, anchor=1.5)

@@ -1,0 +1,141 @@
+"""disan.distill.student from an earlier student (--init): which parts a phase trains (--tune),
+a start that reads whole words, and targets anchored to the start's own vectors (--anchor)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tokenizers = pytest.importorskip("tokenizers")
+
+from student_tiny import tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
+
+from disan.distill.student import StudentConfig, train_student  # noqa: E402
+from disan.distill.teacher import TeacherCache  # noqa: E402
+from disan.text.pieces import PieceTokenizer  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+
+
+def test_tune_rows_trains_only_the_rows_the_init_marks(tiny, tmp_path) -> None:
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    marked = torch.zeros(len(start["model_state"]["trainable_rows"]), dtype=torch.bool)
+    marked[1::2] = True
+    start["model_state"]["trainable_rows"] = marked
+    write_checkpoint(tmp_path / "start.pt", start)
+
+    train_student(StudentConfig(out=tmp_path / "rows", init=tmp_path / "start.pt", tune="rows", **values))
+    after = load_checkpoint(tmp_path / "rows" / "student.pt")["model_state"]
+    before = start["model_state"]
+    assert all(torch.equal(after[k], before[k]) for k in before if k != "embed.weight")  # blocks, head
+    moved = (after["embed.weight"] != before["embed.weight"]).any(1)
+    assert moved.any() and not moved[~marked].any()
+
+    train_student(StudentConfig(out=tmp_path / "all", init=tmp_path / "start.pt", tune="all", **values))
+    after = load_checkpoint(tmp_path / "all" / "student.pt")["model_state"]
+    assert (after["embed.weight"] != before["embed.weight"]).any(1)[~marked].any()  # every row learns
+    assert not torch.equal(after["proj.weight"], before["proj.weight"])
+    with pytest.raises(ValueError, match="give --init"):
+        train_student(StudentConfig(out=tmp_path / "fresh", tune="rows", **values), teacher_encode=table)
+
+
+def test_tune_head_trains_only_the_projection(tiny, tmp_path) -> None:
+    """--tune head: the encoder's own vector stays (table and blocks as the start's), the projection
+    that maps it to the served vector learns."""
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    before = load_checkpoint(tmp_path / "one" / "student.pt")["model_state"]
+
+    train_student(StudentConfig(out=tmp_path / "head", init=tmp_path / "one" / "student.pt", tune="head",
+                                **values))
+    after = load_checkpoint(tmp_path / "head" / "student.pt")["model_state"]
+    assert all(torch.equal(after[k], before[k]) for k in before if not k.startswith("proj."))
+    assert not torch.equal(after["proj.weight"], before["proj.weight"])
+    with pytest.raises(ValueError, match="give --init"):
+        train_student(StudentConfig(out=tmp_path / "fresh", tune="head", **values), teacher_encode=table)
+
+
+def test_a_bad_tune_fails_before_the_corpus_is_read(tmp_path) -> None:
+    missing = tmp_path / "no-corpus"
+    with pytest.raises(ValueError, match="all, rows or head"):
+        StudentConfig(corpus=missing, out=tmp_path, tune="blocks")
+    with pytest.raises(ValueError, match="give --init"):
+        StudentConfig(corpus=missing, out=tmp_path, tune="rows")
+    assert StudentConfig(corpus=missing, out=tmp_path, tune="rows", resume=True).tune == "rows"
+
+
+def test_a_start_that_reads_whole_words_trains_with_its_tokenizer_and_tables(tiny, tmp_path) -> None:
+    """`disan distill whole-words` output as --init: the run reads text through its tokenizer (whole
+    words too), keeps its tables' layout and the borrowed word table, and trains its own rows."""
+    from conftest import make_tiny_checkpoint
+
+    from disan.distill.whole_words import whole_words
+    from disan.text.tokenizer import Vocab
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8), batch_size=16,
+                  pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", tokenizer=path, **values), teacher_encode=table)
+    pieces = [p for p in PieceTokenizer.from_file(path).pieces_by_id() if p.isalpha() and p.islower()]
+    words = Vocab([*pieces, "riverbank", "stormwater"])  # the pieces that are words fit the map
+    lender = make_tiny_checkpoint(tmp_path / "w.pt", "encoder", words, [], seed=4, proj_dim=16, embed_dim=8)
+    made, report = whole_words(load_checkpoint(tmp_path / "one" / "student.pt"), load_checkpoint(lender))
+    assert report["whole_words"] >= 1
+    write_checkpoint(tmp_path / "whole.pt", made)
+
+    train_student(StudentConfig(out=tmp_path / "two", init=tmp_path / "whole.pt", tune="rows", **values))
+    after = load_checkpoint(tmp_path / "two" / "student.pt")
+    assert after["tokenizer"] == made["tokenizer"] and after["config"] == made["config"]
+    assert torch.equal(after["model_state"]["borrowed"], made["model_state"]["borrowed"])
+    assert not torch.equal(after["model_state"]["embed.weight"], made["model_state"]["embed.weight"])
+
+
+def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) -> None:
+    """--anchor 1 makes each target the --init student's own vector (cosine 1 at step 0); a share
+    between lies between the teacher and the start; a resumed run reads the start's cached vectors."""
+    from disan.distill.student import anchored
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=4, val_rows=16, eval_every=2, lr=3e-3, keep_prob=1.0)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    init = tmp_path / "one" / "student.pt"
+
+    def start_cosine(out: str, share: float) -> float:
+        train_student(StudentConfig(out=tmp_path / out, init=init, anchor=share, **values))
+        return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["val_cosine"]
+
+    stale = tmp_path / "t1" / "anchor.f16.npy"  # another start's file, of the right length
+    stale.parent.mkdir()
+    np.save(stale, np.random.default_rng(9).normal(size=(len(TeacherCache.read(
+        root / "corpus" / "teacher-mpnet").vectors()), 16)).astype(np.float16))
+    alone, half, own = start_cosine("t0", 0.0), start_cosine("t5", 0.5), start_cosine("t1", 1.0)
+    assert own == pytest.approx(1.0, abs=2e-3)
+    assert alone < half < own
+    assert (tmp_path / "t1" / "anchor.f16.npy").is_file()
+    assert not (tmp_path / "t0" / "anchor.f16.npy").exists()
+    cut = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, max_minutes=0.0, **values))
+    resumed = train_student(StudentConfig(out=tmp_path / "r", init=init, anchor=1.0, resume=True, **values))
+    assert cut["step"] == 1 and resumed["step"] == 4 and resumed["val_cosine"] > 0.99
+
+    a, b = np.eye(2, dtype=np.float32), np.array([[0, 3], [3, 0]], np.float32)
+    np.testing.assert_allclose(anchored(a, b, 0.5), np.full((2, 2), 0.5 ** 0.5), rtol=1e-6)
+    with pytest.raises(ValueError, match="give --init"):
+        StudentConfig(corpus=root, out=tmp_path, anchor=0.5)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        StudentConfig(corpus=root, out=tmp_path, init=init, anchor=1.5)
