@@ -29,8 +29,11 @@
 #   bash .gpurun/run.sh student MINUTES ARGS  (a kit of pack-student.sh, with its last piece) the
 #                                             teacher encodes the corpus for at most MINUTES (a
 #                                             shuffled prefix: every source), then `disan distill
-#                                             student ARGS` on it; student.pt back in fp16 with
-#                                             its metrics
+#                                             student ARGS` on it (KIT/init.pt in ARGS: the start
+#                                             pack-student.sh --init put in the kit); student.pt
+#                                             back in fp16 with its metrics, without a borrowed
+#                                             word table (put back here: `python -m research slim
+#                                             student16.pt OUT.pt --borrowed-from START.pt`)
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
 # kit's folder from /tmp/kit.
@@ -165,8 +168,10 @@ case $step in
       --batch-size 512 --max-minutes "$minutes"
     run=$(mktemp -d "$kit/student-XXXX")
     [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
-    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "$@"
-    python3 -m research slim "$run/student.pt" "$kit/student16.pt"
+    args=(); for a in "$@"; do args+=("${a/#KIT\//$kit/}"); done
+    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}"
+    # a start that reads whole words borrows a 112 MB table that never trains: it stays here
+    python3 -m research slim "$run/student.pt" "$kit/student16.pt" --without-borrowed
     cp "$run/metrics.jsonl" "$OUT/"
     pieces "$kit/student16.pt" ;;
   *) echo "unknown step $step"; exit 2 ;;

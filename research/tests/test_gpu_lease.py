@@ -277,3 +277,45 @@ def test_the_student_packer_names_a_missing_corpus_file_before_any_work(tmp_path
                          check=False)
     assert got.returncode == 2 and got.stdout.strip().endswith("pairs.npy: missing (a corpus from "
                                                                "`disan distill corpus`?)"), got.stdout
+
+
+STUDENT_STUB = """#!/bin/sh
+# python3 for device.sh's student step: `-m disan.cli distill`, `-m research slim` stand-ins
+echo "$*" >> "$KIT/calls"
+if [ "$3 $4" = "distill student" ]; then
+  out=; prev=
+  for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+  echo '{"step": 1}' > "$out/metrics.jsonl"
+  echo trained > "$out/student.pt"
+fi
+if [ "$3" = slim ]; then cp "$4" "$5"; fi
+"""
+
+
+def test_a_student_starts_from_the_kits_init_and_leaves_its_borrowed_table_behind(
+        tmp_path: Path, bash: str) -> None:
+    """The anchored phase from the shipped encoder on a lent GPU: ARGS name the kit's start as
+    KIT/init.pt, and the trained student comes back without the 112 MB word table it borrows."""
+    kit, out, env = stub_machine(tmp_path, STUDENT_STUB)
+    (kit / ".unpacked").touch()
+    got = subprocess.run([bash, str(SCRIPTS[1]), "student", "3", "--init", "KIT/init.pt", "--anchor", "0.5"],
+                         capture_output=True, text=True, cwd=ROOT, env=env | {"KIT": str(kit)}, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    calls = (kit / "calls").read_text().splitlines()
+    assert calls[0].split()[2:4] == ["distill", "teacher"] and "--max-minutes 3" in calls[0]
+    student = calls[1].split()
+    assert student[student.index("--init") + 1] == f"{kit}/init.pt"
+    assert student[-2:] == ["--anchor", "0.5"]
+    assert calls[2].split()[2] == "slim" and calls[2].endswith("--without-borrowed")
+    assert (out / "student16.pt.part-0").read_text() == "trained\n"
+    assert (out / "metrics.jsonl").is_file()
+
+
+def test_the_student_packer_names_a_missing_start_before_any_work(tmp_path: Path, bash: str) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("corpus.json", "sentences.txt", "kinds.npy", "pairs.npy"):
+        (corpus / name).write_text("x")
+    got = subprocess.run([bash, str(SCRIPTS[3]), "--init", str(tmp_path / "embed.pt"), str(corpus)],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert got.returncode == 2 and got.stdout.strip() == f"{tmp_path}/embed.pt: missing", got.stdout

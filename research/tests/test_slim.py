@@ -107,3 +107,61 @@ def test_halves_a_teacher_folder_and_copies_the_rest(tmp_path: Path, capsys) -> 
     assert "exists" in capsys.readouterr().err
     assert main(["slim", str(tmp_path / "half" / "1_Pooling"), str(tmp_path / "x")]) == 2
     assert "no model.safetensors" in capsys.readouterr().err
+
+
+@pytest.fixture
+def borrowing(tmp_path: Path) -> Path:
+    """A start that reads words through a borrowed table (as `disan distill whole-words` writes),
+    in fp32, as `model_export.recover` gives it."""
+    torch.manual_seed(1)
+    cfg = DiSANConfig(vocab_size=len(WORDS) + 2, embed_dim=16, d_h=8, task="encoder", proj_dim=12,
+                      borrowed_rows=400, borrowed_dim=10, borrowed_offset=len(WORDS) + 2)
+    encoder = DiSANEncoder(cfg)
+    encoder.borrowed.copy_(torch.randn(400, 10))
+    save_checkpoint(tmp_path / "start.pt", encoder, Vocab(WORDS), [])
+    return tmp_path / "start.pt"
+
+
+def test_a_borrowed_table_stays_behind_and_comes_back_from_the_start(borrowing: Path, tmp_path: Path) -> None:
+    """The lease kit's student from the shipped encoder: the 187,234-row word table it borrows is
+    112 MB in fp16 and never trains, so it stays on the device and is put back here."""
+    trained = tmp_path / "student.pt"
+    payload = load_checkpoint(borrowing)
+    payload["model_state"]["proj.weight"] = payload["model_state"]["proj.weight"] + 0.5  # "trained"
+    torch.save(payload, trained)
+    slim_checkpoint(trained, tmp_path / "back.pt", without_borrowed=True)
+    back = load_checkpoint(tmp_path / "back.pt")
+    assert "borrowed" not in back["model_state"]
+    assert back["borrowed_left_out"]["shape"] == [400, 10]
+    slim_checkpoint(trained, tmp_path / "with.pt")
+    saved = (tmp_path / "with.pt").stat().st_size - (tmp_path / "back.pt").stat().st_size
+    assert saved >= 400 * 10 * 2  # the table's fp16 bytes
+
+    assert main(["slim", str(tmp_path / "back.pt"), str(tmp_path / "whole.pt"), "--borrowed-from",
+                 str(borrowing), "--dtype", "fp32"]) == 0
+    whole = load_checkpoint(tmp_path / "whole.pt")
+    assert "borrowed_left_out" not in whole
+    start = load_checkpoint(borrowing)["model_state"]
+    assert torch.equal(whole["model_state"]["borrowed"], start["borrowed"])
+    assert torch.allclose(whole["model_state"]["proj.weight"], payload["model_state"]["proj.weight"],
+                          atol=1e-2)  # the trained head, through fp16
+    assert np.allclose(checkpoint_encoder(tmp_path / "whole.pt")(TEXTS), checkpoint_encoder(trained)(TEXTS),
+                       atol=1e-2)
+
+
+def test_only_the_table_the_student_trained_with_goes_back(borrowing: Path, tmp_path: Path, trained: Path,
+                                                            capsys) -> None:
+    slim_checkpoint(borrowing, tmp_path / "back.pt", without_borrowed=True)
+    other = load_checkpoint(borrowing)
+    other["model_state"]["borrowed"][3, 2] += 1.0
+    torch.save(other, tmp_path / "other.pt")
+    assert main(["slim", str(tmp_path / "back.pt"), str(tmp_path / "x.pt"), "--borrowed-from",
+                 str(tmp_path / "other.pt")]) == 2
+    assert "is not the one the student trained with" in capsys.readouterr().err
+    assert main(["slim", str(trained), str(tmp_path / "y.pt"), "--borrowed-from", str(borrowing)]) == 2
+    assert "left no borrowed table out" in capsys.readouterr().err
+    assert main(["slim", str(tmp_path / "back.pt"), str(tmp_path / "z.pt"), "--borrowed-from",
+                 str(trained)]) == 2
+    assert "reads no borrowed word table" in capsys.readouterr().err
+    slim_checkpoint(trained, tmp_path / "plain.pt", without_borrowed=True)  # nothing to leave out
+    assert "borrowed_left_out" not in load_checkpoint(tmp_path / "plain.pt")
