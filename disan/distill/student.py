@@ -7,7 +7,8 @@ Loss per step, on a batch of corpus rows the teacher has encoded and a batch of 
 - geometry at every prefix m of `dims`: the squared error between the in-batch cosine matrix of the
   student's first m components and the teacher's (a prefix must keep what STS and clustering read);
 - pairs: MultipleNegativesRanking (in-batch softmax over the passages, as sentence-transformers
-  trains retrievers) at every prefix m, weight `pairs_weight`.
+  trains retrievers) at every prefix m, weight `pairs_weight`;
+- labels, if asked: STS-B and SICK train scores, SST-5 train phrases (`disan.distill.student_labels`).
 
 The token table starts from the teacher: each piece's teacher vector when read alone (mean-pooled
 output, as static-embedding distillation does), reduced to `embed_dim` by PCA (`piece_vectors`).
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from disan.distill.corpus.build import read_corpus
 from disan.distill.student_config import StudentConfig
+from disan.distill.student_labels import StudentLabels
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.pieces import PAD, PieceTokenizer
@@ -220,8 +222,10 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             param.requires_grad_(name == "embed.weight" if cfg.tune == "rows" else name.startswith("proj."))
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
     body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
+    labels = StudentLabels(cfg, tok, encoder.out_dim)
     groups = [{"params": body, "lr": cfg.lr}]
     groups += [{"params": head, "lr": cfg.lr * cfg.head_lr_scale}] if head else []
+    groups += [{"params": labels.parameters(), "lr": cfg.lr}] if labels.parameters() else []
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
 
     def rate(s: int) -> float:
@@ -232,7 +236,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     first = 1
     log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
     if cfg.resume:
-        first, rng = resume_state(cfg, encoder, optimizer, schedule)
+        first, rng = resume_state(cfg, encoder, optimizer, schedule, labels)
         if cfg.anchor > 0:  # the start's vectors, cached by the run's first part
             target = anchored(target, start_vectors(None, rows, done, cfg), cfg.anchor)
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
@@ -244,7 +248,9 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
                 target = anchored(target, start_vectors(encoder, rows, done, cfg), cfg.anchor)
         else:
             fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
+        probed = labels.probe(encoder)
         start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
+        start_metrics |= {"sentiment_probe": round(probed, 4)} if probed is not None else {}
         log.write(json.dumps(start_metrics) + "\n")
         print(json.dumps(start_metrics), flush=True)
     start, last = time.monotonic(), {}
@@ -257,6 +263,9 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             q = rows.encode(encoder, chosen[:, 0], cfg.device, cfg.length_buckets)
             p = rows.encode(encoder, chosen[:, 1], cfg.device, cfg.length_buckets)
         loss, parts = student_loss(pred, torch.from_numpy(target[batch]).to(cfg.device), q, p, cfg)
+        if labels.active:
+            labelled, label_parts = labels.loss(encoder, rng)
+            loss, parts = loss + labelled, parts | label_parts
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
@@ -270,14 +279,15 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             log.flush()
             print(json.dumps(last), flush=True)
             save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last)
-            save_state(cfg, step, encoder, optimizer, schedule, rng)
+            save_state(cfg, step, encoder, optimizer, schedule, rng, labels)
         if out_of_time:
             break
     return last
 
 
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
-              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "anchor", "seed")
+              "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "anchor", "seed",
+              "scored_weight", "sentiment_weight", "labels_batch")
 
 
 @torch.no_grad()
@@ -310,9 +320,10 @@ def anchored(target: np.ndarray, own: np.ndarray, share: float) -> np.ndarray:
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,
-               rng: np.random.Generator) -> None:
+               rng: np.random.Generator, labels: StudentLabels) -> None:
     """What `--resume` needs to go on where this step left off, written beside student.pt."""
-    state = {"step": step, "model": encoder.state_dict(), "optimizer": optimizer.state_dict(),
+    state = {"step": step, "model": encoder.state_dict(), "labels_head": labels.state(),
+             "optimizer": optimizer.state_dict(),
              "schedule": schedule.state_dict(), "rng": rng.bit_generator.state,
              "torch_rng": torch.get_rng_state(), "config": {k: getattr(cfg, k) for k in STATE_KEYS}}
     tmp = cfg.out / "state.pt.tmp"
@@ -320,7 +331,7 @@ def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, 
     tmp.replace(cfg.out / "state.pt")
 
 
-def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
+def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule, labels: StudentLabels
                  ) -> tuple[int, np.random.Generator]:
     """(first step, sampler) of a resumed run; refuses a state written with other flags."""
     path = cfg.out / "state.pt"
@@ -333,6 +344,7 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule
     if changed:
         raise ValueError(f"--resume: {path} was written with other {', '.join(changed)}")
     encoder.load_state_dict(state["model"])
+    labels.load_state(state.get("labels_head"))
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
     torch.set_rng_state(state["torch_rng"])

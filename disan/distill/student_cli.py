@@ -21,6 +21,9 @@ _HELP = {
     "tune": "all; rows: only the table rows the --init student marks trainable; head: only the projection",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
     "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
+    "data": "staged data folder (../shared/data) for --scored-weight and --sentiment-weight",
+    "scored_weight": "weight of the STS-B and SICK train pairs' scores (MSE on the cosine)",
+    "sentiment_weight": "weight of the SST-5 train phrases' labels (a training-only head, probed first)",
 }
 
 
@@ -39,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], None)
-            if f.name in ("teacher", "tokenizer", "init"):
+            if f.name in ("teacher", "tokenizer", "init", "data"):
                 kind = Path
             elif f.name == "max_minutes":
                 kind = float

@@ -51,6 +51,11 @@ class StudentConfig:
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
     # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
     anchor: float = 0.0
+    # staged data (../shared/data) for the labelled terms (disan.distill.student_labels)
+    data: Path | None = None
+    scored_weight: float = 0.0  # STS-B and SICK train pairs' scores, MSE on the cosine
+    sentiment_weight: float = 0.0  # SST-5 train phrases through a training-only head, probed first
+    labels_batch: int = 32  # examples a step for each labelled term
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -64,6 +69,10 @@ class StudentConfig:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
+        if (self.scored_weight > 0 or self.sentiment_weight > 0) and self.data is None:
+            raise ValueError("--scored-weight and --sentiment-weight read the staged data; give --data")
+        if self.scored_weight < 0 or self.sentiment_weight < 0:
+            raise ValueError("--scored-weight and --sentiment-weight are weights: 0 or more")
         if self.anchor > 0 and self.init is None:
             raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
 

@@ -1,0 +1,78 @@
+"""disan.distill.student_labels: the STS and sentiment labels a student phase may keep learning
+(--scored-weight, --sentiment-weight), beside its teacher and pairs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("sklearn", reason="the sentiment head's probe: pip install '.[train]'")
+
+from student_tiny import WORDS, tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
+
+from disan.data.recipes import RECIPES  # noqa: E402
+from disan.distill import supervision  # noqa: E402
+from disan.distill.student import StudentConfig, train_student  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+
+
+@pytest.fixture
+def labelled(tmp_path, monkeypatch):
+    """Staged data with SST-5 train phrases and (through `train_pairs`) scored train pairs."""
+    rng = np.random.default_rng(0)
+    phrases = [(" ".join(rng.choice(WORDS, 5)), int(rng.integers(0, 5))) for _ in range(40)]
+    path = tmp_path / "data" / RECIPES["sst5"]["train"][0]
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress("".join(json.dumps({"text": t, "label": y}) + "\n"
+                                           for t, y in phrases).encode()))
+    left = [" ".join(rng.choice(WORDS, 4)) for _ in range(30)]
+    right = [" ".join(rng.choice(WORDS, 4)) for _ in range(30)]
+    scores = rng.uniform(size=30).astype(np.float32)
+    monkeypatch.setattr(supervision, "train_pairs", lambda _data: (left, right, scores))
+    monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
+    return tmp_path / "data"
+
+
+def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(tiny, labelled,
+                                                                                  tmp_path) -> None:
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=6, val_rows=16, eval_every=3, lr=1e-2,
+                  labels_batch=8)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = tmp_path / "one" / "student.pt"
+
+    phase = dict(values, init=start, data=labelled, scored_weight=1.0, sentiment_weight=2.0)
+    whole = train_student(StudentConfig(out=tmp_path / "labels", **phase))
+    rows = [json.loads(line) for line in (tmp_path / "labels" / "metrics.jsonl").read_text().splitlines()]
+    assert 0.0 <= rows[0]["sentiment_probe"] <= 1.0  # the head was probed on the start's vectors
+    assert {"scored", "sentiment"} <= set(whole)
+    plain = train_student(StudentConfig(out=tmp_path / "plain", **dict(values, init=start)))
+    assert "scored" not in plain
+    a = load_checkpoint(tmp_path / "labels" / "student.pt")["model_state"]
+    b = load_checkpoint(tmp_path / "plain" / "student.pt")["model_state"]
+    assert not torch.equal(a["proj.weight"], b["proj.weight"])  # the labels moved the encoder
+    assert "sentiment" not in "".join(a)  # the training-only head is not in the student
+
+    # a resumed run takes its head back from state.pt and ends where one run ends
+    train_student(StudentConfig(out=tmp_path / "two", **dict(phase, max_minutes=0.0)))
+    state = torch.load(tmp_path / "two" / "state.pt", weights_only=False)
+    assert state["labels_head"]["weight"].shape == (supervision.SENTIMENT_CLASSES, 16)
+    with pytest.raises(ValueError, match="other sentiment_weight"):
+        train_student(StudentConfig(out=tmp_path / "two", resume=True, **dict(phase, sentiment_weight=1.0)))
+    resumed = train_student(StudentConfig(out=tmp_path / "two", resume=True, **phase))
+    assert resumed["val_cosine"] == pytest.approx(whole["val_cosine"], abs=1e-4)
+
+
+def test_labels_need_the_staged_data(tmp_path) -> None:
+    for weights in ({"scored_weight": 1.0}, {"sentiment_weight": 0.5}):
+        with pytest.raises(ValueError, match="give --data"):
+            StudentConfig(corpus=tmp_path, out=tmp_path, **weights)
+    with pytest.raises(ValueError, match="0 or more"):
+        StudentConfig(corpus=tmp_path, out=tmp_path, data=tmp_path, scored_weight=-1.0)
