@@ -320,9 +320,9 @@ def anchored(target: np.ndarray, own: np.ndarray, share: float) -> np.ndarray:
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,
-               rng: np.random.Generator, labels: StudentLabels) -> None:
+               rng: np.random.Generator, labels: StudentLabels | None = None) -> None:
     """What `--resume` needs to go on where this step left off, written beside student.pt."""
-    state = {"step": step, "model": encoder.state_dict(), "labels_head": labels.state(),
+    state = {"step": step, "model": encoder.state_dict(), "labels_head": labels.state() if labels else None,
              "optimizer": optimizer.state_dict(),
              "schedule": schedule.state_dict(), "rng": rng.bit_generator.state,
              "torch_rng": torch.get_rng_state(), "config": {k: getattr(cfg, k) for k in STATE_KEYS}}
@@ -331,8 +331,8 @@ def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, 
     tmp.replace(cfg.out / "state.pt")
 
 
-def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule, labels: StudentLabels
-                 ) -> tuple[int, np.random.Generator]:
+def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule,
+                 labels: StudentLabels | None = None) -> tuple[int, np.random.Generator]:
     """(first step, sampler) of a resumed run; refuses a state written with other flags."""
     path = cfg.out / "state.pt"
     if not path.is_file():
@@ -344,7 +344,8 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule,
     if changed:
         raise ValueError(f"--resume: {path} was written with other {', '.join(changed)}")
     encoder.load_state_dict(state["model"])
-    labels.load_state(state.get("labels_head"))
+    if labels is not None:
+        labels.load_state(state.get("labels_head"))
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])
     torch.set_rng_state(state["torch_rng"])
