@@ -8,7 +8,8 @@ Loss per step, on a batch of corpus rows the teacher has encoded and a batch of 
   student's first m components and the teacher's (a prefix must keep what STS and clustering read);
 - pairs: MultipleNegativesRanking (in-batch softmax over the passages, as sentence-transformers
   trains retrievers) at every prefix m, weight `pairs_weight`;
-- labels, if asked: STS-B and SICK train scores, SST-5 train phrases (`disan.distill.student_labels`).
+- labels, if asked: STS-B and SICK train scores, SST-5 train phrases
+  (`disan.distill.supervision.StudentLabels`).
 
 The token table starts from the teacher: each piece's teacher vector when read alone (mean-pooled
 output, as static-embedding distillation does), reduced to `embed_dim` by PCA (`piece_vectors`).
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from disan.distill.corpus.build import read_corpus
 from disan.distill.student_config import StudentConfig
-from disan.distill.student_labels import StudentLabels
+from disan.distill.supervision import StudentLabels
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.pieces import PAD, PieceTokenizer

@@ -51,7 +51,7 @@ class StudentConfig:
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
     # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
     anchor: float = 0.0
-    # staged data (../shared/data) for the labelled terms (disan.distill.student_labels)
+    # staged data (../shared/data) for the labelled terms (disan.distill.supervision.StudentLabels)
     data: Path | None = None
     scored_weight: float = 0.0  # STS-B and SICK train pairs' scores, MSE on the cosine
     sentiment_weight: float = 0.0  # SST-5 train phrases through a training-only head, probed first

@@ -1,4 +1,4 @@
-"""disan.distill.student_labels: the STS and sentiment labels a student phase may keep learning
+"""disan.distill.supervision.StudentLabels: the STS and sentiment labels a student phase may keep learning
 (--scored-weight, --sentiment-weight), beside its teacher and pairs."""
 
 from __future__ import annotations
