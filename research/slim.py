@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from disan.model import BORROWED_KEY
 from disan.optional import require
 from disan.train.checkpoint import RESUME_STATE as DROPPED  # what a slim checkpoint drops
 from disan.train.checkpoint import load_checkpoint, write_checkpoint
@@ -44,10 +45,9 @@ LEFT_OUT = "borrowed_left_out"  # the record of a table `--without-borrowed` lef
 
 
 def _borrowed_key(state: dict[str, torch.Tensor]) -> str | None:
-    """The key of the borrowed word table in a model state (a student's `borrowed`, a task
-    model's `encoder.borrowed`), or None."""
-    keys = [k for k in state if k == "borrowed" or k.endswith(".borrowed")]
-    return keys[0] if keys else None
+    """The key of the borrowed word table in a model state (an encoder's own buffer, or a task
+    model's `BORROWED_KEY`), or None."""
+    return next((k for k in (BORROWED_KEY.split(".")[-1], BORROWED_KEY) if k in state), None)
 
 
 def _fingerprint(table: torch.Tensor) -> str:
@@ -128,6 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.checkpoint.is_dir():
+        if args.without_borrowed or args.borrowed_from is not None:
+            raise ValueError(f"{args.checkpoint}: a teacher folder has no borrowed word table; "
+                             "--without-borrowed and --borrowed-from take a checkpoint")
         sizes = slim_teacher(args.checkpoint, args.out, args.dtype)
     else:
         sizes = slim_checkpoint(args.checkpoint, args.out, args.dtype,

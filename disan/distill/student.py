@@ -254,6 +254,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
         start_metrics |= {"sentiment_probe": round(probed, 4)} if probed is not None else {}
         log.write(json.dumps(start_metrics) + "\n")
         print(json.dumps(start_metrics), flush=True)
+    else:
+        labels.probe(encoder)  # a fresh start without a fitted head: no step-0 evaluation to log it in
     start, last = time.monotonic(), {}
     for step in range(first, cfg.steps + 1):
         batch = rng.choice(train_rows, cfg.batch_size, replace=False)

@@ -165,3 +165,11 @@ def test_only_the_table_the_student_trained_with_goes_back(borrowing: Path, tmp_
     assert "reads no borrowed word table" in capsys.readouterr().err
     slim_checkpoint(trained, tmp_path / "plain.pt", without_borrowed=True)  # nothing to leave out
     assert "borrowed_left_out" not in load_checkpoint(tmp_path / "plain.pt")
+
+
+def test_a_teacher_folder_refuses_the_borrowed_table_flags(tmp_path: Path, capsys) -> None:
+    (tmp_path / "teacher").mkdir()
+    for flags in (["--without-borrowed"], ["--borrowed-from", str(tmp_path / "start.pt")]):
+        assert main(["slim", str(tmp_path / "teacher"), str(tmp_path / "half"), *flags]) == 2
+        assert "a teacher folder has no borrowed word table" in capsys.readouterr().err
+    assert not (tmp_path / "half").exists()

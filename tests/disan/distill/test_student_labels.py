@@ -76,3 +76,16 @@ def test_labels_need_the_staged_data(tmp_path) -> None:
             StudentConfig(corpus=tmp_path, out=tmp_path, **weights)
     with pytest.raises(ValueError, match="0 or more"):
         StudentConfig(corpus=tmp_path, out=tmp_path, data=tmp_path, scored_weight=-1.0)
+
+
+def test_a_fresh_run_without_a_fitted_head_still_probes_the_sentiment_head(tiny, labelled, tmp_path,
+                                                                           monkeypatch) -> None:
+    root, path = tiny
+    probed = []
+    monkeypatch.setattr(supervision.SentimentPhrases, "probe", lambda self, encoder, head: probed.append(1))
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(corpus=root / "corpus", out=tmp_path / "fresh", tokenizer=path, embed_dim=8,
+                                d_h=8, proj_dim=16, dims=(16, 8), batch_size=16, pairs_batch=8, steps=2,
+                                val_rows=16, eval_every=2, fit_head_rows=0, data=labelled,
+                                sentiment_weight=1.0, labels_batch=8), teacher_encode=table)
+    assert probed == [1]
