@@ -20,15 +20,13 @@ import argparse
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from disan.data.sts import sts_scores
 from disan.eval.retrieval import evaluate_set, load_set, unit_rows
-
-IdsOf = Callable[[list[str]], list[list[int]]]
 
 
 def document_frequency(id_lists: Sequence[Sequence[int]], vocab_size: int) -> np.ndarray:
@@ -99,6 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also the transfer tasks (disan eval --transfer) at these weights, first --dims")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if not args.idf_corpus.is_file():
+        p.error(f"--idf-corpus {args.idf_corpus}: no such file")
+    if min(args.dims) < 1 or args.idf_every < 1 or args.idf_texts < 1:
+        p.error("--dims, --idf-every and --idf-texts: at least 1")
+    if not all(0.0 <= w <= 1.0 for w in args.weights + args.transfer_weights):
+        p.error("--weights and --transfer-weights: from 0 to 1")
 
     encoder = Encoder(args.bundle)
     vocab_size = len(encoder.runtime.tokenizer("embed"))
@@ -113,11 +117,13 @@ def main(argv: list[str] | None = None) -> dict:
     idf = idf_of(df, len(sample))
     memo: dict[str, tuple[np.ndarray, list[int]]] = {}
 
-    def remembered(texts: list[str]) -> None:
+    def remembered(texts: list[str]) -> None:  # each distinct text tokenized and embedded once
         missing = [t for t in dict.fromkeys(texts) if t not in memo]
         for start in range(0, len(missing), 10_000):
             part = missing[start:start + 10_000]
-            memo.update(zip(part, zip(encoder.encode(part), ids_of(part), strict=True), strict=True))
+            prepared = encoder.prepare(part)
+            ids = [list(item.ids) for item in prepared.items]
+            memo.update(zip(part, zip(encoder.embed_prepared(prepared), ids, strict=True), strict=True))
 
     def mix_encoder(dims: int, weight: float):
         def encode(texts: list[str]) -> np.ndarray:

@@ -44,3 +44,17 @@ def test_the_same_tokens_in_another_order_match_and_no_tokens_is_a_zero_row():
     assert not empty.any()
     again = lexical_vectors([[4, 9, 30]], idf, dims=32)[0]
     assert np.array_equal(a, again)  # the hashing is fixed: an index built today matches tomorrow
+
+
+def test_bad_arguments_are_one_line_errors_before_any_bundle_loads(tmp_path, capsys):
+    from research.lexical_channel import main
+
+    corpus = tmp_path / "sentences.txt"
+    corpus.write_text("a text\n", encoding="utf-8")
+    for flags, message in ((["--idf-corpus", str(tmp_path / "none.txt")], "no such file"),
+                           (["--idf-corpus", str(corpus), "--weights", "1.5"], "from 0 to 1"),
+                           (["--idf-corpus", str(corpus), "--dims", "0"], "at least 1")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path), "--out",
+                  str(tmp_path / "r.json"), *flags])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
