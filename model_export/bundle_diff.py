@@ -13,6 +13,8 @@ variant both bundles carry has the same fingerprint: the same graph and weights 
 same tokenizer, so the same outputs on the same provider. `changed` is conservative: a re-export
 that only renames nodes is reported as changed. Endpoints by route (`disan.bundle.manifest` ROUTES):
 embed -> /embed, /v1/embeddings, /similarity; nli + nli_head -> /nli; sentiment -> /sentiment.
+Beside the routes: the shorter sizes (`embed dimensions`) and the sparse vectors of
+`/embed_sparse` (`embed sparse`: same, changed, added or removed; added changes nothing a client has).
 
 Exit status as diff(1): 0 every compared route the same, 1 some differ, 2 trouble.
 
@@ -27,6 +29,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from disan.bundle.lexical import lexical_entry
 from disan.bundle.manifest import (
     available_variants,
     graph_tokenizer,
@@ -113,6 +118,29 @@ def compare_dimensions(old: Path, new: Path, embed_same: bool) -> dict[str, Any]
             "only_new": sorted(set(b) - set(a), reverse=True)}
 
 
+def sparse_way(bundle: Path) -> str | None:
+    """What the bundle's sparse vectors (`POST /embed_sparse`) are made with, as a sha256 of its IDF
+    levels, their scale and the embed route's tokenizer file; None without a lexical table."""
+    manifest = load_manifest(bundle, verify_hashes=False)
+    entry = lexical_entry(manifest)
+    if entry is None:
+        return None
+    with np.load(bundle / entry["file"], allow_pickle=False) as stored:
+        levels = hashlib.sha256(np.ascontiguousarray(stored["levels"]).tobytes()).hexdigest()
+    spec = {"levels": levels, "scale": entry["scale"],
+            "vocab": sha256_file(bundle / graph_tokenizer(manifest, "encoder"))}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def compare_sparse(old: Path, new: Path) -> str | None:
+    """same, changed (an index of the old sparse vectors must be rebuilt), added, removed, or None
+    when neither bundle serves sparse vectors."""
+    a, b = sparse_way(old), sparse_way(new)
+    if a is None and b is None:
+        return None
+    return "added" if a is None else "removed" if b is None else "same" if a == b else "changed"
+
+
 def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, Any]:
     """{"routes": {route: {"status", "compared", "only_old", "only_new"}}, "changed": [route...]}:
     `status` is same, changed, or missing (no graph set and variant both bundles carry, e.g. a
@@ -139,6 +167,11 @@ def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, An
         out["dimensions"] = dims
         if dims["changed"]:
             changed.append("embed dimensions")
+    sparse = compare_sparse(old, new) if only is None or "embed" in only else None
+    if sparse is not None:
+        out["sparse"] = sparse
+        if sparse in ("changed", "removed"):  # added breaks nothing a client has
+            changed.append("embed sparse")
     return out
 
 
@@ -164,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
                         for side in ("only_old", "only_new") if dims[side])
         sizes = ", ".join(map(str, dims["compared"])) or "no shorter size in both"
         print(f"{'embed dimensions':18} {dims['status']:8} ({sizes}{extra})")
+    if "sparse" in report:
+        print(f"{'embed sparse':18} {report['sparse']:8} (POST /embed_sparse: the lexical table)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 1 if report["changed"] else 0

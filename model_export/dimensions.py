@@ -30,17 +30,23 @@ from disan.bundle.manifest import BundleError, read_manifest_json, write_manifes
 from disan.data.readers import open_text
 
 
-def read_texts(paths: list[Path], limit: int | None = None) -> list[str]:
-    """Distinct non-empty lines of `paths`, in order, at most `limit`."""
-    seen: dict[str, None] = {}
+def read_texts(paths: list[Path], limit: int | None = None, every: int = 1) -> list[str]:
+    """Distinct non-empty lines of `paths`, in order, every `every`-th of them, at most `limit`."""
+    if every < 1:
+        raise ValueError(f"every {every}: at least 1")
+    met: set[str] = set()
+    kept: list[str] = []
     for path in paths:
         with open_text(path) as lines:
             for line in lines:
-                if (text := line.strip()) and text not in seen:
-                    seen[text] = None
-                    if limit is not None and len(seen) >= limit:
-                        return list(seen)
-    return list(seen)
+                if not (text := line.strip()) or text in met:
+                    continue
+                met.add(text)
+                if (len(met) - 1) % every == 0:
+                    kept.append(text)
+                    if limit is not None and len(kept) >= limit:
+                        return kept
+    return kept
 
 
 def add_dimensions(bundle: Path, texts: list[str], sizes: list[int], threads: int = 0) -> dict:

@@ -159,6 +159,24 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoints) -> Path:
     return out
 
 
+# texts the tiny bundles' lexical table is counted from (model_export.lexical)
+LEXICAL_TEXTS = ["a man is playing the guitar", "the dog runs in the park", "a woman plays music",
+                 "a man and a woman", "the man is in the park"]
+
+
+@pytest.fixture(scope="session")
+def sparse_bundle(tmp_path_factory, tiny_bundle) -> Path:
+    """`tiny_bundle` with a lexical table (POST /embed_sparse) counted from LEXICAL_TEXTS.
+    Session-scoped and shared: tests must not modify it."""
+    import shutil
+
+    from model_export.lexical import add_lexical
+
+    out = Path(shutil.copytree(tiny_bundle, tmp_path_factory.mktemp("sparse") / "tiny"))
+    add_lexical(out, LEXICAL_TEXTS, bits=2)
+    return out
+
+
 @pytest.fixture(scope="module", params=[True, False], ids=["fastpath", "fastapi"])
 def fast_path(request) -> bool:
     """`Settings.fast_path`: the API tests run with the inference routes served by

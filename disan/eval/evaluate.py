@@ -4,6 +4,7 @@
     disan eval --bundle models/default --task snli --data snli_1.0_test.jsonl
     disan eval --bundle models/default --transfer --data ../shared/data       # SentEval-style
     disan eval --bundle models/default --retrieval DIR [DIR ...] --baselines minilm   # BEIR layout
+    disan eval --bundle models/default --retrieval DIR --hybrid 0.3 0.5   # + sparse (/embed_sparse)
 
 Task eval prints accuracy, macro-F1 and the confusion matrix and writes a JSON report. It runs the
 texts through `disan.Encoder`, the service's inference path (a text over the window is windowed,
@@ -56,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dimensions", type=int, nargs="+", metavar="M",
                         help="--retrieval, --sts: also score each vector's first M components, "
                              "normalised (the Matryoshka sizes a bundle serves: GET /info matryoshka_dims)")
+    parser.add_argument("--hybrid", type=float, nargs="+", metavar="W",
+                        help="--retrieval: also score the bundle's (1 - W) x dense cosine + W x sparse dot "
+                             "(its lexical table: POST /embed_sparse), each W from 0 to 1")
     parser.add_argument("--variant", default="fp32", choices=VARIANTS)
     parser.add_argument("--batch-size", type=int, default=64)
 
@@ -133,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     for size in args.dimensions or ():
         if size < 1:
             raise ValueError(f"--dimensions {size}: a vector size is 1 or more")
+    for weight in getattr(args, "hybrid", None) or ():
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"--hybrid {weight}: a weight above 0, at most 1")
     if args.retrieval:
         from disan.eval.retrieval import run_retrieval  # pytrec_eval (`eval` extra)
 

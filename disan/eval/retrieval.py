@@ -34,6 +34,7 @@ import numpy as np
 
 from disan.bundle.dimensions import bundle_projection, shorten
 from disan.data.readers import open_text
+from disan.eval.hybrid import Postings, Sparse, hybrid_top_k
 from disan.optional import MissingDependency, require
 
 TOP_K = 100
@@ -225,12 +226,15 @@ def metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) 
 
 
 def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
-                 dimensions: Sequence[int] = (), projection: np.ndarray | None = None) -> dict:
+                 dimensions: Sequence[int] = (), projection: np.ndarray | None = None,
+                 sparse: Sparse | None = None, hybrid: Sequence[float] = ()) -> dict:
     """Embed `dataset` with `encode` (texts -> vectors), rank, score: the metrics, the counts and
     the seconds spent embedding; with `dimensions`, also the metrics of each vector cut to m
     components as the bundle serves `dimensions=m` (its first m, or with `projection` its
     coordinates on the first m principal axes: disan.bundle.dimensions), normalised, under
-    "dimensions" {m: metrics}, from the same vectors."""
+    "dimensions" {m: metrics}, from the same vectors; with `hybrid` weights and `sparse` (texts ->
+    sparse vectors), also the metrics of each hybrid score (disan.eval.hybrid) under "hybrid"
+    {weight: metrics}."""
     start = time.perf_counter()
     doc_raw = np.asarray(encode(dataset.docs), dtype=np.float32)
     doc_s = time.perf_counter() - start
@@ -247,13 +251,21 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
     sizes = [m for m in dimensions if 0 < m < doc_raw.shape[1]]
     if sizes:
         result["dimensions"] = {str(m): score(m) for m in sizes}
+    if hybrid and sparse is not None:
+        postings, query_sparse = Postings(sparse(dataset.docs)), sparse(dataset.queries)
+        queries, docs = unit_rows(query_raw), unit_rows(doc_raw)
+        result["hybrid"] = {}
+        for weight in hybrid:
+            idx, scores = hybrid_top_k(queries, docs, query_sparse, postings, weight, k)
+            result["hybrid"][str(weight)] = metrics(dataset.qrels, run_of(dataset, idx, scores))
     return result
 
 
 # ---- models ----
-def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:
-    """Texts -> the bundle's normalised vectors through `disan.Encoder`, long texts in windows."""
-    from disan.runtime.encoder import Encoder
+def disan_encoders(bundle: Path, variant: str = "auto") -> tuple[Encode, Sparse | None]:
+    """Texts -> the bundle's normalised vectors through `disan.Encoder`, long texts in windows,
+    and texts -> its sparse vectors (`Encoder.encode_sparse`; None without a lexical table)."""
+    from disan.runtime.encoder import Encoder  # onnxruntime: only a bundle's run needs it
 
     encoder = Encoder(bundle, variant=variant, long_texts="window")
 
@@ -262,7 +274,16 @@ def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:
                  for i in range(0, len(texts), ENCODE_CHUNK)]
         return np.concatenate(parts) if parts else np.zeros((0, encoder.dim), dtype=np.float32)
 
-    return encode
+    def sparse(texts: list[str]) -> list:
+        return [v for i in range(0, len(texts), ENCODE_CHUNK)
+                for v in encoder.encode_sparse(texts[i:i + ENCODE_CHUNK])]
+
+    return encode, (sparse if encoder.runtime.idf is not None else None)
+
+
+def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:
+    """`disan_encoders`' dense half."""
+    return disan_encoders(bundle, variant)[0]
 
 
 def sentence_transformer(source: str) -> Encode:
@@ -294,10 +315,11 @@ def baseline_keys(spec: str | None) -> list[str]:
 
 def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[str] = (),
              variant: str = "auto", log: Callable[[str], None] = print,
-             dimensions: Sequence[int] = ()) -> dict:
+             dimensions: Sequence[int] = (), hybrid: Sequence[float] = ()) -> dict:
     """The report: every set's counts, and per model (the bundle, then each baseline) per set
-    its metrics. All sets are read and all models loaded before any model runs, so a bad folder
-    or a missing package fails at once, not after an hour of embedding."""
+    its metrics (the bundle's `hybrid` scores too). All sets are read and all models loaded before
+    any model runs, so a bad folder or a missing package fails at once, not after an hour of
+    embedding."""
     sets = [load_set(Path(f)) for f in folders]
     require("pytrec_eval", "eval")  # before the long embedding passes, not after them
     names = [s.name for s in sets]
@@ -306,9 +328,16 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
             s.name = str(s.folder)
     models: list[tuple[str, Callable[[], Encode]]] = []
     projections: dict[str, np.ndarray | None] = {}
+    sparse: dict[str, Sparse] = {}
     if bundle is not None:
-        models.append((f"DiSAN ({bundle})", lambda: disan_encoder(bundle, variant)))
-        projections[f"DiSAN ({bundle})"] = bundle_projection(bundle) if dimensions else None
+        label = f"DiSAN ({bundle})"
+        dense, sparse_of = disan_encoders(bundle, variant)
+        if hybrid and sparse_of is None:
+            raise ValueError(f"--hybrid: {bundle} has no lexical table (python -m model_export.lexical)")
+        models.append((label, lambda: dense))
+        projections[label] = bundle_projection(bundle) if dimensions else None
+        if hybrid and sparse_of is not None:
+            sparse[label] = sparse_of
     models += [BASELINES[key] for key in baselines]
     encoders = [(label, make()) for label, make in models]  # a missing package fails before any run
     report: dict = {"top_k": TOP_K, "measures": {k: m for k, (m, _, _) in MEASURES.items()},
@@ -318,7 +347,8 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
         for s in sets:
             log(f"{label}: {s.name} ({len(s.docs)} documents, {len(s.queries)} queries) ...")
             report["models"][label][s.name] = evaluate_set(s, encode, dimensions=dimensions,
-                                                           projection=projections.get(label))
+                                                           projection=projections.get(label),
+                                                           sparse=sparse.get(label), hybrid=hybrid)
     return report
 
 
@@ -333,6 +363,9 @@ def format_table(report: dict) -> str:
         for m in per_set[sets[0]].get("dimensions", {}) if sets else ():
             cells = [f"{per_set[s]['dimensions'][m][k]:.4f}" for s in sets for k in MEASURES]
             lines.append(f"| {label}, {m} dims | " + " | ".join(cells) + " |")
+        for w in per_set[sets[0]].get("hybrid", {}) if sets else ():
+            cells = [f"{per_set[s]['hybrid'][w][k]:.4f}" for s in sets for k in MEASURES]
+            lines.append(f"| {label}, hybrid {w} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -341,7 +374,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     if getattr(args, "checkpoint", None):
         raise ValueError("--retrieval scores a bundle (--bundle), not --checkpoint")
     report = evaluate(args.retrieval, args.bundle, baseline_keys(args.baselines), args.variant,
-                      dimensions=getattr(args, "dimensions", None) or ())
+                      dimensions=getattr(args, "dimensions", None) or (),
+                      hybrid=getattr(args, "hybrid", None) or ())
     report["bundle"], report["variant"] = str(args.bundle), args.variant
     print(format_table(report))
     out = args.report or Path("runs") / "eval_retrieval.json"

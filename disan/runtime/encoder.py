@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from disan.bundle.dimensions import dimensions_problem, shorten
+from disan.bundle.lexical import sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
@@ -202,6 +203,18 @@ class Encoder:
             vectors = self.embed_prepared(prepared, batch_size, bar)
         vectors = prefixed(vectors, dimensions, normalize, self.runtime.projection)
         return vectors[0] if one else vectors
+
+    def encode_sparse(self, texts: str | Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per text its sparse lexical vector (indices int64 ascending, values float32; unit length),
+        as TEI's /embed_sparse sends it: the IDF-weighted bag of the ids `prepare` gives, every
+        window of a long text (disan.bundle.lexical). A single string: a list of one. ValueError
+        when the bundle has no lexical table."""
+        idf = self.runtime.idf
+        if idf is None:
+            raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no lexical table (add one with "
+                             "python -m model_export.lexical)")
+        prepared = self.prepare(text_list([texts] if isinstance(texts, str) else texts))
+        return [sparse_vector(item.ids, idf) for item in prepared.items or []]
 
     def iter_encode(self, texts: Iterable[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
         """`encode` over `texts` (a list or a stream, e.g. a generator over a file) `chunk` at a

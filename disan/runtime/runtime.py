@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from disan.bundle.dimensions import load_projection
+from disan.bundle.lexical import load_idf
 from disan.bundle.manifest import (
     DEFAULT_LABELS,
     GRAPHS,
@@ -140,6 +141,8 @@ class Runtime(ExplainFlags):
         self.dim = int(self.embed([[1]]).shape[1])
         # `dimensions=m` through principal axes, or None: the first m components (disan.bundle.dimensions)
         self.projection = load_projection(self.bundle_dir, self.manifest, self.dim)
+        # the IDF of sparse vectors (POST /embed_sparse), or None: no lexical table (disan.bundle.lexical)
+        self.idf = load_idf(self.bundle_dir, self.manifest, len(self.tokenizer("embed")))
 
     def _load(self, name: str, options: RuntimeOptions, providers: list[str]) -> Graph:
         file = variant_files(self.manifest, self.graph_set, self.variant)[name]

@@ -31,6 +31,8 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "overloaded": (429, "too many requests in progress or the batching queue is full; retry after "
                         "Retry-After seconds"),
     "headers_too_large": (431, "the request line and headers exceed max_header_bytes"),
+    "no_lexical_table": (424, "POST /embed_sparse on a bundle without a lexical table (TEI answers 424 "
+                              "when its model is not a sparse one)"),
     "client_closed_request": (499, "the client went away before the answer was ready"),
     "internal_error": (500, "inference failed; details are in the server log"),
     "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
@@ -83,6 +85,10 @@ class InvalidRequest(ServiceError):
     type = "invalid_request"
 
 
+class NoLexicalTable(ServiceError):
+    type = "no_lexical_table"
+
+
 class Overloaded(ServiceError):
     type = "overloaded"
 
@@ -126,7 +132,8 @@ def error_body(etype: str, message: str, param: str | None = None, code: str | N
 # Empty) for the types of the table; every other type (a bad body, a limit, the API key) is TEI's
 # Validation. The status code stays the table's.
 TEI_ERROR_TYPES: dict[str, str] = {"overloaded": "Overloaded", "not_ready": "Unhealthy",
-                                   "internal_error": "Backend", "client_closed_request": "Backend"}
+                                   "internal_error": "Backend", "client_closed_request": "Backend",
+                                   "no_lexical_table": "Backend"}
 
 
 def tei_error_body(etype: str, message: str) -> dict[str, Any]:

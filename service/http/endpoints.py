@@ -25,6 +25,7 @@ from service.http.tei import (
     predict_result,
     rerank_result,
     tei_embed_result,
+    tei_embed_sparse_result,
     tei_similarity_result,
     tei_tokenize_result,
 )
@@ -36,6 +37,7 @@ from service.http.tei_schemas import (
     CohereRerankRequest,
     OneOf,
     TEIEmbedRequest,
+    TEIEmbedSparseRequest,
     TEIPredictRequest,
     TEIRerankRequest,
     TEISimilarityRequest,
@@ -67,6 +69,7 @@ HANDLERS: dict[str, tuple[Any, Handler]] = {
     "/v1/embeddings": (OpenAIEmbeddingsRequest, openai_embeddings_result),
     "/tokenize": (OneOf(TOKENIZE_BODY), tokenize_any),
     "/similarity": (OneOf(SIMILARITY_BODY), similarity_any),
+    "/embed_sparse": (TEIEmbedSparseRequest, tei_embed_sparse_result),
     "/rerank": (TEIRerankRequest, rerank_result),
     "/predict": (TEIPredictRequest, predict_result),
     "/v1/rerank": (CohereRerankRequest, cohere_rerank_result),

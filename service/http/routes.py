@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
+from disan.bundle.lexical import WEIGHTING
 from disan.bundle.manifest import fingerprints_in_use, matryoshka_dims
 from service.common.errors import ERROR_TABLE, Unauthorized
 from service.http.asgi import unless_disconnected
@@ -48,7 +49,13 @@ from service.http.schemas import (
     Status,
     TokenizeResponse,
 )
-from service.http.tei import cohere_rerank_result, predict_result, rerank_result, tei_info
+from service.http.tei import (
+    cohere_rerank_result,
+    predict_result,
+    rerank_result,
+    tei_embed_sparse_result,
+    tei_info,
+)
 from service.http.tei_schemas import (
     EMBED_BODY,
     ROOT_BODY,
@@ -57,12 +64,14 @@ from service.http.tei_schemas import (
     TOKENIZE_BODY,
     CohereRerankRequest,
     CohereRerankResponse,
+    TEIEmbedSparseRequest,
     TEIErrorResponse,
     TEIPrediction,
     TEIPredictRequest,
     TEIRank,
     TEIRerankRequest,
     TEISimpleToken,
+    TEISparseValue,
 )
 from service.inference.engine import Engine
 
@@ -142,6 +151,17 @@ async def tei_root(body: ROOT_BODY, request: Request, engine: EngineDep) -> Resp
     body (`inputs` a string or a list) -> a list of vectors; its similarity body (`inputs`:
     {source_sentence, sentences}) -> a cosine per sentence. `GET /` is the playground."""
     return json_response(await unless_disconnected(request.receive, root_any(body, engine)))
+
+
+@inference.post("/embed_sparse", response_model=list[list[TEISparseValue]],
+                responses=_TEI_ERRORS | _errors("no_lexical_table", model=TEIErrorResponse),
+                summary="Sparse lexical vectors for hybrid search (TEI's)")
+async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: EngineDep) -> Response:
+    """TEI's `POST /embed_sparse`: per input `[{index, value}]`, the IDF-weighted bag of the token
+    ids the embed route reads (every window of a long text), unit length. Score a hybrid as
+    `(1 - w) * cosine of the /embed vectors + w * dot of these`. A 424 when the bundle has no
+    lexical table (GET /info `sparse`)."""
+    return json_response(await unless_disconnected(request.receive, tei_embed_sparse_result(body, engine)))
 
 
 @inference.post("/rerank", response_model=list[TEIRank], responses=_TEI_ERRORS,
@@ -281,6 +301,7 @@ async def info(engine: EngineDep) -> dict:
         **tei_info(engine),
         "model": rt.name, "dim": rt.dim, "matryoshka_dims": matryoshka_dims(m, rt.dim),
         "dimensions_by": "prefix" if rt.projection is None else "principal_axes",
+        "sparse": {"served": rt.idf is not None, "route": "/embed_sparse", "weighting": WEIGHTING},
         "provider": rt.provider, "providers": rt.providers,
         "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,
         "limits": {"max_texts_per_request": s.max_texts_per_request,

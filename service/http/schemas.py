@@ -263,6 +263,9 @@ class Info(BaseModel):
     dimensions_by: str = Field(description="how a shorter vector is made: `prefix` (the encoder was "
                                            "trained with Matryoshka prefixes, or serves only dim) or "
                                            "`principal_axes` (the bundle's dimensions.npy)")
+    sparse: dict[str, bool | str] = Field(
+        description="whether POST /embed_sparse serves sparse lexical vectors (the bundle's lexical table) "
+        "and how they are weighted")
     provider: str = Field(description="execution provider the live encoder session uses")
     providers: dict[str, str] = Field(description="graph -> provider actually in use")
     variant: str = Field(description="graph variant in use (the graph set is in bundle.graph_set)")

@@ -25,6 +25,7 @@ from service.http.handlers import check_model, cosines, prefix_size, token_count
 from service.http.tei_schemas import (
     CohereRerankRequest,
     TEIEmbedRequest,
+    TEIEmbedSparseRequest,
     TEIPredictRequest,
     TEIRerankRequest,
     TEISimilarityParameters,
@@ -65,6 +66,17 @@ async def tei_embed_result(body: TEIEmbedRequest, engine: Engine) -> np.ndarray:
                                                                  body.truncation_direction), field)
     projection = engine.require_ready().projection
     return prefixed(vectors, size, body.normalize, projection) if size is not None else vectors
+
+
+async def tei_embed_sparse_result(body: TEIEmbedSparseRequest, engine: Engine) -> list[list[dict[str, Any]]]:
+    """TEI's POST /embed_sparse: per input its sparse lexical vector, [{index, value}] by index
+    (disan.bundle.lexical); a 424 when the bundle has no lexical table, as TEI answers for a model
+    that is not a sparse one."""
+    texts, field = _texts(body.inputs)
+    vectors = await engine.embed_sparse(texts, tei_policy(engine, body.truncate, body.truncation_direction),
+                                        field)
+    return [[{"index": i, "value": v} for i, v in zip(idx.tolist(), val.tolist(), strict=True)]
+            for idx, val in vectors]
 
 
 async def tei_similarity_result(body: TEISimilarityRequest, engine: Engine) -> list[float]:

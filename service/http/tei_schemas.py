@@ -25,7 +25,7 @@ from service.http.schemas import (
 )
 
 # Routes only TEI has: every request there is TEI's, whatever its body.
-TEI_PATHS = frozenset({"/", "/rerank", "/predict"})
+TEI_PATHS = frozenset({"/", "/rerank", "/predict", "/embed_sparse"})
 # Routes both families share: a body with `inputs` is TEI's.
 SHARED_PATHS = frozenset({"/embed", "/similarity", "/tokenize"})
 TOKEN_IDS_MESSAGE = (
@@ -73,6 +73,30 @@ class TEIEmbedRequest(BaseModel):
         return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
 
     _check_prompt = field_validator("prompt_name")(_no_prompt)
+
+
+class TEIEmbedSparseRequest(BaseModel):
+    """TEI's `POST /embed_sparse`: per input its sparse lexical vector, for hybrid search."""
+
+    model_config = _tei({"inputs": ["What does curcumin do to cancer cells?", "Curcumin and apoptosis."]})
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="a string or a non-empty list of strings (up to max_client_batch_size, GET /info)")
+    truncate: bool | None = Field(None, description=_TRUNCATE)
+    truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
+    prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _check_inputs(cls, value: object) -> object:
+        return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
+
+    _check_prompt = field_validator("prompt_name")(_no_prompt)
+
+
+class TEISparseValue(BaseModel):
+    index: int = Field(description="a token id of the embed route (POST /tokenize shows them)")
+    value: float = Field(description="its weight: IDF x (1 + ln count); the vector has unit length, so "
+                         "the dot product of two is their lexical cosine")
 
 
 class TEISimilarityInput(BaseModel):
@@ -246,7 +270,7 @@ class CohereRerankResponse(BaseModel):
 
 # ---- telling the families apart ----
 TEI_MODELS = (TEIEmbedRequest, TEISimilarityRequest, TEITokenizeRequest, TEIRerankRequest,
-              TEIPredictRequest)
+              TEIPredictRequest, TEIEmbedSparseRequest)
 
 
 def is_tei(path: str, body: object) -> bool:

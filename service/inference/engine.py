@@ -17,13 +17,21 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
+from disan.bundle.lexical import sparse_vector
 from disan.runtime.encoder import nli_steps, normalized, prediction, run_steps_async, sentiment_prediction
 from disan.runtime.runtime import Runtime
 from disan.text.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
 from service.common.batching_defaults import Batching, resolve_batching
-from service.common.errors import InferenceError, InvalidRequest, NotReady, RequestTooLarge, ServiceError
+from service.common.errors import (
+    InferenceError,
+    InvalidRequest,
+    NoLexicalTable,
+    NotReady,
+    RequestTooLarge,
+    ServiceError,
+)
 from service.common.metrics import Metrics, multiprocess_dir
 from service.common.timing import CURRENT, Stage
 from service.common.workers import WorkerReadiness
@@ -361,6 +369,21 @@ class Engine:
         return results
 
     # ---- tokenizing alone (/tokenize) ----
+    async def embed_sparse(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts"
+                           ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per text its sparse lexical vector (disan.bundle.lexical; every window of a long text),
+        off the event loop when the request carries a lot of text; NoLexicalTable (424) when the
+        bundle has no lexical table."""
+        idf = self.require_ready().idf
+        if idf is None:
+            raise NoLexicalTable("this bundle has no lexical table, so it serves no sparse vectors (add one "
+                                 "with python -m model_export.lexical)")
+
+        def run() -> list[tuple[np.ndarray, np.ndarray]]:
+            return [sparse_vector(item.ids, idf) for item in self.prepare(texts, policy, field)]
+
+        return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
+
     async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
         """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
         vocab = self.require_ready().tokenizer("embed")

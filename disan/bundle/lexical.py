@@ -1,0 +1,79 @@
+"""Sparse lexical vectors of a bundle's embed route (TORCH-FREE: numpy): hybrid search's other half.
+
+A dense vector keeps what a text means and loses which rare words it used: "curcumin" in a query
+and in a document is the exact match a bag of words keeps. A bundle with a lexical table serves,
+beside each dense vector, a sparse one over the ids its embed tokenizer gives (whole words and
+pieces, every window of a long text): each distinct id weighs `idf[id] * (1 + ln count)`, and the
+vector has unit length. The dot product of two of them is their lexical cosine, so a hybrid score
+is `(1 - w) * dense cosine + w * sparse dot` (TEI's `POST /embed_sparse`, `Encoder.encode_sparse`,
+`disan eval --retrieval --hybrid W`).
+
+The IDF comes from a general corpus (`python -m model_export.lexical`), never from the user's
+documents, and is stored as a few levels (`lexical.npz`, `levels` uint8 x `scale`): ids the corpus
+never held get the top level. The manifest names the file (`lexical`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disan.bundle.manifest import BundleError
+
+LEXICAL_FILE = "lexical.npz"
+WEIGHTING = "idf x (1 + ln count) per distinct token id, unit length"
+
+
+def lexical_entry(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's `lexical` ({"file", "scale", ...}) or None."""
+    entry = manifest.get("lexical")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) \
+            or not isinstance(entry.get("scale"), (int, float)):
+        raise BundleError(f"lexical must be an object naming its file and scale, got {entry!r}")
+    return entry
+
+
+def load_idf(bundle_dir: str | Path, manifest: dict[str, Any], vocab_size: int) -> np.ndarray | None:
+    """The bundle's IDF per embed token id, float32 [vocab_size] (None: it has no lexical table).
+    Raises BundleError when the file is missing, unlisted, or not `vocab_size` levels."""
+    entry = lexical_entry(manifest)
+    if entry is None:
+        return None
+    path = Path(bundle_dir) / entry["file"]
+    if entry["file"] not in (manifest.get("files") or {}):
+        raise BundleError(f"{path.name}: lexical names a file the manifest does not list")
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            levels = stored["levels"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise BundleError(f"{path}: not a lexical table ({exc})") from exc
+    if levels.ndim != 1 or levels.dtype != np.uint8 or len(levels) != vocab_size:
+        raise BundleError(f"{path.name}: levels {levels.dtype} {levels.shape}, need uint8 [{vocab_size}] "
+                          "(one per embed token id)")
+    return levels.astype(np.float32) * np.float32(entry["scale"])
+
+
+def idf_levels(df: np.ndarray, texts: int, bits: int) -> tuple[np.ndarray, float]:
+    """(levels uint8, scale) of the smoothed IDF `ln((texts + 1) / (df + 0.5))` of each id: the IDF
+    rounded to one of 2**bits levels from 0 to its largest value (that of an id no text held)."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits={bits}: from 1 to 8")
+    idf = np.log((texts + 1) / (np.asarray(df, dtype=np.float64) + 0.5))
+    scale = float(idf.max()) / (2 ** bits - 1)
+    return np.clip(np.rint(idf / scale), 0, 2 ** bits - 1).astype(np.uint8), scale
+
+
+def sparse_vector(ids: Sequence[int], idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices int64 ascending, values float32) of one text's token ids: `WEIGHTING`, ids whose
+    weight is 0 left out. A text with no weighted id is the empty vector."""
+    tokens, counts = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)
+    values = idf[tokens] * (1.0 + np.log(counts, dtype=np.float32))
+    keep = values > 0
+    tokens, values = tokens[keep], values[keep].astype(np.float32)
+    norm = float(np.linalg.norm(values))
+    return tokens, (values / norm if norm > 0 else values)

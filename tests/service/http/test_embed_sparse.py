@@ -1,0 +1,77 @@
+"""TEI's POST /embed_sparse on both front ends: the sparse vectors `disan.Encoder.encode_sparse`
+gives, TEI's limits and errors, a 424 from a bundle without a lexical table, GET /info `sparse`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import wait_ready
+from fastapi.testclient import TestClient
+
+from disan import Encoder
+from service.main import create_app
+from service.settings import Settings
+
+TEXTS = ["a man is playing the guitar", "the dog runs in the park", "the the the"]
+LONG = " ".join(["the man is playing the guitar in the park"] * 30)  # 270 tokens, over 128
+
+
+def serving(bundle, fast_path):
+    return TestClient(create_app(Settings(bundle=bundle, fast_path=fast_path, max_texts_per_request=4)))
+
+
+@pytest.fixture(scope="module")
+def client(sparse_bundle, fast_path):
+    with serving(sparse_bundle, fast_path) as c:
+        wait_ready(c.get)
+        yield c
+
+
+def as_pairs(vector: list[dict]) -> tuple[list[int], list[float]]:
+    assert all(set(v) == {"index", "value"} for v in vector)
+    return [v["index"] for v in vector], [v["value"] for v in vector]
+
+
+def test_sparse_vectors_are_the_encoders(client, sparse_bundle):
+    r = client.post("/embed_sparse", json={"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    want = Encoder(sparse_bundle, variant="fp32").encode_sparse(TEXTS)
+    for got, (idx, val) in zip(r.json(), want, strict=True):
+        indices, values = as_pairs(got)
+        assert indices == idx.tolist()
+        np.testing.assert_allclose(values, val, rtol=1e-6)
+    one = client.post("/embed_sparse", json={"inputs": TEXTS[0]}).json()
+    assert len(one) == 1 and one[0] == r.json()[0]  # a single string gets a list of one, as TEI answers
+
+
+def test_long_texts_are_weighed_whole_unless_truncated(client, sparse_bundle):
+    encoder = Encoder(sparse_bundle, variant="fp32")
+    whole = as_pairs(client.post("/embed_sparse", json={"inputs": [LONG]}).json()[0])
+    assert whole[0] == encoder.encode_sparse([LONG])[0][0].tolist()
+    cut = as_pairs(client.post("/embed_sparse", json={"inputs": [LONG], "truncate": True}).json()[0])
+    first = " ".join(LONG.split()[:128])
+    np.testing.assert_allclose(cut[1], encoder.encode_sparse([first])[0][1], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ({"inputs": []}, 422, "inputs"),
+    ({"inputs": ""}, 422, "inputs"),
+    ({"inputs": [[1, 2, 3]]}, 422, "token-id arrays are not supported"),
+    ({"inputs": ["a"] * 5}, 413, "at most 4"),
+    ({"inputs": "a man", "prompt_name": "query"}, 422, "no prompts"),
+    ({"texts": ["a man"]}, 422, "inputs"),
+])
+def test_bad_requests_get_tei_errors(client, body, status, needle):
+    r = client.post("/embed_sparse", json=body)
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error", "error_type"} and needle in r.json()["error"]
+
+
+def test_info_says_whether_sparse_vectors_are_served(client, tiny_bundle, fast_path):
+    assert client.get("/info").json()["sparse"]["served"] is True
+    with serving(tiny_bundle, fast_path) as plain:
+        wait_ready(plain.get)
+        assert plain.get("/info").json()["sparse"]["served"] is False
+        r = plain.post("/embed_sparse", json={"inputs": "a man"})
+        assert r.status_code == 424, r.text
+        assert r.json()["error_type"] == "Backend" and "model_export.lexical" in r.json()["error"]
