@@ -22,6 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from disan.bundle.lexical import lexical_entry, sparse_vector
 from disan.bundle.manifest import fingerprints_in_use, load_manifest, matryoshka_dims
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import (
@@ -77,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dimensions", type=int, default=d.dimensions,
                         help="vectors of this size, one the bundle serves (GET /info matryoshka_dims), as "
                              "/embed's `dimensions` makes them (default: the whole vector)")
+    parser.add_argument("--sparse", action="store_true",
+                        help="also each text's sparse lexical vector, as POST /embed_sparse sends it (for "
+                             "hybrid search; the bundle's lexical table): Parquet columns sparse_indices and "
+                             "sparse_values, npy part-N.sparse.npz, JSONL `sparse`")
     parser.add_argument("--long-texts", choices=LONG_TEXT_POLICIES, default=d.long_texts,
                         help="a text over the model's max_tokens: windows of max_tokens whose vectors are "
                              "pooled by token counts (as the service does), cut it, or stop with an error")
@@ -117,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         problem = dimensions_problem(cfg.dimensions, sizes)
         if problem:
             raise EmbedError(f"--{problem}")
+    if cfg.sparse and lexical_entry(load_manifest(cfg.bundle, verify_hashes=False)) is None:
+        raise EmbedError(f"--sparse: {cfg.bundle} has no lexical table (add one with python -m "
+                         "model_export.lexical)")
     if cfg.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed.on_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 
@@ -152,7 +160,8 @@ class Job:
                     **self.model_identity(rt), "graph_set": rt.graph_set,
                     "variant": rt.variant, "dim": cfg.dimensions or rt.dim, "max_tokens": rt.max_tokens,
                     "normalize": cfg.normalize, "long_texts": cfg.long_texts,
-                    "window_overlap": cfg.window_overlap, **self.size_identity(rt, cfg.dimensions)}
+                    "window_overlap": cfg.window_overlap, **self.size_identity(rt, cfg.dimensions),
+                    **self.sparse_identity(rt, cfg.sparse)}
 
     @staticmethod
     def size_identity(rt, dimensions: int | None) -> dict[str, str]:
@@ -162,6 +171,12 @@ class Job:
         if dimensions is None or rt.projection is None or not entry:
             return {}
         return {"dimensions_axes": rt.manifest["files"][entry["file"]]}
+
+    @staticmethod
+    def sparse_identity(rt, sparse: bool) -> dict[str, str]:
+        """With `--sparse`: the lexical table's sha256 (the embed fingerprint does not cover it)."""
+        entry = rt.manifest.get("lexical")
+        return {"sparse_table": rt.manifest["files"][entry["file"]]} if sparse and entry else {}
 
     @staticmethod
     def model_identity(rt) -> dict[str, str]:
@@ -241,9 +256,12 @@ class Job:
                              "rows committed; --long-texts window or truncate embeds such texts)") from None
         vectors = prefixed(self.encoder.embed_prepared(prepared, self.cfg.batch_size), self.cfg.dimensions,
                            self.cfg.normalize, self.encoder.runtime.projection)
+        idf = self.encoder.runtime.idf
+        sparse = [sparse_vector(item.ids, idf) for item in prepared.items or []] \
+            if self.cfg.sparse and idf is not None else None
         if good:
             self.write(lambda: write_shard(self.cfg.output, progress.shards, self.fmt_out,
-                                           [r.id for r in good], vectors), progress)
+                                           [r.id for r in good], vectors, sparse), progress)
             progress.shards += 1
         progress.rows, progress.offset = position.rows, position.offset
         progress.embedded += len(good)

@@ -24,6 +24,7 @@ class EmbedConfig:
     batch_size: int | None = None       # sentences per onnxruntime call (None: the provider's)
     normalize: bool = False             # L2-normalise the vectors
     dimensions: int | None = None       # a shorter size the bundle serves (None: the whole vector)
+    sparse: bool = False                # also each text's sparse lexical vector (the bundle's lexical table)
     long_texts: str = "window"          # window | truncate | error (disan.Encoder)
     window_overlap: int = 0             # tokens consecutive windows share
     shard_size: int = 10_000            # rows per committed shard

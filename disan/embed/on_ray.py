@@ -43,9 +43,10 @@ from typing import Any
 import numpy as np
 
 import disan
+from disan.bundle.lexical import sparse_vector
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import CorpusError, Position, Row, checked_row, cut, detect_format, read_rows
-from disan.embed.shards import id_array
+from disan.embed.shards import id_array, sparse_columns
 from disan.optional import require
 from disan.runtime.encoder import Encoder, TextTooLong, prefixed
 
@@ -189,7 +190,11 @@ class EmbedActor:
         dim = size or self.encoder.dim
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
         # The ids as a single-process shard holds them (integers int64; any string makes them strings).
-        return pa.table({"id": pa.array(id_array([r.id for r in good])), "embedding": embedding})
+        columns = {"id": pa.array(id_array([r.id for r in good])), "embedding": embedding}
+        idf = self.encoder.runtime.idf
+        if self.options.get("sparse") and idf is not None:
+            columns |= sparse_columns([sparse_vector(item.ids, idf) for item in prepared.items or []])
+        return pa.table(columns)
 
 
 def actor_options(cfg: EmbedConfig, threads: int) -> dict[str, Any]:
@@ -197,7 +202,7 @@ def actor_options(cfg: EmbedConfig, threads: int) -> dict[str, Any]:
     return {"providers": cfg.providers, "variant": cfg.variant, "threads": threads,
             "input_format": input_format(str(cfg.input), cfg.input_format), "long_texts": cfg.long_texts,
             "overlap": cfg.window_overlap, "batch_size": cfg.batch_size, "normalize": cfg.normalize,
-            "dimensions": cfg.dimensions,
+            "dimensions": cfg.dimensions, "sparse": cfg.sparse,
             "on_bad_row": cfg.on_bad_row}
 
 

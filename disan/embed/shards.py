@@ -9,7 +9,10 @@ embedded twice or lost.
 
 Formats: `parquet` (columns `id`, `embedding` fixed-size list of float32), `npy` (`part-N.npy`
 float32 [n, D] and `part-N.ids.npy`), `jsonl` (`{"id": ..., "embedding": [...]}` per line).
-`read_output` reads any of them back in order.
+With `--sparse`, each row's sparse lexical vector too (disan.bundle.lexical, `/embed_sparse`'s):
+Parquet columns `sparse_indices` (list of int64) and `sparse_values` (list of float32), in npy
+`part-N.sparse.npz` (`indptr`, `indices`, `values`: CSR rows), in JSONL `"sparse": {"indices",
+"values"}`. `read_output` reads any of them back in order, `read_sparse` the sparse vectors.
 """
 
 from __future__ import annotations
@@ -73,12 +76,36 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         raise
 
 
-def shard_files(out: Path, index: int, fmt: str) -> list[Path]:
-    """The files of shard `index` (npy: the ids beside the vectors)."""
+def shard_files(out: Path, index: int, fmt: str, sparse: bool = False) -> list[Path]:
+    """The files of shard `index` (npy: the ids beside the vectors, and the sparse vectors)."""
     stem = out / f"part-{index:06d}"
     if fmt == "npy":
-        return [stem.with_suffix(".ids.npy"), stem.with_suffix(".npy")]
+        return [stem.with_suffix(".ids.npy"), stem.with_suffix(".npy")] + (
+            [stem.with_suffix(".sparse.npz")] if sparse else [])
     return [stem.with_suffix(f".{fmt}")]
+
+
+Sparse = Sequence[tuple[np.ndarray, np.ndarray]]  # per row (indices int64, values float32)
+
+
+def sparse_csr(sparse: Sparse) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr int64 [n + 1], indices int64, values float32) of rows of sparse vectors: row i's are
+    indices[indptr[i]:indptr[i + 1]]."""
+    indptr = np.zeros(len(sparse) + 1, np.int64)
+    indptr[1:] = np.cumsum([len(idx) for idx, _ in sparse])
+    if not len(sparse):
+        return indptr, np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return (indptr, np.concatenate([idx for idx, _ in sparse]).astype(np.int64),
+            np.concatenate([val for _, val in sparse]).astype(np.float32))
+
+
+def sparse_columns(sparse: Sparse) -> dict[str, Any]:
+    """The Parquet columns `sparse_indices` (list of int64) and `sparse_values` (list of float32)."""
+    pa = require("pyarrow", "embed")
+    indptr, indices, values = sparse_csr(sparse)
+    offsets = pa.array(indptr.astype(np.int32), pa.int32())
+    return {"sparse_indices": pa.ListArray.from_arrays(offsets, pa.array(indices, pa.int64())),
+            "sparse_values": pa.ListArray.from_arrays(offsets, pa.array(values, pa.float32()))}
 
 
 def _shard_index(path: Path) -> int | None:
@@ -108,50 +135,67 @@ def id_array(ids: Sequence[Any]) -> np.ndarray:
     return np.asarray([str(i) for i in ids])
 
 
-def write_shard(out: Path, index: int, fmt: str, ids: Sequence[Any], vectors: np.ndarray) -> list[Path]:
-    """Write shard `index` (every file atomically); returns its files."""
-    files = shard_files(out, index, fmt)
+def write_shard(out: Path, index: int, fmt: str, ids: Sequence[Any], vectors: np.ndarray,
+                sparse: Sparse | None = None) -> list[Path]:
+    """Write shard `index` (every file atomically), with each row's sparse vector when given;
+    returns its files."""
+    files = shard_files(out, index, fmt, sparse is not None)
     ids_out = id_array(ids)
     if fmt == "parquet":
         pa = require("pyarrow", "embed")
         pq = require("pyarrow.parquet", "embed")
         dim = vectors.shape[1]
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
-        table = pa.table({"id": pa.array(ids_out), "embedding": embedding})
+        columns = {"id": pa.array(ids_out), "embedding": embedding}
+        columns |= sparse_columns(sparse) if sparse is not None else {}
+        table = pa.table(columns)
         # Float vectors do not compress (snappy: 0.4% smaller, twice the write time; measured on
-        # 10k x 600 float32): only the ids are compressed.
-        compression = {"id": "snappy", "embedding": "none"}
+        # 10k x 600 float32): only the ids (and the sparse vectors' columns) are compressed.
+        compression = {name: "none" if name == "embedding" else "snappy" for name in columns}
         atomic_write(files[0], lambda fh: pq.write_table(table, fh, compression=compression))
     elif fmt == "npy":
         atomic_write(files[0], lambda fh: np.save(fh, ids_out, allow_pickle=False))
         atomic_write(files[1], lambda fh: np.save(fh, vectors.astype(np.float32, copy=False)))
+        if sparse is not None:
+            indptr, indices, values = sparse_csr(sparse)
+            atomic_write(files[2], lambda fh: np.savez(fh, indptr=indptr, indices=indices, values=values))
     elif fmt == "jsonl":
-        atomic_write(files[0], lambda fh: _write_jsonl(fh, ids_out, vectors))
+        atomic_write(files[0], lambda fh: _write_jsonl(fh, ids_out, vectors, sparse))
     else:
         raise ValueError(f"unknown output format {fmt!r} (one of {', '.join(OUTPUT_FORMATS)})")
     return files
 
 
-def _write_jsonl(fh: IO[bytes], ids: np.ndarray, vectors: np.ndarray) -> None:
+def _write_jsonl(fh: IO[bytes], ids: np.ndarray, vectors: np.ndarray, sparse: Sparse | None = None) -> None:
     try:
         import orjson  # optional (the serve extras): several times faster on float lists
     except ImportError:
         orjson = None
-    for ident, vec in zip(ids.tolist(), vectors, strict=True):
-        row = {"id": ident, "embedding": vec}
+    for row_number, (ident, vec) in enumerate(zip(ids.tolist(), vectors, strict=True)):
+        row: dict[str, Any] = {"id": ident, "embedding": vec}
+        if sparse is not None:
+            idx, val = sparse[row_number]
+            row["sparse"] = {"indices": idx.tolist(), "values": val.tolist()}
         if orjson is not None:
             fh.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
         else:
-            fh.write((json.dumps({"id": ident, "embedding": vec.tolist()}) + "\n").encode())
+            fh.write((json.dumps({**row, "embedding": vec.tolist()}) + "\n").encode())
+
+
+def output_files(out: Path, fmt: str | None) -> tuple[list[Path], str | None]:
+    """(the committed files of an output directory in name order, its format: `fmt`, or guessed
+    from the files when None)."""
+    files = sorted(p for p in out.iterdir() if not p.name.startswith(("_", ".")) and p.is_file()
+                   and not p.name.endswith(".tmp"))
+    guessed = next((f for f in OUTPUT_FORMATS if any(p.name.endswith(f".{f}") for p in files)), None)
+    return files, fmt or guessed
 
 
 def read_output(out: Path, fmt: str | None = None) -> tuple[list[Any], np.ndarray]:
     """(ids, vectors [N, D]) of an output directory, shards in order (for checks and tests:
     this holds the whole output in memory). `fmt`: guessed from the files when None. Reads a
     directory of Parquet files from `--ray` too (its files in name order)."""
-    files = sorted(p for p in out.iterdir() if not p.name.startswith(("_", ".")) and p.is_file()
-                   and not p.name.endswith(".tmp"))
-    fmt = fmt or next((f for f in OUTPUT_FORMATS if any(p.name.endswith(f".{f}") for p in files)), None)
+    files, fmt = output_files(out, fmt)
     ids: list[Any] = []
     parts: list[np.ndarray] = []
     for path in files:
@@ -172,3 +216,23 @@ def read_output(out: Path, fmt: str | None = None) -> tuple[list[Any], np.ndarra
     if not parts:
         return ids, np.empty((0, 0), np.float32)
     return ids, np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def read_sparse(out: Path, fmt: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each row's sparse vector (indices int64, values float32) of an output written with
+    `--sparse`, shards in order, as `read_output` reads the vectors."""
+    files, fmt = output_files(out, fmt)
+    pairs: list[tuple[list, list]] = []
+    for path in files:
+        if fmt == "parquet" and path.suffix == ".parquet":
+            table = require("pyarrow.parquet", "embed").read_table(path)
+            columns = (table.column(name).to_pylist() for name in ("sparse_indices", "sparse_values"))
+            pairs += zip(*columns, strict=True)
+        elif fmt == "npy" and path.name.endswith(".sparse.npz"):
+            with np.load(path) as csr:
+                indptr, indices, values = csr["indptr"], csr["indices"], csr["values"]
+            pairs += [(indices[a:b], values[a:b]) for a, b in zip(indptr[:-1], indptr[1:], strict=True)]
+        elif fmt == "jsonl" and path.suffix == ".jsonl":
+            with open(path, encoding="utf-8") as fh:
+                pairs += [(row["sparse"]["indices"], row["sparse"]["values"]) for row in map(json.loads, fh)]
+    return [(np.asarray(idx, np.int64), np.asarray(val, np.float32)) for idx, val in pairs]

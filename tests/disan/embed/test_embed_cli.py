@@ -28,7 +28,7 @@ from disan import Encoder  # noqa: E402
 from disan.bundle.manifest import load_manifest, write_manifest  # noqa: E402
 from disan.cli import main  # noqa: E402
 from disan.embed.inputs import Position, cut, read_rows  # noqa: E402
-from disan.embed.shards import PROGRESS, read_output  # noqa: E402
+from disan.embed.shards import PROGRESS, read_output, read_sparse  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
@@ -115,6 +115,33 @@ def test_every_output_format_keeps_ids(tiny_bundle, encoder, tmp_path, fmt):
     ids, vectors = read_output(out, fmt)
     assert ids == list(range(100, 100 + len(TEXTS)))
     np.testing.assert_allclose(vectors, encoder.encode(TEXTS, normalize=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npy", "jsonl"])
+def test_sparse_vectors_are_written_beside_the_dense_ones(sparse_bundle, tmp_path, fmt):
+    texts = [*TEXTS, " ".join(["the man is playing the guitar in the park"] * 20)]  # windowed
+    src = write_input(tmp_path / "in.jsonl", texts)
+    out = tmp_path / f"vectors.{fmt}"
+    assert embed(sparse_bundle, src, "-o", out, "--column", "body", "--shard-size", 25, "--sparse") == 0
+    want = Encoder(sparse_bundle).encode_sparse(texts)
+    got = read_sparse(out, fmt)
+    assert len(got) == len(texts) == len(read_output(out, fmt)[0])
+    for (idx, val), (want_idx, want_val) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_allclose(val, want_val, rtol=1e-6)
+    assert len(got[-1][0]) > 0
+
+
+def test_sparse_needs_a_lexical_table_and_is_part_of_the_job(tiny_bundle, sparse_bundle, tmp_path, capsys):
+    src = write_input(tmp_path / "in.jsonl", TEXTS)
+    assert embed(tiny_bundle, src, "-o", tmp_path / "plain", "--column", "body", "--sparse") == 2
+    line = one_error(capsys)
+    assert "--sparse: " in line and "has no lexical table" in line and "model_export.lexical" in line
+    out = tmp_path / "out"
+    assert embed(sparse_bundle, src, "-o", out, "--column", "body") == 0
+    capsys.readouterr()
+    assert embed(sparse_bundle, src, "-o", out, "--column", "body", "--sparse") == 2
+    assert "it differs in sparse_table" in one_error(capsys)
 
 
 def one_error(capsys) -> str:

@@ -25,7 +25,7 @@ from disan.cli import main  # noqa: E402
 from disan.embed.cli import add_arguments, config  # noqa: E402
 from disan.embed.config import EmbedConfig  # noqa: E402
 from disan.embed.on_ray import EmbedActor, actor_options, bundle_files, run_ray  # noqa: E402
-from disan.embed.shards import read_output  # noqa: E402
+from disan.embed.shards import read_output, read_sparse  # noqa: E402
 
 WORDS = "a man woman dog cat is playing reading the guitar book in park street good bad movie".split()
 ROWS = 300
@@ -73,6 +73,21 @@ def test_ray_gives_the_single_process_vectors_and_ids(tiny_bundle, corpus, tmp_p
     assert sorted(distributed, key=str) == sorted(single, key=str) and len(single) == ROWS - 1
     for key, vector in single.items():
         np.testing.assert_allclose(distributed[key], vector, rtol=1e-5, atol=1e-6)
+
+
+def test_ray_writes_the_single_process_sparse_vectors(sparse_bundle, corpus, tmp_path):
+    flags = ["--bundle", str(sparse_bundle), "--shard-size", "40", "--no-progress", "--sparse",
+             "--id-column", "key"]
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "single"), *flags]) == 0
+    assert main(["embed", str(corpus), "-o", str(tmp_path / "ray"), "--ray", "local", "--ray-cpus", "2",
+                 *flags]) == 0
+    single, distributed = ({key: pair for key, pair in zip(read_output(out, "parquet")[0],
+                                                           read_sparse(out, "parquet"), strict=True)}
+                           for out in (tmp_path / "single", tmp_path / "ray"))
+    assert sorted(distributed) == sorted(single) and len(single) == ROWS - 1
+    for key, (idx, val) in single.items():
+        np.testing.assert_array_equal(distributed[key][0], idx)
+        np.testing.assert_allclose(distributed[key][1], val, rtol=1e-6)
 
 
 def least_cosine(a: dict, b: dict) -> float:
