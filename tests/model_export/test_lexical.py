@@ -69,7 +69,7 @@ def test_the_command_samples_every_nth_line_and_reports_errors(bundle_copy, tmp_
     assert main([str(bundle_copy), "--texts", str(corpus), "--every", "2", "--bits", "3"]) == 0
     assert "8 levels" in capsys.readouterr().out
     manifest = json.loads((bundle_copy / MANIFEST_NAME).read_text())
-    assert manifest["lexical"]["bits"] == 3 and manifest["lexical"]["fit_texts"] == len(LEXICAL_TEXTS)
+    assert manifest["lexical"]["bits"] == 3 and manifest["lexical"]["fit_texts"] == len(LEXICAL_TEXTS[::2])
     with np.load(bundle_copy / LEXICAL_FILE) as stored:
         assert stored["levels"].max() == 7
     empty = tmp_path / "empty.txt"
