@@ -1,4 +1,4 @@
-"""What rerank costs, and what a stream of it does to a one-sentence request (issue 81).
+"""What rerank and sparse vectors cost, and what a stream of reranks does to a one-sentence request.
 
     python -m bench.rerank --bundle models/default [--workers 2] [--rounds 30] [--seconds 20] [--json OUT]
 
@@ -8,7 +8,9 @@ Starts `disan serve` on 127.0.0.1 (bench/chaos_kit.py's `Served`), warms it up, 
   of the same passages + 1 texts), one request at a time on one connection, interleaved so both
   see the same machine; the ratio of their median latencies (rerank / embed) is the row's note.
   Rerank embeds the query and the passages in one pass through the batcher, so it should cost no
-  more than /embed of them all (issue 81's goal: ratio <= 1 within the noise of one run).
+  more than /embed of them all (issue 81's goal: ratio <= 1 within the noise of one run). Where
+  the bundle has a lexical table, `POST /embed_sparse` of the same texts is interleaved too
+  (tokenizing and weighing only: no graph runs).
 - `rerank+small`: `clients` connections each sending that rerank in a loop, beside one client
   sending one-sentence /embed requests 20 ms apart (bench/chaos_load.py's probe); the probe's
   p50/p99 (goal: p99 < 100 ms on the 2-core machine, as `long+small` in bench/chaos.py).
@@ -31,6 +33,7 @@ from pathlib import Path
 from bench.chaos import table
 from bench.chaos_kit import DEFAULT_TEXTS, NO_ANSWER, Conn, Row, Served
 from bench.chaos_load import closed_loop, small_probe
+from disan.bundle.manifest import load_manifest
 
 
 def passages(n: int, rng: random.Random) -> list[str]:
@@ -38,21 +41,24 @@ def passages(n: int, rng: random.Random) -> list[str]:
     return [" ".join(rng.sample(DEFAULT_TEXTS, rng.randint(2, 3))) for _ in range(n)]
 
 
-def bodies(n: int, seed: int = 0) -> tuple[bytes, bytes]:
-    """(the /rerank body, the /embed body of the same query + passages)."""
+def bodies(n: int, seed: int = 0) -> tuple[bytes, bytes, bytes]:
+    """(the /rerank body, the /embed and the /embed_sparse bodies of the same query + passages)."""
     rng = random.Random(seed)
     query, texts = rng.choice(DEFAULT_TEXTS), passages(n, rng)
     return (json.dumps({"query": query, "texts": texts}).encode(),
-            json.dumps({"texts": [query, *texts], "normalize": True}).encode())
+            json.dumps({"texts": [query, *texts], "normalize": True}).encode(),
+            json.dumps({"inputs": [query, *texts]}).encode())
 
 
-async def cost(port: int, row: Row, rounds: int, n: int) -> dict[str, float]:
-    """Median seconds of /rerank and /embed of the same texts, interleaved (module docstring)."""
-    rerank, embed = bodies(n)
+async def cost(port: int, row: Row, rounds: int, n: int, sparse: bool) -> dict[str, float]:
+    """Median ms of /rerank, /embed (and /embed_sparse) of the same texts, interleaved (module
+    docstring)."""
+    rerank, embed, sparse_body = bodies(n)
     conn = Conn(port)
-    times: dict[str, list[float]] = {"/rerank": [], "/embed": []}
+    routes = [("/rerank", rerank), ("/embed", embed)] + ([("/embed_sparse", sparse_body)] if sparse else [])
+    times: dict[str, list[float]] = {path: [] for path, _ in routes}
     for i in range(rounds + 2):
-        for path, body in (("/rerank", rerank), ("/embed", embed)):
+        for path, body in routes:
             t0 = time.perf_counter()
             status, _ = await conn.request("POST", path, body, timeout=60)
             row.count(str(status))
@@ -66,6 +72,9 @@ async def cost(port: int, row: Row, rounds: int, n: int) -> dict[str, float]:
     row.note = (f"{n} passages + 1 query: /rerank median {medians['/rerank']:.1f} ms, /embed of the same "
                 f"{n + 1} texts {medians['/embed']:.1f} ms, ratio {ratio:.2f} ({rounds} rounds each, "
                 "interleaved)")
+    if sparse:
+        row.note += (f"; /embed_sparse of them {medians['/embed_sparse']:.1f} ms, "
+                     f"{medians['/embed_sparse'] / medians['/embed']:.2f} of /embed")
     return medians
 
 
@@ -84,7 +93,7 @@ async def rerank_loop(port: int, row: Row, deadline: float, body: bytes, n: int)
 
 
 async def rerank_and_small(port: int, row: Row, seconds: float, clients: int, n: int) -> None:
-    rerank, _ = bodies(n, seed=1)
+    rerank = bodies(n, seed=1)[0]
     deadline = time.perf_counter() + seconds
     await asyncio.gather(*(rerank_loop(port, row, deadline, rerank, n) for _ in range(clients)),
                          small_probe(port, row, deadline, random.Random(2)))
@@ -95,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", type=Path, default=Path("models/default"))
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers (the CPU compose default)")
     p.add_argument("--passages", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=30, help="timed /rerank and /embed requests each")
+    p.add_argument("--rounds", type=int, default=30,
+                   help="timed /rerank, /embed (and /embed_sparse) requests each")
     p.add_argument("--seconds", type=float, default=20.0, help="duration of rerank+small")
     p.add_argument("--clients", type=int, default=4, help="rerank clients beside the probe")
     p.add_argument("--machine", default="", help="what it ran on, recorded in the JSON")
@@ -111,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     medians: dict[str, float] = {}
     try:
         asyncio.run(closed_loop(served.port, Row("warm-up"), 16, 32, 3.0, 100_000, False))
-        for name, attack in (("cost", lambda row: cost(served.port, row, args.rounds, args.passages)),
+        sparse = bool(load_manifest(args.bundle, verify_hashes=False).get("lexical"))
+        for name, attack in (("cost", lambda row: cost(served.port, row, args.rounds, args.passages, sparse)),
                              ("rerank+small", lambda row: rerank_and_small(
                                  served.port, row, args.seconds, args.clients, args.passages))):
             print(f"bench.rerank: {name} ...", file=sys.stderr, flush=True)
@@ -133,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": args.machine, "load_average": {"start": load_before, "end": os.getloadavg()[0]},
             "median_ms": medians,
             "rerank_over_embed": medians["/rerank"] / medians["/embed"] if medians else None,
+            "sparse_over_embed": medians["/embed_sparse"] / medians["/embed"] if "/embed_sparse" in medians
+            else None,
             "rows": [r.summary() for r in rows]}, indent=2) + "\n")
     return 0
 
