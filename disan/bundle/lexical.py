@@ -6,7 +6,7 @@ beside each dense vector, a sparse one over the ids its embed tokenizer gives (w
 pieces, every window of a long text): each distinct id weighs `idf[id] * (1 + ln count)`, and the
 vector has unit length. The dot product of two of them is their lexical cosine, so a hybrid score
 is `(1 - w) * dense cosine + w * sparse dot` (TEI's `POST /embed_sparse`, `Encoder.encode_sparse`,
-`disan eval --retrieval --hybrid W`).
+`disan eval --retrieval --hybrid W`, `hybrid` of `/similarity` and `Encoder.similarity`).
 
 The IDF comes from a general corpus (`python -m model_export.lexical`), never from the user's
 documents, and is stored as a few levels (`lexical.npz`, `levels` uint8 x `scale`): ids the corpus
@@ -24,6 +24,7 @@ import numpy as np
 from disan.bundle.manifest import BundleError
 
 LEXICAL_FILE = "lexical.npz"
+SparseVector = tuple[np.ndarray, np.ndarray]  # (indices int64 ascending, values float32)
 WEIGHTING = "idf x (1 + ln count) per distinct token id, unit length"
 
 
@@ -77,3 +78,41 @@ def sparse_vector(ids: Sequence[int], idf: np.ndarray) -> tuple[np.ndarray, np.n
     tokens, values = tokens[keep], values[keep].astype(np.float32)
     norm = float(np.linalg.norm(values))
     return tokens, (values / norm if norm > 0 else values)
+
+
+class Postings:
+    """The documents' sparse vectors by token id: for id t, the documents that hold it and their
+    weights, so a query's sparse scores cost its ids' documents, not all of them."""
+
+    def __init__(self, docs: Sequence[SparseVector]):
+        self.size = len(docs)
+        lengths = [len(idx) for idx, _ in docs]
+        tokens = np.concatenate([idx for idx, _ in docs]) if docs else np.zeros(0, np.int64)
+        values = np.concatenate([val for _, val in docs]) if docs else np.zeros(0, np.float32)
+        owners = np.repeat(np.arange(len(docs)), lengths)
+        order = np.argsort(tokens, kind="stable")
+        self.tokens, self.owners = tokens[order], owners[order]
+        self.values = values[order].astype(np.float32)
+
+    def scores(self, query: SparseVector) -> np.ndarray:
+        """The sparse dot product of `query` with every document, float32 [documents]."""
+        out = np.zeros(self.size, np.float32)
+        idx, val = query
+        starts = np.searchsorted(self.tokens, idx, "left")
+        stops = np.searchsorted(self.tokens, idx, "right")
+        for start, stop, weight in zip(starts, stops, val, strict=True):
+            # a document holds an id once, so no owner repeats within one id's slice
+            out[self.owners[start:stop]] += weight * self.values[start:stop]
+        return out
+
+
+def sparse_dots(a: Sequence[SparseVector], b: Sequence[SparseVector]) -> np.ndarray:
+    """The dot product of every vector of `a` with every vector of `b`, float64 [len(a), len(b)]."""
+    postings = Postings(b)
+    return np.stack([postings.scores(x) for x in a]).astype(np.float64) if a else np.zeros((0, len(b)))
+
+
+def sparse_dot(x: SparseVector, y: SparseVector) -> float:
+    """The dot product of two sparse vectors (indices ascending, each once)."""
+    _, i, j = np.intersect1d(x[0], y[0], assume_unique=True, return_indices=True)
+    return float(np.dot(x[1][i].astype(np.float64), y[1][j]))

@@ -4,7 +4,8 @@ A document's score for a query is `(1 - W) * dense cosine + W * sparse dot`: the
 bundle's normalised `/embed` vectors and the dot product of its unit-length sparse lexical vectors
 (`POST /embed_sparse`, `Encoder.encode_sparse`; disan.bundle.lexical), the sum a vector database
 that stores both computes. The sparse side is exact: the documents' vectors are indexed by token
-id (`Postings`), and each query adds the weights of the documents that share its ids.
+id (disan.bundle.lexical.Postings), and each query adds the weights of the documents that share its
+ids.
 """
 
 from __future__ import annotations
@@ -13,34 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-SparseVector = tuple[np.ndarray, np.ndarray]  # (indices int64, values float32)
+from disan.bundle.lexical import Postings, SparseVector
+
 Sparse = Callable[[list[str]], list[SparseVector]]
-
-
-class Postings:
-    """The documents' sparse vectors by token id: for id t, the documents that hold it and their
-    weights, so a query's sparse scores cost its ids' documents, not all of them."""
-
-    def __init__(self, docs: Sequence[SparseVector]):
-        self.size = len(docs)
-        lengths = [len(idx) for idx, _ in docs]
-        tokens = np.concatenate([idx for idx, _ in docs]) if docs else np.zeros(0, np.int64)
-        values = np.concatenate([val for _, val in docs]) if docs else np.zeros(0, np.float32)
-        owners = np.repeat(np.arange(len(docs)), lengths)
-        order = np.argsort(tokens, kind="stable")
-        self.tokens, self.owners = tokens[order], owners[order]
-        self.values = values[order].astype(np.float32)
-
-    def scores(self, query: SparseVector) -> np.ndarray:
-        """The sparse dot product of `query` with every document, float32 [documents]."""
-        out = np.zeros(self.size, np.float32)
-        idx, val = query
-        starts = np.searchsorted(self.tokens, idx, "left")
-        stops = np.searchsorted(self.tokens, idx, "right")
-        for start, stop, weight in zip(starts, stops, val, strict=True):
-            # a document holds an id once, so no owner repeats within one id's slice
-            out[self.owners[start:stop]] += weight * self.values[start:stop]
-        return out
 
 
 def hybrid_top_k(queries: np.ndarray, docs: np.ndarray, query_sparse: Sequence[SparseVector],

@@ -6,6 +6,7 @@
     short = enc.encode(["A man plays a guitar."], normalize=True,   # a prefix the model was
                        dimensions=enc.matryoshka_dims[-1])           # trained for, normalised
     enc.similarity(["a query"], ["doc one", "doc two"])   # cosine matrix [1, 2]
+    enc.encode_sparse(["a query"])                        # [(token ids, weights)]: /embed_sparse's
     enc.nli([("A man sleeps.", "Nobody is awake.")])      # [{"label", "scores"}]
     enc.sentiment(["What a film!"])                      # [{"label", "polarity", "scores"}]
 
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from disan.bundle.dimensions import dimensions_problem, shorten
-from disan.bundle.lexical import sparse_vector
+from disan.bundle.lexical import sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
@@ -226,11 +227,20 @@ class Encoder:
             yield self.encode(part, **kwargs)
             first += len(part)
 
-    def similarity(self, a: str | Sequence[str], b: str | Sequence[str] | None = None) -> np.ndarray:
-        """Cosine similarities float64 [len(a), len(b)] (of `a` with itself without `b`)."""
+    def similarity(self, a: str | Sequence[str], b: str | Sequence[str] | None = None,
+                   hybrid: float = 0.0) -> np.ndarray:
+        """Cosine similarities float64 [len(a), len(b)] (of `a` with itself without `b`); with
+        `hybrid` w (0 to 1), (1 - w) x the cosine + w x the dot product of their sparse vectors
+        (`encode_sparse`), as /similarity's `hybrid` scores."""
+        if not 0.0 <= hybrid <= 1.0:
+            raise ValueError(f"hybrid={hybrid}: from 0 to 1")
         va = normalized(np.atleast_2d(self.encode(a)))
         vb = va if b is None else normalized(np.atleast_2d(self.encode(b)))
-        return np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
+        scores = np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
+        if not hybrid:
+            return scores
+        sa = self.encode_sparse(a)
+        return (1.0 - hybrid) * scores + hybrid * sparse_dots(sa, sa if b is None else self.encode_sparse(b))
 
     def nli(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> list[dict]:
         """Per (premise, hypothesis) pair {label, scores}: `nli_steps` (as /nli), its graphs run

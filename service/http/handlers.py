@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 import orjson
 
+from disan.bundle.lexical import sparse_dot, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
@@ -183,31 +185,39 @@ async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, An
 
 
 async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str, Any]:
-    """POST /similarity: cosine of `pairs`, of `texts` ranked against `query`, or of all `texts`."""
+    """POST /similarity: cosine of `pairs`, of `texts` ranked against `query`, or of all `texts`;
+    with `hybrid` w, (1 - w) x the cosine + w x the dot product of their sparse vectors
+    (disan.bundle.lexical, from the same tokens)."""
     limit = engine.settings.max_texts_per_request
-
     policy = long_text(body, engine)
+    weight = body.hybrid or 0.0
+    idf = engine.require_idf() if weight else None  # 424 before any work
 
-    async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, int]:
+    async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, list, int]:
         vecs, items = await engine.embed(texts, True, policy, field, limit, member)
-        return vecs, token_count(items)
+        sparse = [sparse_vector(item.ids, idf) for item in items] if idf is not None else []
+        return vecs, sparse, token_count(items)
+
+    def mixed(dense: np.ndarray, sparse: Callable[[], np.ndarray]) -> np.ndarray:
+        return cosines(dense) if not weight else (1.0 - weight) * cosines(dense) + weight * sparse()
 
     out: dict[str, Any] = {"model": engine.require_ready().name}
     if body.pairs is not None:
         if len(body.pairs) > limit:  # both sides would pass the per-list check on their own
             raise RequestTooLarge(f"pairs: {len(body.pairs)} items, at most {limit} per request")
-        a, tokens_a = await vectors([p.a for p in body.pairs], "pairs", ".a")
-        b, tokens_b = await vectors([p.b for p in body.pairs], "pairs", ".b")
-        out["scores"] = cosines((a * b).sum(axis=1)).tolist()
+        a, sparse_a, tokens_a = await vectors([p.a for p in body.pairs], "pairs", ".a")
+        b, sparse_b, tokens_b = await vectors([p.b for p in body.pairs], "pairs", ".b")
+        out["scores"] = mixed((a * b).sum(axis=1), lambda: np.array(
+            [sparse_dot(x, y) for x, y in zip(sparse_a, sparse_b, strict=True)])).tolist()
         tokens = tokens_a + tokens_b
     else:
         assert body.texts is not None  # the request model allows no other form
-        docs, tokens = await vectors(body.texts, "texts")
+        docs, sparse_docs, tokens = await vectors(body.texts, "texts")
         if body.query is None:
-            out["matrix"] = cosines(docs @ docs.T).tolist()
+            out["matrix"] = mixed(docs @ docs.T, lambda: sparse_dots(sparse_docs, sparse_docs)).tolist()
         else:
-            query, query_tokens = await vectors([body.query], OneText("query"))
-            scores = cosines(docs @ query[0])
+            query, sparse_query, query_tokens = await vectors([body.query], OneText("query"))
+            scores = mixed(docs @ query[0], lambda: sparse_dots(sparse_query, sparse_docs)[0])
             order = np.argsort(-scores, kind="stable")[: body.top_k]
             out["ranking"] = [{"index": int(i), "score": float(scores[i])} for i in order]
             tokens += query_tokens

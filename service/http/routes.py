@@ -252,7 +252,7 @@ async def tokenize(body: TOKENIZE_BODY, request: Request, engine: EngineDep) -> 
 
 
 @inference.post("/similarity", response_model=SimilarityResponse | list[float],
-                response_model_exclude_none=True, responses=_EITHER_ERRORS,
+                response_model_exclude_none=True, responses=_EITHER_ERRORS | _errors("no_lexical_table"),
                 summary="Cosine similarity of sentences (ours, or TEI's body)")
 async def similarity(body: SIMILARITY_BODY, request: Request, engine: EngineDep) -> Response:
     """`pairs` -> a cosine per pair; `query` + `texts` -> texts ranked by cosine (best first,

@@ -335,6 +335,9 @@ class SimilarityRequest(BaseModel):
     top_k: int | None = Field(None, ge=1, description="with `query`: keep the best k")
     long_text: LongText | None = Field(None, description=_LONG_TEXT)
     truncate: bool = Field(False, description=_TRUNCATE)
+    hybrid: float | None = Field(None, ge=0, le=1, description="w from 0 to 1: each score is (1 - w) x the "
+                                 "cosine + w x the dot product of the texts' sparse vectors (POST "
+                                 "/embed_sparse's), hybrid search; a 424 where the bundle has none")
 
     @model_validator(mode="after")
     def _one_form(self) -> SimilarityRequest:
@@ -348,7 +351,7 @@ class SimilarityRequest(BaseModel):
 
 class RankedText(BaseModel):
     index: int = Field(description="position in `texts`")
-    score: float = Field(description="cosine similarity to the query")
+    score: float = Field(description="cosine similarity to the query (with `hybrid`: the hybrid score)")
 
 
 class SimilarityResponse(BaseModel):
@@ -356,7 +359,10 @@ class SimilarityResponse(BaseModel):
         "model": "default", "usage": {"tokens": 21},
         "ranking": [{"index": 2, "score": 0.83}, {"index": 0, "score": 0.71}, {"index": 1, "score": 0.12}]}]})
     model: str
-    scores: list[float] | None = Field(None, description="`pairs`: cosine of each pair, in order")
-    ranking: list[RankedText] | None = Field(None, description="`query`: texts by cosine, best first")
-    matrix: list[list[float]] | None = Field(None, description="`texts` alone: cosine of every pair")
+    scores: list[float] | None = Field(None, description="`pairs`: cosine (or hybrid score) of each pair, "
+                                       "in order")
+    ranking: list[RankedText] | None = Field(None, description="`query`: texts by cosine (or hybrid score), "
+                                             "best first")
+    matrix: list[list[float]] | None = Field(None, description="`texts` alone: cosine (or hybrid score) of "
+                                             "every pair")
     usage: Usage

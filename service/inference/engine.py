@@ -369,15 +369,20 @@ class Engine:
         return results
 
     # ---- tokenizing alone (/tokenize) ----
+    def require_idf(self) -> np.ndarray:
+        """The bundle's IDF per embed token id, or NoLexicalTable (424): it serves no sparse vectors."""
+        idf = self.require_ready().idf
+        if idf is None:
+            raise NoLexicalTable("this bundle has no lexical table, so it serves no sparse vectors (add one "
+                                 "with python -m model_export.lexical)")
+        return idf
+
     async def embed_sparse(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts"
                            ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per text its sparse lexical vector (disan.bundle.lexical; every window of a long text),
         off the event loop when the request carries a lot of text; NoLexicalTable (424) when the
         bundle has no lexical table."""
-        idf = self.require_ready().idf
-        if idf is None:
-            raise NoLexicalTable("this bundle has no lexical table, so it serves no sparse vectors (add one "
-                                 "with python -m model_export.lexical)")
+        idf = self.require_idf()
 
         def run() -> list[tuple[np.ndarray, np.ndarray]]:
             return [sparse_vector(item.ids, idf) for item in self.prepare(texts, policy, field)]

@@ -53,3 +53,20 @@ def test_load_idf_reads_levels_times_scale_and_refuses_what_does_not_fit(tmp_pat
     (tmp_path / LEXICAL_FILE).write_bytes(b"not a zip")
     with pytest.raises(BundleError, match="not a lexical table"):
         load_idf(tmp_path, manifest, 3)
+
+
+def test_sparse_dots_and_sparse_dot_are_the_dense_dot_products():
+    from disan.bundle.lexical import sparse_dot, sparse_dots
+
+    rng = np.random.default_rng(0)
+
+    def vector():
+        idx = np.sort(rng.choice(12, size=int(rng.integers(0, 5)), replace=False)).astype(np.int64)
+        return idx, rng.random(len(idx)).astype(np.float32)
+
+    a, b = [vector() for _ in range(4)], [vector() for _ in range(6)]
+    dense = lambda vs: np.stack([np.bincount(i, v, minlength=12) for i, v in vs])  # noqa: E731
+    want = dense(a) @ dense(b).T
+    np.testing.assert_allclose(sparse_dots(a, b), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose([[sparse_dot(x, y) for y in b] for x in a], want, rtol=1e-6, atol=1e-7)
+    assert sparse_dots([], b).shape == (0, 6)

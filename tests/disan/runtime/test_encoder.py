@@ -174,3 +174,20 @@ def test_batch_size_and_chunk_are_checked_and_iter_encode_streams(encoder):
     chunks = list(encoder.iter_encode((t for t in TEXTS), chunk=3))
     assert [len(c) for c in chunks] == [3, 3, 1]
     np.testing.assert_allclose(np.concatenate(chunks), encoder.encode(TEXTS), rtol=1e-5, atol=1e-6)
+
+
+def test_similarity_hybrid_adds_the_sparse_dot_products(sparse_bundle):
+    from disan.bundle.lexical import sparse_dot
+
+    enc = Encoder(sparse_bundle, variant="fp32")
+    a, b = ["the man plays the guitar"], ["a man is playing the guitar", "the dog runs in the park"]
+    dense = enc.similarity(a, b)
+    sa, sb = enc.encode_sparse(a), enc.encode_sparse(b)
+    lexical = np.array([[sparse_dot(x, y) for y in sb] for x in sa])
+    np.testing.assert_allclose(enc.similarity(a, b, hybrid=0.3), 0.7 * dense + 0.3 * lexical, atol=1e-6)
+    np.testing.assert_allclose(enc.similarity(a, b, hybrid=1.0), lexical, atol=1e-6)
+    assert lexical[0, 0] > lexical[0, 1] > 0  # "guitar" and "man" are shared; only "the" with the park
+    self_sim = enc.similarity(b, hybrid=0.5)
+    np.testing.assert_allclose(np.diag(self_sim), 1.0, atol=1e-5)  # both halves are unit vectors
+    with pytest.raises(ValueError, match="hybrid=2"):
+        enc.similarity(a, b, hybrid=2)

@@ -1,5 +1,6 @@
 """TEI's POST /embed_sparse on both front ends: the sparse vectors `disan.Encoder.encode_sparse`
-gives, TEI's limits and errors, a 424 from a bundle without a lexical table, GET /info `sparse`."""
+gives, TEI's limits and errors, a 424 from a bundle without a lexical table, GET /info `sparse`;
+and `hybrid` on /similarity, which mixes the cosine with the same vectors' dot products."""
 
 from __future__ import annotations
 
@@ -75,3 +76,42 @@ def test_info_says_whether_sparse_vectors_are_served(client, tiny_bundle, fast_p
         r = plain.post("/embed_sparse", json={"inputs": "a man"})
         assert r.status_code == 424, r.text
         assert r.json()["error_type"] == "Backend" and "model_export.lexical" in r.json()["error"]
+
+
+def sparse_of(client, texts: list[str]) -> list[dict[int, float]]:
+    return [{v["index"]: v["value"] for v in vector}
+            for vector in client.post("/embed_sparse", json={"inputs": texts}).json()]
+
+
+def dot(x: dict[int, float], y: dict[int, float]) -> float:
+    return sum(value * y.get(index, 0.0) for index, value in x.items())
+
+
+def test_similarity_hybrid_mixes_cosine_and_sparse_dot_in_every_form(client):
+    query, texts = "the man plays the guitar", TEXTS[:2]
+    body = {"query": query, "texts": texts}
+    dense = client.post("/similarity", json=body).json()["ranking"]
+    hybrid = client.post("/similarity", json={**body, "hybrid": 0.4}).json()["ranking"]
+    q, docs = sparse_of(client, [query])[0], sparse_of(client, texts)
+    cosine = {r["index"]: r["score"] for r in dense}
+    want = {i: 0.6 * cosine[i] + 0.4 * dot(q, docs[i]) for i in range(len(texts))}
+    assert [r["index"] for r in hybrid] == sorted(want, key=lambda i: -want[i])
+    for r in hybrid:
+        assert r["score"] == pytest.approx(want[r["index"]], abs=1e-5)
+    pairs = [{"a": query, "b": t} for t in texts]
+    scores = client.post("/similarity", json={"pairs": pairs, "hybrid": 1}).json()["scores"]
+    np.testing.assert_allclose(scores, [dot(q, d) for d in docs], atol=1e-5)
+    matrix = client.post("/similarity", json={"texts": texts, "hybrid": 1.0}).json()["matrix"]
+    np.testing.assert_allclose(matrix, [[dot(x, y) for y in docs] for x in docs], atol=1e-5)
+    assert client.post("/similarity", json={"texts": texts, "hybrid": 0}).json()["matrix"] == \
+        client.post("/similarity", json={"texts": texts}).json()["matrix"]
+
+
+def test_similarity_hybrid_errors(client, tiny_bundle, fast_path):
+    r = client.post("/similarity", json={"texts": TEXTS, "hybrid": 1.5})
+    assert r.status_code == 422 and "hybrid" in r.text
+    with serving(tiny_bundle, fast_path) as plain:
+        wait_ready(plain.get)
+        r = plain.post("/similarity", json={"texts": TEXTS, "hybrid": 0.5})
+        assert r.status_code == 424 and r.json()["error"]["type"] == "no_lexical_table", r.text
+        assert plain.post("/similarity", json={"texts": TEXTS}).status_code == 200  # no hybrid: as before
