@@ -23,22 +23,21 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.bundle.lexical import LEXICAL_FILE, WEIGHTING, idf_levels
+from disan.bundle.lexical import LEXICAL_FILE, WEIGHTING, document_frequency, idf_levels
 from disan.bundle.manifest import read_manifest_json, write_manifest
 from model_export.dimensions import read_texts
 
 CHUNK = 20_000  # texts tokenized at a time
 
 
-def document_frequency(encoder, texts: list[str]) -> np.ndarray:
-    """How many of `texts` hold each embed token id (every window of a long text), int64 [ids]."""
+def corpus_frequency(encoder, texts: list[str]) -> np.ndarray:
+    """How many of `texts` hold each embed token id (every window of a long text), int64 [ids],
+    `CHUNK` texts tokenized at a time."""
     size = len(encoder.runtime.tokenizer("embed"))
     df = np.zeros(size, np.int64)
     for start in range(0, len(texts), CHUNK):
         items = encoder.prepare(texts[start:start + CHUNK]).items or []
-        held = [np.unique(np.asarray(item.ids, dtype=np.int64)) for item in items if item.ids]
-        if held:
-            df += np.bincount(np.concatenate(held), minlength=size)
+        df += document_frequency([item.ids for item in items], size)
     return df
 
 
@@ -50,7 +49,7 @@ def add_lexical(bundle: Path, texts: list[str], bits: int = 2) -> dict:
         raise ValueError("no texts: the IDF needs a corpus")
     manifest = read_manifest_json(bundle)
     encoder = Encoder(bundle, long_texts="window")
-    df = document_frequency(encoder, texts)
+    df = corpus_frequency(encoder, texts)
     levels, scale = idf_levels(df, len(texts), bits)
     with open(bundle / LEXICAL_FILE, "wb") as fh:
         np.savez_compressed(fh, levels=levels)

@@ -25,21 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from disan.bundle.lexical import document_frequency, smoothed_idf
 from disan.data.sts import sts_scores
 from disan.eval.retrieval import evaluate_set, load_set, unit_rows
-
-
-def document_frequency(id_lists: Sequence[Sequence[int]], vocab_size: int) -> np.ndarray:
-    """How many of the texts hold each id (int64 [vocab_size])."""
-    df = np.zeros(vocab_size, np.int64)
-    for ids in id_lists:
-        df[np.unique(np.asarray(ids, dtype=np.int64))] += 1
-    return df
-
-
-def idf_of(df: np.ndarray, texts: int) -> np.ndarray:
-    """Smoothed inverse document frequency, float32, positive for every id (unseen ids highest)."""
-    return np.log((texts + 1) / (df + 0.5)).astype(np.float32)
 
 
 def hashing(vocab_size: int, dims: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     df = np.zeros(vocab_size, np.int64)
     for start in range(0, len(sample), 20_000):
         df += document_frequency(ids_of(sample[start:start + 20_000]), vocab_size)
-    idf = idf_of(df, len(sample))
+    idf = smoothed_idf(df, len(sample)).astype(np.float32)
     memo: dict[str, tuple[np.ndarray, list[int]]] = {}
 
     def remembered(texts: list[str]) -> None:  # each distinct text tokenized and embedded once

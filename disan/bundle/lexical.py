@@ -26,6 +26,8 @@ from disan.bundle.manifest import BundleError
 LEXICAL_FILE = "lexical.npz"
 SparseVector = tuple[np.ndarray, np.ndarray]  # (indices int64 ascending, values float32)
 WEIGHTING = "idf x (1 + ln count) per distinct token id, unit length"
+# What every refusal of a bundle without a table says after the bundle's name (Encoder, service, eval, embed)
+NO_TABLE = "has no lexical table (python -m model_export.lexical)"
 
 
 def lexical_entry(manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -59,17 +61,31 @@ def load_idf(bundle_dir: str | Path, manifest: dict[str, Any], vocab_size: int) 
     return levels.astype(np.float32) * np.float32(entry["scale"])
 
 
+def document_frequency(id_lists: Sequence[Sequence[int]], vocab_size: int) -> np.ndarray:
+    """How many of the texts hold each id (int64 [vocab_size]), from each text's token ids."""
+    held = [np.unique(np.asarray(ids, dtype=np.int64)) for ids in id_lists if len(ids)]
+    if not held:
+        return np.zeros(vocab_size, np.int64)
+    return np.bincount(np.concatenate(held), minlength=vocab_size).astype(np.int64)
+
+
+def smoothed_idf(df: np.ndarray, texts: int) -> np.ndarray:
+    """`ln((texts + 1) / (df + 0.5))` of each id, float64: positive for every id, highest for an
+    id no text held."""
+    return np.log((texts + 1) / (np.asarray(df, dtype=np.float64) + 0.5))
+
+
 def idf_levels(df: np.ndarray, texts: int, bits: int) -> tuple[np.ndarray, float]:
-    """(levels uint8, scale) of the smoothed IDF `ln((texts + 1) / (df + 0.5))` of each id: the IDF
-    rounded to one of 2**bits levels from 0 to its largest value (that of an id no text held)."""
+    """(levels uint8, scale) of the `smoothed_idf` of each id: the IDF rounded to one of 2**bits
+    levels from 0 to its largest value (that of an id no text held)."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bits={bits}: from 1 to 8")
-    idf = np.log((texts + 1) / (np.asarray(df, dtype=np.float64) + 0.5))
+    idf = smoothed_idf(df, texts)
     scale = float(idf.max()) / (2 ** bits - 1)
     return np.clip(np.rint(idf / scale), 0, 2 ** bits - 1).astype(np.uint8), scale
 
 
-def sparse_vector(ids: Sequence[int], idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sparse_vector(ids: Sequence[int], idf: np.ndarray) -> SparseVector:
     """(indices int64 ascending, values float32) of one text's token ids: `WEIGHTING`, ids whose
     weight is 0 left out. A text with no weighted id is the empty vector."""
     tokens, counts = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)

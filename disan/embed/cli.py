@@ -22,7 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from disan.bundle.lexical import lexical_entry, sparse_vector
+from disan.bundle.lexical import NO_TABLE, lexical_entry
 from disan.bundle.manifest import fingerprints_in_use, load_manifest, matryoshka_dims
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import (
@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             raise EmbedError(f"--{problem}")
     if cfg.sparse and lexical_entry(load_manifest(cfg.bundle, verify_hashes=False)) is None:
-        raise EmbedError(f"--sparse: {cfg.bundle} has no lexical table (add one with python -m "
-                         "model_export.lexical)")
+        raise EmbedError(f"--sparse: {cfg.bundle} {NO_TABLE}")
     if cfg.ray:  # paths stay strings: on a cluster they may be URIs (s3://...)
         from disan.embed.on_ray import run_ray  # Ray is optional (the `ray` extra): imported only for --ray
 
@@ -256,9 +255,7 @@ class Job:
                              "rows committed; --long-texts window or truncate embeds such texts)") from None
         vectors = prefixed(self.encoder.embed_prepared(prepared, self.cfg.batch_size), self.cfg.dimensions,
                            self.cfg.normalize, self.encoder.runtime.projection)
-        idf = self.encoder.runtime.idf
-        sparse = [sparse_vector(item.ids, idf) for item in prepared.items or []] \
-            if self.cfg.sparse and idf is not None else None
+        sparse = self.encoder.sparse_prepared(prepared) if self.cfg.sparse else None
         if good:
             self.write(lambda: write_shard(self.cfg.output, progress.shards, self.fmt_out,
                                            [r.id for r in good], vectors, sparse), progress)

@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 import disan
-from disan.bundle.lexical import sparse_vector
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import CorpusError, Position, Row, checked_row, cut, detect_format, read_rows
 from disan.embed.shards import id_array, sparse_columns
@@ -191,9 +190,8 @@ class EmbedActor:
         embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
         # The ids as a single-process shard holds them (integers int64; any string makes them strings).
         columns = {"id": pa.array(id_array([r.id for r in good])), "embedding": embedding}
-        idf = self.encoder.runtime.idf
-        if self.options.get("sparse") and idf is not None:
-            columns |= sparse_columns([sparse_vector(item.ids, idf) for item in prepared.items or []])
+        if self.options.get("sparse"):
+            columns |= sparse_columns(self.encoder.sparse_prepared(prepared))
         return pa.table(columns)
 
 

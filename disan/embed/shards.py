@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from disan.bundle.lexical import SparseVector
 from disan.optional import require
 
 OUTPUT_FORMATS = ("parquet", "npy", "jsonl")
@@ -85,7 +86,7 @@ def shard_files(out: Path, index: int, fmt: str, sparse: bool = False) -> list[P
     return [stem.with_suffix(f".{fmt}")]
 
 
-Sparse = Sequence[tuple[np.ndarray, np.ndarray]]  # per row (indices int64, values float32)
+Sparse = Sequence[SparseVector]  # one per row
 
 
 def sparse_csr(sparse: Sparse) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,7 +219,7 @@ def read_output(out: Path, fmt: str | None = None) -> tuple[list[Any], np.ndarra
     return ids, np.concatenate(parts).astype(np.float32, copy=False)
 
 
-def read_sparse(out: Path, fmt: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+def read_sparse(out: Path, fmt: str | None = None) -> list[SparseVector]:
     """Each row's sparse vector (indices int64, values float32) of an output written with
     `--sparse`, shards in order, as `read_output` reads the vectors."""
     files, fmt = output_files(out, fmt)

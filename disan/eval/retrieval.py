@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from disan.bundle.dimensions import bundle_projection, shorten
+from disan.bundle.lexical import NO_TABLE, Postings
 from disan.data.readers import open_text
-from disan.eval.hybrid import Postings, Sparse, hybrid_top_k
+from disan.eval.hybrid import Sparse, hybrid_top_k
 from disan.optional import MissingDependency, require
 
 TOP_K = 100
@@ -333,7 +334,7 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
         label = f"DiSAN ({bundle})"
         dense, sparse_of = disan_encoders(bundle, variant)
         if hybrid and sparse_of is None:
-            raise ValueError(f"--hybrid: {bundle} has no lexical table (python -m model_export.lexical)")
+            raise ValueError(f"--hybrid: {bundle} {NO_TABLE}")
         models.append((label, lambda: dense))
         projections[label] = bundle_projection(bundle) if dimensions else None
         if hybrid and sparse_of is not None:

@@ -12,8 +12,8 @@
 
 One home for tokenize -> batch -> run outside the HTTP service: `disan embed` (disan.embed.cli),
 its Ray actors (disan.embed.on_ray) and `disan eval --transfer` go through `Encoder` (the service
-batches across requests in its micro-batcher, on the same pieces, and shares the predictions'
-shape and the normalisation defined here). The pieces are the
+batches across requests in its micro-batcher, on the same pieces, and shares the normalisation
+defined here and the predictions of disan.runtime.tasks). The pieces are the
 service's own: `disan.text.tokenizer.tokenize` + the bundle's vocab, `disan.runtime.runtime.Runtime` with the
 provider chosen as the service chooses it (`providers="auto"`: CUDA when it really loads, else
 CPU, each with its graph set), and batches sorted by length and cut to the service's per-provider
@@ -22,28 +22,29 @@ limits (`disan.runtime.batching.PROVIDER_DEFAULTS`), so `encode` returns what `/
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from disan.bundle.dimensions import dimensions_problem, shorten
-from disan.bundle.lexical import sparse_dots, sparse_vector
+from disan.bundle.lexical import NO_TABLE, SparseVector, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
 from disan.runtime.runtime import Runtime, RuntimeOptions
+from disan.runtime.tasks import nli_steps, run_steps, sentiment_prediction
 from disan.text.prepare import PreparedText, flat_rows, pool, prepare_texts, row_bounds
 from disan.text.windowing import EMBEDDING_LEAD, LONG_TEXT_POLICIES, LongTextPolicy
 
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
 LongTexts = Literal["window", "truncate", "error"]
-__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "nli_steps",
-           "normalized", "prediction", "prefixed", "run_steps", "run_steps_async", "sentiment_prediction"]
+__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "normalized",
+           "prefixed"]
 
 
 class TextTooLong(ValueError):
@@ -53,12 +54,6 @@ class TextTooLong(ValueError):
         self.where, self.tokens, self.limit = where, tokens, limit
         super().__init__(f"text {where}: {tokens} tokens, at most {limit} (long_texts='window' embeds such "
                          "texts whole, 'truncate' cuts them)")
-
-
-def polarity_of(label: str) -> str:
-    """Coarse polarity of a fine sentiment label ('very negative' -> 'negative')."""
-    low = label.lower()
-    return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
 
 
 @dataclass
@@ -205,17 +200,24 @@ class Encoder:
         vectors = prefixed(vectors, dimensions, normalize, self.runtime.projection)
         return vectors[0] if one else vectors
 
-    def encode_sparse(self, texts: str | Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def encode_sparse(self, texts: str | Sequence[str]) -> list[SparseVector]:
         """Per text its sparse lexical vector (indices int64 ascending, values float32; unit length),
         as TEI's /embed_sparse sends it: the IDF-weighted bag of the ids `prepare` gives, every
         window of a long text (disan.bundle.lexical). A single string: a list of one. ValueError
         when the bundle has no lexical table."""
-        idf = self.runtime.idf
-        if idf is None:
-            raise ValueError(f"{self.runtime.bundle_dir}: this bundle has no lexical table (add one with "
-                             "python -m model_export.lexical)")
-        prepared = self.prepare(text_list([texts] if isinstance(texts, str) else texts))
+        self._idf()  # no table: the error before any tokenizing
+        return self.sparse_prepared(self.prepare(text_list([texts] if isinstance(texts, str) else texts)))
+
+    def sparse_prepared(self, prepared: Prepared) -> list[SparseVector]:
+        """The sparse vectors of prepared texts (`encode_sparse` without tokenizing again: the ids
+        `embed_prepared` reads); ValueError when the bundle has no lexical table."""
+        idf = self._idf()
         return [sparse_vector(item.ids, idf) for item in prepared.items or []]
+
+    def _idf(self) -> np.ndarray:
+        if self.runtime.idf is None:
+            raise ValueError(f"{self.runtime.bundle_dir}: this bundle {NO_TABLE}")
+        return self.runtime.idf
 
     def iter_encode(self, texts: Iterable[str], chunk: int = 10_000, **kwargs) -> Iterator[np.ndarray]:
         """`encode` over `texts` (a list or a stream, e.g. a generator over a file) `chunk` at a
@@ -231,16 +233,21 @@ class Encoder:
                    hybrid: float = 0.0) -> np.ndarray:
         """Cosine similarities float64 [len(a), len(b)] (of `a` with itself without `b`); with
         `hybrid` w (0 to 1), (1 - w) x the cosine + w x the dot product of their sparse vectors
-        (`encode_sparse`), as /similarity's `hybrid` scores."""
+        (`encode_sparse`, from the same tokens), as /similarity's `hybrid` scores."""
         if not 0.0 <= hybrid <= 1.0:
             raise ValueError(f"hybrid={hybrid}: from 0 to 1")
-        va = normalized(np.atleast_2d(self.encode(a)))
-        vb = va if b is None else normalized(np.atleast_2d(self.encode(b)))
+        if hybrid:
+            self._idf()  # no table: the error before any tokenizing
+
+        def side(texts: str | Sequence[str]) -> tuple[np.ndarray, list[SparseVector]]:
+            prepared = self.prepare(text_list([texts] if isinstance(texts, str) else texts))
+            sparse = self.sparse_prepared(prepared) if hybrid else []
+            return normalized(self.embed_prepared(prepared)), sparse
+
+        va, sa = side(a)
+        vb, sb = (va, sa) if b is None else side(b)
         scores = np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
-        if not hybrid:
-            return scores
-        sa = self.encode_sparse(a)
-        return (1.0 - hybrid) * scores + hybrid * sparse_dots(sa, sa if b is None else self.encode_sparse(b))
+        return (1.0 - hybrid) * scores + hybrid * sparse_dots(sa, sb) if hybrid else scores
 
     def nli(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> list[dict]:
         """Per (premise, hypothesis) pair {label, scores}: `nli_steps` (as /nli), its graphs run
@@ -332,70 +339,6 @@ def prefixed(vectors: np.ndarray, dimensions: int | None, normalize: bool,
     if dimensions is not None and dimensions < vectors.shape[-1]:
         vectors = shorten(vectors, dimensions, projection)
     return normalized(vectors) if normalize else vectors
-
-
-# ---- NLI: the one path (disan.Encoder.nli, the service's /nli, `disan eval --task snli|mnli|sick-e`) ----
-Call = tuple[str, list]  # a route ("nli": its encoder, on id rows; "nli_head": on vector pairs), payloads
-Steps = Generator[Call, Sequence[Any], list[dict]]
-
-
-def nli_steps(premises: Sequence[PreparedText], hypotheses: Sequence[PreparedText], labels: list[str]
-              ) -> Steps:
-    """NLI of prepared (premise, hypothesis) pairs (`disan.text.prepare`: each side fitted,
-    windowed, truncated or refused under the caller's limits), as the steps a driver runs:
-
-        the NLI route's encoder on every row of both sides  ->  each side's windows pooled
-        ->  nli_head on the (premise, hypothesis) vector pairs  ->  {label, scores} per pair
-
-    A generator that yields each graph call (route, payloads) and is sent back one result per
-    payload, so the same steps run where the graphs are called directly (`run_steps`:
-    `Encoder.nli`, hence `disan eval`) and where they queue in the service's micro-batchers
-    (`run_steps_async`: service.inference.engine)."""
-    if not premises:
-        return []
-    split = len(flat_rows(premises))
-    outs = yield "nli", flat_rows(premises) + flat_rows(hypotheses)
-    sides = zip(pool(premises, outs[:split]), pool(hypotheses, outs[split:]), strict=True)
-    probs = yield "nli_head", list(sides)
-    return [prediction(p, labels) for p in probs]
-
-
-def run_steps(steps: Steps, run: Callable[[str, list], Sequence[Any]]) -> list[dict]:
-    """Drive `steps`, each call run by `run(route, payloads)`."""
-    reply = None
-    while True:
-        try:
-            route, payloads = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply = run(route, payloads)
-
-
-async def run_steps_async(steps: Steps, run: Callable[[str, list], Awaitable[Sequence[Any]]]) -> list[dict]:
-    """`run_steps` with an awaited `run` (the service's batchers)."""
-    reply = None
-    while True:
-        try:
-            route, payloads = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply = await run(route, payloads)
-
-
-def prediction(probs: np.ndarray, labels: list[str]) -> dict:
-    """{label, scores} of one row of class probabilities."""
-    scores = {label: float(p) for label, p in zip(labels, probs, strict=True)}
-    return {"label": labels[int(np.argmax(probs))], "scores": scores}
-
-
-def sentiment_prediction(probs: np.ndarray, labels: list[str]) -> dict:
-    """`prediction` plus the coarse polarity the fine labels add up to most."""
-    pred = prediction(probs, labels)
-    coarse = {"negative": 0.0, "neutral": 0.0, "positive": 0.0}
-    for label, p in pred["scores"].items():
-        coarse[polarity_of(label)] += p
-    pred["polarity"] = max(coarse, key=coarse.__getitem__)
-    return pred
 
 
 class _NoBar:

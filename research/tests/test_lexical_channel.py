@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from research.lexical_channel import document_frequency, hashing, idf_of, lexical_vectors, mixed
+from disan.bundle.lexical import document_frequency, smoothed_idf
+from research.lexical_channel import hashing, lexical_vectors, mixed
 
 
 def test_mixed_dot_products_are_the_weighted_mix_of_the_two_cosines():
@@ -27,7 +28,7 @@ def test_mixed_dot_products_are_the_weighted_mix_of_the_two_cosines():
 def test_rarer_ids_weigh_more_and_counts_saturate():
     df = document_frequency([[1, 2, 2], [1], [1, 3]], vocab_size=5)
     assert df.tolist() == [0, 3, 1, 1, 0]
-    idf = idf_of(df, texts=3)
+    idf = smoothed_idf(df, texts=3).astype(np.float32)
     assert idf[1] < idf[2] == idf[3] < idf[0] and (idf > 0).all()
     vec = lexical_vectors([[1, 2, 2, 2]], idf, dims=16)[0]
     bucket, sign = hashing(5, 16)

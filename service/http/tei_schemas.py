@@ -50,47 +50,41 @@ def _no_prompt(value: object) -> object:
     return value
 
 
-class TEIEmbedRequest(BaseModel):
+class TEITexts(BaseModel):
+    """What TEI's `/embed` and `/embed_sparse` bodies share: the texts and how long ones are cut."""
+
+    model_config = _tei()
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="a string or a non-empty list of strings (up to max_client_batch_size, GET /info); "
+        "token-id arrays are refused with a 422")
+    truncate: bool | None = Field(None, description=_TRUNCATE)
+    truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
+    prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _check_inputs(cls, value: object) -> object:
+        return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
+
+    _check_prompt = field_validator("prompt_name")(_no_prompt)
+
+
+class TEIEmbedRequest(TEITexts):
     """TEI's `POST /embed` (and `POST /`): the answer is a bare list of vectors."""
 
     model_config = _tei({"inputs": ["A man is playing a guitar.", "Someone plays music."]},
                         {"inputs": "A man is playing a guitar.", "truncate": True})
-    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
-        description="a string or a non-empty list of strings (up to max_client_batch_size, GET /info); "
-        "token-id arrays are refused with a 422")
     normalize: bool = Field(True, description="L2-normalise each vector (TEI's default: true)")
-    truncate: bool | None = Field(None, description=_TRUNCATE)
-    truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
-    prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
     dimensions: int | None = Field(None, description="a size the model serves (GET /info `matryoshka_dims`): "
                                    "each vector cut to `dimensions` components (its first ones, or its "
                                    "coordinates on the bundle's principal axes), then normalised where "
                                    "asked; any other a 422 naming them")
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _check_inputs(cls, value: object) -> object:
-        return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
 
-    _check_prompt = field_validator("prompt_name")(_no_prompt)
-
-
-class TEIEmbedSparseRequest(BaseModel):
+class TEIEmbedSparseRequest(TEITexts):
     """TEI's `POST /embed_sparse`: per input its sparse lexical vector, for hybrid search."""
 
     model_config = _tei({"inputs": ["What does curcumin do to cancer cells?", "Curcumin and apoptosis."]})
-    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(
-        description="a string or a non-empty list of strings (up to max_client_batch_size, GET /info)")
-    truncate: bool | None = Field(None, description=_TRUNCATE)
-    truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
-    prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
-
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _check_inputs(cls, value: object) -> object:
-        return checked_input(value, "inputs", TOKEN_IDS_MESSAGE)
-
-    _check_prompt = field_validator("prompt_name")(_no_prompt)
 
 
 class TEISparseValue(BaseModel):

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.bundle.lexical import sparse_vector
-from disan.runtime.encoder import nli_steps, normalized, prediction, run_steps_async, sentiment_prediction
+from disan.bundle.lexical import NO_TABLE, sparse_vector
+from disan.runtime.encoder import normalized
 from disan.runtime.runtime import Runtime
+from disan.runtime.tasks import nli_steps, prediction, run_steps_async, sentiment_prediction
 from disan.text.windowing import LongTextPolicy
 from service.backend.batcher import BatchStats, MicroBatcher
 from service.backend.model import STOP_GRACE_S, load_runtime, make_batchers
@@ -373,8 +374,7 @@ class Engine:
         """The bundle's IDF per embed token id, or NoLexicalTable (424): it serves no sparse vectors."""
         idf = self.require_ready().idf
         if idf is None:
-            raise NoLexicalTable("this bundle has no lexical table, so it serves no sparse vectors (add one "
-                                 "with python -m model_export.lexical)")
+            raise NoLexicalTable(f"this bundle {NO_TABLE}, so it serves no sparse vectors")
         return idf
 
     async def embed_sparse(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts"

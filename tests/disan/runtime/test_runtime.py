@@ -114,7 +114,7 @@ def test_nli_runs_as_encoder_then_head(tiny_bundle):
     each side, then the head."""
     import numpy as np
 
-    from disan.runtime.encoder import nli_steps, run_steps
+    from disan.runtime.tasks import nli_steps, run_steps
     from disan.text.prepare import PreparedText
 
     rt = load_offline(tiny_bundle)
