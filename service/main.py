@@ -33,8 +33,9 @@ from service.http.endpoints import HANDLERS
 from service.http.errors import install_error_handlers
 from service.http.fastpath import InferenceFastPath, bearer_credentials, header_value
 from service.http.handlers import api_key_ok
+from service.http.pages import DOCS_PAGES, install_pages
 from service.http.protocol import HOOKS_KEY, HttpHooks
-from service.http.routes import AUTH, DOCS_PAGES, inference, install_pages, router
+from service.http.routes import AUTH, inference, router
 from service.http.tracing import Tracing
 from service.http.tracing import from_settings as tracing_from_settings
 from service.inference.admission import Admission

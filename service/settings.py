@@ -182,6 +182,13 @@ class Settings(BaseSettings):
         default_factory=list, description="more names /v1 accepts as `model` (e.g. "
         "text-embedding-3-small for clients that insist on one): JSON list or comma-separated")
 
+    # --- rerank (/rerank, /v1/rerank, /v2/rerank) ---
+    # Stock TEI, Cohere and Jina clients cannot send our `hybrid` field; this sets it for them.
+    rerank_hybrid: float = Field(
+        0.0, ge=0, le=1, description="w of a rerank request that does not send `hybrid`: each score is "
+        "(1 - w) x the cosine + w x the dot product of the sparse vectors (/embed_sparse's); 0: the "
+        "cosine alone; over 0 needs a bundle with a lexical table, or the load fails")
+
     # --- explanations (bundle graph sets; /embed, /nli and /sentiment with explain=true) ---
     # An explained text runs the unchunked attention with its maps, and on /nli one head row per
     # token: bounded per request (texts before tokenizing, tokens before inference).

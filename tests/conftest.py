@@ -205,6 +205,17 @@ def wait_ready(get: Callable, base: str = "", timeout: float = 30.0,
         time.sleep(0.02)
 
 
+def wait_failed(get: Callable, timeout: float = 30.0) -> None:
+    """Poll a TestClient's `get("/health")` until the bundle's load has failed (503 "failed");
+    `/ready` then answers 503 too."""
+    deadline = time.monotonic() + timeout
+    while get("/health").status_code == 200:
+        assert time.monotonic() < deadline, f"the load did not fail within {timeout:.0f} s"
+        time.sleep(0.02)
+    assert get("/health").json()["status"] == "failed"
+    assert get("/ready").status_code == 503
+
+
 async def until_loaded(engine, timeout: float = 60.0) -> None:
     """Wait until an engine's background load has finished, well or not (`/ready` would say)."""
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from disan.bundle.lexical import sparse_dot, sparse_dots, sparse_vector
+from disan.bundle.lexical import sparse_dot, sparse_dots
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
@@ -191,15 +191,15 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
     limit = engine.settings.max_texts_per_request
     policy = long_text(body, engine)
     weight = body.hybrid or 0.0
-    idf = engine.require_idf() if weight else None  # 424 before any work
+    if weight:
+        engine.require_idf()  # 424 before any work
 
     async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, list, int]:
         vecs, items = await engine.embed(texts, True, policy, field, limit, member)
-        sparse = [sparse_vector(item.ids, idf) for item in items] if idf is not None else []
-        return vecs, sparse, token_count(items)
+        return vecs, await engine.sparse_of(items) if weight else [], token_count(items)
 
     def mixed(dense: np.ndarray, sparse: Callable[[], np.ndarray]) -> np.ndarray:
-        return cosines(dense) if not weight else (1.0 - weight) * cosines(dense) + weight * sparse()
+        return hybrid_scores(cosines(dense), weight, sparse)
 
     out: dict[str, Any] = {"model": engine.require_ready().name}
     if body.pairs is not None:
@@ -223,6 +223,11 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
             tokens += query_tokens
     out["usage"] = {"tokens": tokens}
     return out
+
+
+def hybrid_scores(cosine: np.ndarray, weight: float, sparse: Callable[[], np.ndarray]) -> np.ndarray:
+    """(1 - w) x the cosines + w x the sparse vectors' dot products (computed only when w > 0)."""
+    return cosine if not weight else (1.0 - weight) * cosine + weight * sparse()
 
 
 def cosines(dots: np.ndarray) -> np.ndarray:

@@ -6,15 +6,11 @@ is off; the handlers they call are the same as the fast path's.
 
 from __future__ import annotations
 
-from importlib.resources import files
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.staticfiles import StaticFiles
 
 from disan.bundle.lexical import WEIGHTING
 from disan.bundle.manifest import fingerprints_in_use, matryoshka_dims
@@ -164,27 +160,31 @@ async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: En
     return json_response(await unless_disconnected(request.receive, tei_embed_sparse_result(body, engine)))
 
 
-@inference.post("/rerank", response_model=list[TEIRank], responses=_TEI_ERRORS,
+@inference.post("/rerank", response_model=list[TEIRank],
+                responses=_TEI_ERRORS | _errors("no_lexical_table", model=TEIErrorResponse),
                 summary="Rerank texts for a query (TEI's; bi-encoder cosine)")
 async def rerank(body: TEIRerankRequest, request: Request, engine: EngineDep) -> Response:
     """TEI's `POST /rerank`: `[{index, score[, text]}]`, best first, for every text. The score is
     the cosine of the query's and the text's served vectors (a bi-encoder ranking, the vectors
-    /embed sends), not a cross-encoder's: GET /info `rerank` says so. Up to
-    max_texts_per_request texts (TEI's max_client_batch_size)."""
+    /embed sends), not a cross-encoder's: GET /info `rerank` says so. With `hybrid` w (or the
+    server's rerank_hybrid), the hybrid score of /similarity's `hybrid`; a 424 when the bundle has
+    no lexical table. Up to max_texts_per_request texts (TEI's max_client_batch_size)."""
     return json_response(await unless_disconnected(request.receive, rerank_result(body, engine)))
 
 
-@inference.post("/v1/rerank", response_model=CohereRerankResponse, responses=_errors("not_found"),
+@inference.post("/v1/rerank", response_model=CohereRerankResponse,
+                responses=_errors("not_found", "no_lexical_table"),
                 summary="Cohere/Jina-compatible rerank (bi-encoder cosine)")
 async def cohere_rerank(body: CohereRerankRequest, request: Request, engine: EngineDep) -> Response:
     """Cohere's and Jina's `POST /v1/rerank`: `documents` (strings or `{text}`), `top_n`,
     `return_documents` (default true) -> `{id, model, results: [{index, relevance_score[,
     document]}], usage}`, best first. `relevance_score` is the cosine of the served vectors (in
-    [-1, 1], not Cohere's calibrated [0, 1])."""
+    [-1, 1], not Cohere's calibrated [0, 1]); `hybrid` as on /rerank."""
     return json_response(await unless_disconnected(request.receive, cohere_rerank_result(body, engine)))
 
 
-@inference.post("/v2/rerank", response_model=CohereRerankResponse, responses=_errors("not_found"),
+@inference.post("/v2/rerank", response_model=CohereRerankResponse,
+                responses=_errors("not_found", "no_lexical_table"),
                 summary="Cohere v2 rerank (as /v1/rerank)")
 async def cohere_rerank_v2(body: CohereRerankRequest, request: Request, engine: EngineDep) -> Response:
     """Cohere's v2 `POST /v2/rerank` (its ClientV2): answered as /v1/rerank."""
@@ -351,58 +351,3 @@ async def metrics(request: Request) -> Response:
     """Prometheus text exposition format."""
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)
-
-
-# ---- pages: offline API docs and the playground (no CDN: they work on an air-gapped host) ----
-DOCS_ASSETS = "/docs-assets"
-# The API documentation pages: behind the API key when one is set (service.main), like the schema.
-DOCS_PAGES = ("/docs", "/docs/oauth2-redirect", "/redoc")
-# Swagger UI and ReDoc builds shipped inside the fastapi-offline wheel (a serve dependency).
-DOCS_ASSETS_DIR = Path(str(files("fastapi_offline") / "static"))
-WEB_DIR = Path(__file__).resolve().parent / "web"
-pages = APIRouter(include_in_schema=False)
-
-
-@pages.get("/")
-async def home() -> RedirectResponse:
-    """The playground."""
-    return RedirectResponse("ui/")
-
-
-@pages.get("/docs")
-async def swagger_ui(request: Request) -> HTMLResponse:
-    """Swagger UI from local assets (FastAPI's custom-docs recipe)."""
-    root = request.scope.get("root_path", "")
-    return get_swagger_ui_html(
-        openapi_url=f"{root}{request.app.openapi_url}", title=f"{request.app.title} - Swagger UI",
-        oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
-        swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
-        swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
-        swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
-        # no spec validation badge: it would call swagger.io's online validator
-        swagger_ui_parameters={**(request.app.swagger_ui_parameters or {}), "validatorUrl": None})
-
-
-@pages.get("/docs/oauth2-redirect")
-async def swagger_ui_redirect() -> HTMLResponse:
-    return get_swagger_ui_oauth2_redirect_html()
-
-
-@pages.get("/redoc")
-async def redoc(request: Request) -> HTMLResponse:
-    """ReDoc from local assets, without Google Fonts."""
-    root = request.scope.get("root_path", "")
-    return get_redoc_html(
-        openapi_url=f"{root}{request.app.openapi_url}", title=f"{request.app.title} - ReDoc",
-        redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
-        redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
-
-
-def install_pages(app: FastAPI) -> None:
-    """Mount /docs, /redoc (with their assets) and the playground at /ui (`/` redirects there).
-
-    The app must be created with docs_url=None and redoc_url=None (FastAPI's own pages load
-    Swagger UI and ReDoc from a CDN)."""
-    app.mount(DOCS_ASSETS, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")
-    app.mount("/ui", StaticFiles(directory=WEB_DIR, html=True), name="ui")
-    app.include_router(pages)

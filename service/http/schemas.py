@@ -229,6 +229,14 @@ class Status(BaseModel):
     detail: str | None = None
 
 
+class RerankInfo(BaseModel):
+    method: str = Field(description="the cosine of the query's and each text's served vectors (a bi-encoder "
+                        "ranking, not a cross-encoder), mixed with their sparse vectors' dot product at w")
+    routes: list[str]
+    hybrid: float = Field(description="w of a request that does not send `hybrid` (rerank_hybrid; 0: the "
+                          "cosine alone)")
+
+
 class Info(BaseModel):
     # text-embeddings-inference's fields (its GET /info), for clients written for TEI
     model_id: str = Field(description="TEI's: the served model's name")
@@ -250,9 +258,7 @@ class Info(BaseModel):
     version: str = Field(description="this server's version")
     sha: str | None = None
     docker_label: str | None = None
-    rerank: dict[str, str | list[str]] = Field(
-        description="how /rerank, /v1/rerank and /v2/rerank score: the cosine of the query's and each "
-        "text's served vectors (a bi-encoder ranking, not a cross-encoder)")
+    rerank: RerankInfo = Field(description="how /rerank, /v1/rerank and /v2/rerank score")
     # ours
     model: str
     dim: int

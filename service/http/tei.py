@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 import disan
+from disan.bundle.lexical import sparse_dots
 from disan.bundle.manifest import fingerprints_in_use
 from disan.runtime.encoder import prefixed
 from service.common.errors import RequestTooLarge
-from service.http.handlers import check_model, cosines, prefix_size, token_count
+from service.http.handlers import check_model, cosines, hybrid_scores, prefix_size, token_count
 from service.http.tei_schemas import (
     CohereRerankRequest,
     TEIEmbedRequest,
@@ -37,7 +38,8 @@ from service.inference.longtext import TRUNCATE_LEFT, OneText, check_chars
 
 # What /info says about /rerank, /v1/rerank and /v2/rerank (and the docs).
 RERANK_METHOD = ("bi-encoder: each text's score is the cosine of the query's and the text's "
-                 "served vectors (the vectors /embed sends), not a cross-encoder's relevance")
+                 "served vectors (the vectors /embed sends), not a cross-encoder's relevance; with a "
+                 "hybrid weight w, (1 - w) x that cosine + w x their sparse vectors' dot product")
 # TEI's model_dtype for the graph variants.
 _DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 # The log of a class probability of 0 (raw_scores): JSON has no -inf.
@@ -113,20 +115,25 @@ async def tei_tokenize_result(body: TEITokenizeRequest, engine: Engine) -> list[
             for text, item in zip(texts, items, strict=True)]
 
 
-async def ranking(engine: Engine, query: str, texts: list[str], field: str, policy: str
-                  ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(indices best first, cosine per text, tokens) of `texts` against `query`: both embedded in
-    one pass through the batcher, normalised, scored by their dot product."""
+async def ranking(engine: Engine, query: str, texts: list[str], field: str, policy: str,
+                  hybrid: float | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(indices best first, score per text, tokens) of `texts` against `query`: both embedded in
+    one pass through the batcher, normalised, scored by their dot product; mixed with the sparse
+    vectors' (from the same tokens) at `hybrid`, or the server's rerank_hybrid when it is None."""
+    weight = engine.settings.rerank_hybrid if hybrid is None else hybrid
+    if weight:
+        engine.require_idf()  # 424 before any work
     (q, q_items), (docs, d_items) = await engine.embed_together(
         [([query], OneText("query")), (texts, field)], policy)
-    scores = cosines(docs @ q[0])
+    sparse = (await engine.sparse_of(q_items), await engine.sparse_of(d_items)) if weight else ([], [])
+    scores = hybrid_scores(cosines(docs @ q[0]), weight, lambda: sparse_dots(*sparse)[0])
     return np.argsort(-scores, kind="stable"), scores, token_count(q_items) + token_count(d_items)
 
 
 async def rerank_result(body: TEIRerankRequest, engine: Engine) -> list[dict[str, Any]]:
     """TEI's POST /rerank: [{index, score[, text]}] best first (score: module docstring)."""
-    order, scores, _ = await ranking(engine, body.query, body.texts, "texts",
-                                     tei_policy(engine, body.truncate, body.truncation_direction))
+    policy = tei_policy(engine, body.truncate, body.truncation_direction)
+    order, scores, _ = await ranking(engine, body.query, body.texts, "texts", policy, body.hybrid)
     if body.return_text:
         return [{"index": int(i), "score": float(scores[i]), "text": body.texts[i]} for i in order]
     return [{"index": int(i), "score": float(scores[i])} for i in order]
@@ -137,7 +144,8 @@ async def cohere_rerank_result(body: CohereRerankRequest, engine: Engine) -> dic
     of them, each {index, relevance_score[, document: {text}]}."""
     check_model(engine, body.model)
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    order, scores, tokens = await ranking(engine, body.query, texts, "documents", engine.settings.long_text)
+    order, scores, tokens = await ranking(engine, body.query, texts, "documents", engine.settings.long_text,
+                                          body.hybrid)
     results = [{"index": int(i), "relevance_score": float(scores[i]),
                 **({"document": {"text": texts[i]}} if body.return_documents else {})}
                for i in order[: body.top_n]]
@@ -191,5 +199,6 @@ def tei_info(engine: Engine) -> dict[str, Any]:
         "max_batch_requests": None, "max_client_batch_size": s.max_texts_per_request,
         "auto_truncate": s.long_text != "error", "tokenization_workers": 1,
         "version": disan.__version__, "sha": None, "docker_label": None,
-        "rerank": {"method": RERANK_METHOD, "routes": ["/rerank", "/v1/rerank", "/v2/rerank"]},
+        "rerank": {"method": RERANK_METHOD, "routes": ["/rerank", "/v1/rerank", "/v2/rerank"],
+                   "hybrid": s.rerank_hybrid},
     }

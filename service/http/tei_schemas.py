@@ -36,6 +36,9 @@ _TRUNCATE = ("true: texts over max_input_length keep their first max_input_lengt
              "with truncation_direction=left); false or omitted: the server's long_text (window by "
              "default: cut into windows whose vectors are pooled; TEI itself refuses them)")
 _DIRECTION = "which end truncate=true cuts: right (default) keeps the start, left keeps the end"
+_HYBRID = ("w from 0 to 1: each score is (1 - w) x the cosine + w x the dot product of the sparse "
+           "vectors (POST /embed_sparse's), hybrid search; omitted: the server's rerank_hybrid (0 "
+           "unless set: the cosine); a 424 where the bundle has no lexical table")
 _NO_PROMPTS = "this model has no prompts (sentence-transformers' `prompts`); send the text as is"
 
 
@@ -140,6 +143,7 @@ class TEIRerankRequest(BaseModel):
     raw_scores: bool = Field(False, description="accepted; the score is the cosine either way (there "
                              "is no logit to send raw)")
     return_text: bool = Field(False, description="also send each text")
+    hybrid: float | None = Field(None, ge=0, le=1, description=_HYBRID)
 
 
 PredictPair = Annotated[list[Text], Field(min_length=1, max_length=2)]
@@ -195,7 +199,7 @@ def predict_problem(value: object) -> str | None:
 class TEIRank(BaseModel):
     index: int = Field(description="position in `texts`")
     score: float = Field(description="cosine of the query's and the text's vectors (a bi-encoder "
-                         "ranking, not a cross-encoder's relevance)")
+                         "ranking, not a cross-encoder's relevance; with hybrid: the hybrid score)")
     text: str | None = Field(None, description="the text, with return_text=true")
 
 
@@ -242,12 +246,14 @@ class CohereRerankRequest(BaseModel):
     top_n: int | None = Field(None, ge=1, description="keep the best n (default: all)")
     return_documents: bool = Field(True, description="send each result's document as {text}")
     model: str | None = Field(None, description="any name: the served model answers")
+    hybrid: float | None = Field(None, ge=0, le=1, description=_HYBRID)
 
 
 class CohereRerankResult(BaseModel):
     index: int = Field(description="position in `documents`")
     relevance_score: float = Field(description="cosine of the query's and the document's vectors (a "
-                                   "bi-encoder ranking; in [-1, 1], not Cohere's calibrated [0, 1])")
+                                   "bi-encoder ranking; in [-1, 1], not Cohere's calibrated [0, 1]; with "
+                                   "hybrid: the hybrid score)")
     document: RerankDocument | None = Field(None, description="with return_documents=true")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.bundle.lexical import NO_TABLE, sparse_vector
+from disan.bundle.lexical import NO_TABLE, SparseVector, sparse_vector
 from disan.runtime.encoder import normalized
 from disan.runtime.runtime import Runtime
 from disan.runtime.tasks import nli_steps, prediction, run_steps_async, sentiment_prediction
@@ -37,6 +37,8 @@ from service.common.metrics import Metrics, multiprocess_dir
 from service.common.timing import CURRENT, Stage
 from service.common.workers import WorkerReadiness
 from service.inference.explain import (
+    check_explain,
+    check_explain_tokens,
     leave_one_out_rows,
     nli_explanation,
     sentiment_explanation,
@@ -58,6 +60,7 @@ from service.settings import Settings
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
 _INLINE_CHARS = 20_000
+_INLINE_TOKENS = 4_000  # about as many tokens
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
@@ -117,7 +120,10 @@ class Engine:
                  runtime.variant, runtime.providers)
 
     def _load_sync(self) -> Runtime:
-        return load_runtime(self.settings)
+        runtime = load_runtime(self.settings)
+        if self.settings.rerank_hybrid and runtime.idf is None:
+            raise ValueError(f"rerank_hybrid is {self.settings.rerank_hybrid}, but this bundle {NO_TABLE}")
+        return runtime
 
     def begin_drain(self) -> None:
         """Shutdown began (SIGTERM): /ready says 503 at once; work in progress goes on until the
@@ -253,23 +259,6 @@ class Engine:
         """`_run_rows` on the graph serving `route` (a driver's call of disan.runtime.encoder's steps)."""
         return await self._run_rows(self.require_ready().graph_for(route), rows)
 
-    def check_explain(self, count: int, field: str, graph: str) -> None:
-        """Refuse an explain request the bundle cannot serve or that is over the limit (cheap,
-        before tokenizing)."""
-        runtime = self.require_ready()
-        if graph not in runtime.graphs:
-            raise InvalidRequest(f"explain: this bundle has no {graph} graph")
-        limit = self.settings.max_explain_texts
-        if count > limit:
-            raise RequestTooLarge(f"{field}: {count} items with explain=true, at most {limit} per request")
-
-    def check_explain_tokens(self, *sides: list[Tokenized]) -> None:
-        """The tokens of an explain request, after tokenizing and before inference."""
-        tokens = sum(len(t.ids) for items in sides for t in items)
-        if tokens > self.settings.max_explain_tokens:
-            raise RequestTooLarge(f"explain: {tokens} tokens in the request, at most "
-                                  f"{self.settings.max_explain_tokens} with explain=true")
-
     # ---- tasks ----
     async def embed(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str,
                     field: str = "texts", max_items: int | None = None, member: str = ""
@@ -285,11 +274,12 @@ class Engine:
     async def embed_explained(self, texts: list[str], normalize: bool, policy: LongTextPolicy | str
                               ) -> tuple[np.ndarray, list[Tokenized], list[dict]]:
         """`embed` plus, per text, its tokens and source2token weights (one explain-graph call)."""
-        graph = self.require_ready().graph_for("embed_explain")
-        self.check_explain(len(texts), "texts", graph)
+        runtime = self.require_ready()
+        graph = runtime.graph_for("embed_explain")
+        check_explain(runtime, len(texts), "texts", graph, self.settings.max_explain_texts)
         items = await self.prepare_async(texts, policy)
         require_fitting(items, "texts")
-        self.check_explain_tokens(items)
+        check_explain_tokens(self.settings.max_explain_tokens, items)
         outs = await self._run(graph, [t.rows[0] for t in items])
         explanations = [token_weights(item.tokens, out) for item, out in zip(items, outs, strict=True)]
         vectors = np.stack([o["embedding"] for o in outs]).astype(np.float32, copy=False)
@@ -307,7 +297,7 @@ class Engine:
             raise RequestTooLarge(f"pairs: {len(pairs)} items, at most "
                                   f"{self.settings.max_texts_per_request} per request")
         if explain:
-            self.check_explain(len(pairs), "pairs", encoder_explain)
+            check_explain(runtime, len(pairs), "pairs", encoder_explain, self.settings.max_explain_texts)
         premises = await self.prepare_async([p for p, _ in pairs], policy, "pairs", member=".premise",
                                             route="nli")
         hypotheses = await self.prepare_async([h for _, h in pairs], policy, "pairs", member=".hypothesis",
@@ -318,7 +308,7 @@ class Engine:
             return await run_steps_async(nli_steps(premises, hypotheses, labels), self._run_route), tokens
         require_fitting(premises, "pairs", ".premise")
         require_fitting(hypotheses, "pairs", ".hypothesis")
-        self.check_explain_tokens(premises, hypotheses)
+        check_explain_tokens(self.settings.max_explain_tokens, premises, hypotheses)
         outs = await self._run_rows(encoder_explain, [t.rows[0] for t in premises + hypotheses])
         sides = list(zip(outs[:len(premises)], outs[len(premises):], strict=True))
         rows = await self._run(head, [leave_one_out_rows(p, h) for p, h in sides])
@@ -336,13 +326,14 @@ class Engine:
         class probabilities: its windows' token-weighted mean)."""
         runtime = self.require_ready()
         if explain:
-            self.check_explain(len(texts), "texts", runtime.graph_for("sentiment_explain"))
+            check_explain(runtime, len(texts), "texts", runtime.graph_for("sentiment_explain"),
+                          self.settings.max_explain_texts)
         items = await self.prepare_async(texts, policy, route="sentiment")
         labels = runtime.labels["sentiment"]
         results = []
         if explain:
             require_fitting(items, "texts")
-            self.check_explain_tokens(items)
+            check_explain_tokens(self.settings.max_explain_tokens, items)
             outs = await self._run(runtime.graph_for("sentiment_explain"), [t.rows[0] for t in items])
             for item, out in zip(items, outs, strict=True):
                 pred = sentiment_prediction(out["probs"], labels)
@@ -378,16 +369,21 @@ class Engine:
         return idf
 
     async def embed_sparse(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts"
-                           ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per text its sparse lexical vector (disan.bundle.lexical; every window of a long text),
-        off the event loop when the request carries a lot of text; NoLexicalTable (424) when the
-        bundle has no lexical table."""
+                           ) -> list[SparseVector]:
+        """Per text its sparse lexical vector (disan.bundle.lexical; every window of a long text);
+        NoLexicalTable (424), before any work, when the bundle has no lexical table."""
+        self.require_idf()
+        return await self.sparse_of(await self.prepare_async(texts, policy, field))
+
+    async def sparse_of(self, items: list[Tokenized]) -> list[SparseVector]:
+        """The sparse lexical vectors of tokenized texts, from the ids the dense vectors read (off
+        the event loop when there are many)."""
         idf = self.require_idf()
 
-        def run() -> list[tuple[np.ndarray, np.ndarray]]:
-            return [sparse_vector(item.ids, idf) for item in self.prepare(texts, policy, field)]
+        def run() -> list[SparseVector]:
+            return [sparse_vector(item.ids, idf) for item in items]
 
-        return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
+        return await asyncio.to_thread(run) if sum(len(i.ids) for i in items) > _INLINE_TOKENS else run()
 
     async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
         """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""

@@ -1,4 +1,5 @@
-"""Explanations as the API returns them, from the explain graphs' per-row outputs.
+"""Explanations as the API returns them, from the explain graphs' per-row outputs, and the limits
+of an explain request.
 
 Token weights (source2token), NLI token attribution (leave-one-out through the head) and the
 sentiment graph's attention maps and fusion gates; plain lists, ready to serialise.
@@ -7,6 +8,26 @@ sentiment graph's attention maps and fusion gates; plain lists, ready to seriali
 from __future__ import annotations
 
 import numpy as np
+
+from disan.runtime.runtime import Runtime
+from service.common.errors import InvalidRequest, RequestTooLarge
+from service.inference.longtext import Tokenized
+
+
+def check_explain(runtime: Runtime, count: int, field: str, graph: str, limit: int) -> None:
+    """Refuse an explain request the bundle cannot serve or with more than `limit` items (cheap,
+    before tokenizing)."""
+    if graph not in runtime.graphs:
+        raise InvalidRequest(f"explain: this bundle has no {graph} graph")
+    if count > limit:
+        raise RequestTooLarge(f"{field}: {count} items with explain=true, at most {limit} per request")
+
+
+def check_explain_tokens(limit: int, *sides: list[Tokenized]) -> None:
+    """The tokens of an explain request (at most `limit`), after tokenizing and before inference."""
+    tokens = sum(len(t.ids) for items in sides for t in items)
+    if tokens > limit:
+        raise RequestTooLarge(f"explain: {tokens} tokens in the request, at most {limit} with explain=true")
 
 
 def token_weights(tokens: list[str], out: dict[str, np.ndarray]) -> dict:

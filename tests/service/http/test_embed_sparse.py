@@ -1,12 +1,13 @@
 """TEI's POST /embed_sparse on both front ends: the sparse vectors `disan.Encoder.encode_sparse`
 gives, TEI's limits and errors, a 424 from a bundle without a lexical table, GET /info `sparse`;
-and `hybrid` on /similarity, which mixes the cosine with the same vectors' dot products."""
+and `hybrid` on /similarity and the rerank routes (or the server's `rerank_hybrid`), which mixes
+the cosine with the same vectors' dot products."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import wait_ready
+from conftest import wait_failed, wait_ready
 from fastapi.testclient import TestClient
 
 from disan import Encoder
@@ -17,8 +18,9 @@ TEXTS = ["a man is playing the guitar", "the dog runs in the park", "the the the
 LONG = " ".join(["the man is playing the guitar in the park"] * 30)  # 270 tokens, over 128
 
 
-def serving(bundle, fast_path):
-    return TestClient(create_app(Settings(bundle=bundle, fast_path=fast_path, max_texts_per_request=4)))
+def serving(bundle, fast_path, **settings):
+    return TestClient(create_app(Settings(bundle=bundle, fast_path=fast_path, max_texts_per_request=4,
+                                          **settings)))
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +117,61 @@ def test_similarity_hybrid_errors(client, tiny_bundle, fast_path):
         r = plain.post("/similarity", json={"texts": TEXTS, "hybrid": 0.5})
         assert r.status_code == 424 and r.json()["error"]["type"] == "no_lexical_table", r.text
         assert plain.post("/similarity", json={"texts": TEXTS}).status_code == 200  # no hybrid: as before
+
+
+def hybrid_want(client, query: str, texts: list[str], weight: float) -> dict[int, float]:
+    """(1 - w) x /similarity's cosine + w x the dot product of /embed_sparse's vectors, per text."""
+    cosine = {r["index"]: r["score"]
+              for r in client.post("/similarity", json={"query": query, "texts": texts}).json()["ranking"]}
+    q, docs = sparse_of(client, [query])[0], sparse_of(client, texts)
+    return {i: (1 - weight) * cosine[i] + weight * dot(q, docs[i]) for i in range(len(texts))}
+
+
+def test_rerank_hybrid_mixes_cosine_and_sparse_dot(client):
+    query, texts = "the man plays the guitar", TEXTS
+    want = hybrid_want(client, query, texts, 0.4)
+    tei = client.post("/rerank", json={"query": query, "texts": texts, "hybrid": 0.4}).json()
+    assert [r["index"] for r in tei] == sorted(want, key=lambda i: -want[i])
+    for r in tei:
+        assert r["score"] == pytest.approx(want[r["index"]], abs=1e-5)
+    for route in ("/v1/rerank", "/v2/rerank"):
+        cohere = client.post(route, json={"query": query, "documents": texts, "hybrid": 0.4}).json()
+        assert [(r["index"], r["relevance_score"]) for r in cohere["results"]] == \
+            [(r["index"], r["score"]) for r in tei]
+    cosine = hybrid_want(client, query, texts, 0.0)
+    plain = client.post("/rerank", json={"query": query, "texts": texts}).json()
+    assert {r["index"]: r["score"] for r in plain} == pytest.approx(cosine, abs=1e-6)  # no hybrid: the cosine
+    assert client.get("/info").json()["rerank"]["hybrid"] == 0.0
+
+
+def test_rerank_hybrid_setting_serves_clients_that_cannot_send_it(sparse_bundle, fast_path):
+    query, texts = "the man plays the guitar", TEXTS
+    with serving(sparse_bundle, fast_path, rerank_hybrid=0.4) as c:
+        wait_ready(c.get)
+        assert c.get("/info").json()["rerank"]["hybrid"] == 0.4
+        want = hybrid_want(c, query, texts, 0.4)
+        got = c.post("/rerank", json={"query": query, "texts": texts}).json()
+        assert {r["index"]: r["score"] for r in got} == pytest.approx(want, abs=1e-5)
+        cohere = c.post("/v1/rerank", json={"query": query, "documents": texts}).json()["results"]
+        assert {r["index"]: r["relevance_score"] for r in cohere} == pytest.approx(want, abs=1e-5)
+        # a request's own weight wins, 0 included
+        cosine = hybrid_want(c, query, texts, 0.0)
+        got = c.post("/rerank", json={"query": query, "texts": texts, "hybrid": 0}).json()
+        assert {r["index"]: r["score"] for r in got} == pytest.approx(cosine, abs=1e-6)
+
+
+def test_rerank_hybrid_errors(client, tiny_bundle, fast_path):
+    r = client.post("/rerank", json={"query": "a man", "texts": TEXTS, "hybrid": -0.1})
+    assert r.status_code == 422 and "hybrid" in r.text
+    with serving(tiny_bundle, fast_path) as plain:
+        wait_ready(plain.get)
+        r = plain.post("/rerank", json={"query": "a man", "texts": TEXTS, "hybrid": 0.5})
+        assert r.status_code == 424 and r.json()["error_type"] == "Backend", r.text
+        r = plain.post("/v1/rerank", json={"query": "a man", "documents": TEXTS, "hybrid": 0.5})
+        assert r.status_code == 424 and r.json()["error"]["type"] == "no_lexical_table", r.text
+        assert plain.post("/rerank", json={"query": "a man", "texts": TEXTS}).status_code == 200
+
+
+def test_rerank_hybrid_setting_without_a_lexical_table_fails_the_load(tiny_bundle, fast_path):
+    with serving(tiny_bundle, fast_path, rerank_hybrid=0.3) as c:
+        wait_failed(c.get)

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import block_runner, until_loaded, wait_ready
+from conftest import block_runner, until_loaded, wait_failed, wait_ready
 from fastapi.testclient import TestClient
 
 from disan.bundle.manifest import write_manifest
@@ -218,12 +218,7 @@ def test_not_ready_is_503(tiny_bundle, monkeypatch, fast_path):
 
 def test_broken_bundle_reports_failed(tmp_path):
     with serve(tmp_path, ready=False) as c:
-        deadline = time.monotonic() + 10
-        while c.get("/health").status_code == 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert c.get("/health").json()["status"] == "failed"
-        assert c.get("/ready").status_code == 503
+        wait_failed(c.get, timeout=10)
         assert_error(c.post("/nli", json={"pairs": [{"premise": "a", "hypothesis": "b"}]}),
                      503, "not_ready")
 
