@@ -10,7 +10,8 @@ Starts `disan serve` on 127.0.0.1 (bench/chaos_kit.py's `Served`), warms it up, 
   Rerank embeds the query and the passages in one pass through the batcher, so it should cost no
   more than /embed of them all (issue 81's goal: ratio <= 1 within the noise of one run). Where
   the bundle has a lexical table, `POST /embed_sparse` of the same texts is interleaved too
-  (tokenizing and weighing only: no graph runs).
+  (tokenizing and weighing only: no graph runs), and so is the same rerank with `"hybrid": 0.3`
+  (the dense pass plus both sides' sparse vectors).
 - `rerank+small`: `clients` connections each sending that rerank in a loop, beside one client
   sending one-sentence /embed requests 20 ms apart (bench/chaos_load.py's probe); the probe's
   p50/p99 (goal: p99 < 100 ms on the 2-core machine, as `long+small` in bench/chaos.py).
@@ -41,29 +42,36 @@ def passages(n: int, rng: random.Random) -> list[str]:
     return [" ".join(rng.sample(DEFAULT_TEXTS, rng.randint(2, 3))) for _ in range(n)]
 
 
-def bodies(n: int, seed: int = 0) -> tuple[bytes, bytes, bytes]:
-    """(the /rerank body, the /embed and the /embed_sparse bodies of the same query + passages)."""
+HYBRID = 0.3  # the hybrid rerank's weight (any w > 0 costs the same)
+
+
+def bodies(n: int, seed: int = 0) -> tuple[bytes, bytes, bytes, bytes]:
+    """(the /rerank body, the /embed and the /embed_sparse bodies of the same query + passages, the
+    /rerank body with `hybrid`)."""
     rng = random.Random(seed)
     query, texts = rng.choice(DEFAULT_TEXTS), passages(n, rng)
     return (json.dumps({"query": query, "texts": texts}).encode(),
             json.dumps({"texts": [query, *texts], "normalize": True}).encode(),
-            json.dumps({"inputs": [query, *texts]}).encode())
+            json.dumps({"inputs": [query, *texts]}).encode(),
+            json.dumps({"query": query, "texts": texts, "hybrid": HYBRID}).encode())
 
 
 async def cost(port: int, row: Row, rounds: int, n: int, sparse: bool) -> dict[str, float]:
     """Median ms of /rerank, /embed (and /embed_sparse) of the same texts, interleaved (module
     docstring)."""
-    rerank, embed, sparse_body = bodies(n)
+    rerank, embed, sparse_body, hybrid = bodies(n)
     conn = Conn(port)
-    routes = [("/rerank", rerank), ("/embed", embed)] + ([("/embed_sparse", sparse_body)] if sparse else [])
-    times: dict[str, list[float]] = {path: [] for path, _ in routes}
+    routes = [("/rerank", "/rerank", rerank), ("/embed", "/embed", embed)]
+    if sparse:
+        routes += [("/embed_sparse", "/embed_sparse", sparse_body), ("/rerank hybrid", "/rerank", hybrid)]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in routes}
     for i in range(rounds + 2):
-        for path, body in routes:
+        for label, path, body in routes:
             t0 = time.perf_counter()
             status, _ = await conn.request("POST", path, body, timeout=60)
             row.count(str(status))
             if status == 200 and i >= 2:  # the first two rounds warm the path up
-                times[path].append(time.perf_counter() - t0)
+                times[label].append(time.perf_counter() - t0)
                 row.sentences_ok += n + 1
     conn.close()
     medians = {path: statistics.median(t) * 1000 for path, t in times.items()}
@@ -74,7 +82,9 @@ async def cost(port: int, row: Row, rounds: int, n: int, sparse: bool) -> dict[s
                 "interleaved)")
     if sparse:
         row.note += (f"; /embed_sparse of them {medians['/embed_sparse']:.1f} ms, "
-                     f"{medians['/embed_sparse'] / medians['/embed']:.2f} of /embed")
+                     f"{medians['/embed_sparse'] / medians['/embed']:.2f} of /embed; /rerank with hybrid "
+                     f"{HYBRID} {medians['/rerank hybrid']:.1f} ms, "
+                     f"{medians['/rerank hybrid'] / medians['/rerank']:.2f} of /rerank")
     return medians
 
 
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers (the CPU compose default)")
     p.add_argument("--passages", type=int, default=100)
     p.add_argument("--rounds", type=int, default=30,
-                   help="timed /rerank, /embed (and /embed_sparse) requests each")
+                   help="timed /rerank, /embed (and /embed_sparse, hybrid /rerank) requests each")
     p.add_argument("--seconds", type=float, default=20.0, help="duration of rerank+small")
     p.add_argument("--clients", type=int, default=4, help="rerank clients beside the probe")
     p.add_argument("--machine", default="", help="what it ran on, recorded in the JSON")
@@ -146,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             "rerank_over_embed": medians["/rerank"] / medians["/embed"] if medians else None,
             "sparse_over_embed": medians["/embed_sparse"] / medians["/embed"] if "/embed_sparse" in medians
             else None,
+            "hybrid_over_rerank": medians["/rerank hybrid"] / medians["/rerank"]
+            if "/rerank hybrid" in medians else None,
             "rows": [r.summary() for r in rows]}, indent=2) + "\n")
     return 0
 

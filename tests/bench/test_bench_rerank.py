@@ -26,9 +26,11 @@ def test_cost_and_stream_rows_against_a_live_server(request, tmp_path, capsys, s
     result = json.loads(out.read_text())
     rows = {r["attack"]: r for r in result["rows"]}
     assert list(rows) == ["cost", "rerank+small"]
-    # 5 rounds (2 to warm up) of /rerank and /embed, and /embed_sparse where the bundle serves it
-    assert rows["cost"]["statuses"] == {"200": 15 if sparse else 10} and rows["cost"]["probe_n"] == 3
+    # 5 rounds (2 to warm up) of /rerank and /embed, and of /embed_sparse and the hybrid /rerank where
+    # the bundle serves sparse vectors
+    assert rows["cost"]["statuses"] == {"200": 20 if sparse else 10} and rows["cost"]["probe_n"] == 3
     assert result["rerank_over_embed"] > 0 and "ratio" in rows["cost"]["note"]
     assert (result["sparse_over_embed"] is not None) == sparse == ("/embed_sparse" in rows["cost"]["note"])
+    assert (result["hybrid_over_rerank"] is not None) == sparse == ("with hybrid" in rows["cost"]["note"])
     assert set(rows["rerank+small"]["statuses"]) == {"200"} and rows["rerank+small"]["probe_n"] > 0
     assert "| cost |" in capsys.readouterr().out
