@@ -31,8 +31,8 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "overloaded": (429, "too many requests in progress or the batching queue is full; retry after "
                         "Retry-After seconds"),
     "headers_too_large": (431, "the request line and headers exceed max_header_bytes"),
-    "no_lexical_table": (424, "POST /embed_sparse on a bundle without a lexical table (TEI answers 424 "
-                              "when its model is not a sparse one)"),
+    "no_lexical_table": (424, "POST /embed_sparse, or a `hybrid` score, on a bundle without a lexical "
+                              "table (TEI answers 424 when its model is not a sparse one)"),
     "client_closed_request": (499, "the client went away before the answer was ready"),
     "internal_error": (500, "inference failed; details are in the server log"),
     "not_ready": (503, "the model is still loading / warming up, or the server is shutting down"),
