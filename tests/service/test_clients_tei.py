@@ -3,7 +3,8 @@ rerank, each with its defaults (base URL set, nothing else), against a live serv
 defaults: `huggingface_hub.InferenceClient` (`feature_extraction`, `sentence_similarity`),
 LlamaIndex's `TextEmbeddingsInference` and its TEI reranker, the `cohere` SDK's `rerank` (v1 and
 v2). Vectors through TEI's routes must equal /embed's (cosine >= 0.9999); rankings must be the
-cosine ranking /similarity gives.
+cosine ranking /similarity gives, or its hybrid ranking where the server sets `rerank_hybrid` (the
+clients cannot send `hybrid`).
 
 Each test skips with its reason when its client is not installed (they come with the `clients`
 extra).
@@ -23,11 +24,18 @@ from test_clients import chunks, documents, reference
 from service.settings import Settings
 
 QUERY = "a man is playing the guitar"
+HYBRID = 0.5
 
 
 @pytest.fixture(scope="module")
 def server(tiny_bundle):
     with serve_in_thread(Settings(bundle=tiny_bundle)) as base:  # the server's defaults too
+        yield base
+
+
+@pytest.fixture(scope="module")
+def hybrid_server(sparse_bundle):
+    with serve_in_thread(Settings(bundle=sparse_bundle, rerank_hybrid=HYBRID)) as base:
         yield base
 
 
@@ -52,9 +60,10 @@ def assert_same_vectors(got, expected) -> None:
     assert cos.min() >= 0.9999, cos
 
 
-def ranking(server: str, query: str, texts: list[str]) -> tuple[list[int], list[float]]:
-    """(indices best first, their cosines) as our own /similarity ranks them."""
-    r = httpx.post(f"{server}/similarity", json={"query": query, "texts": texts}, timeout=30)
+def ranking(server: str, query: str, texts: list[str], hybrid: float = 0.0) -> tuple[list[int], list[float]]:
+    """(indices best first, their cosines or hybrid scores) as our own /similarity ranks them."""
+    body = {"query": query, "texts": texts, "hybrid": hybrid}
+    r = httpx.post(f"{server}/similarity", json=body, timeout=30)
     assert r.status_code == 200, r.text
     return [x["index"] for x in r.json()["ranking"]], [x["score"] for x in r.json()["ranking"]]
 
@@ -123,3 +132,19 @@ def test_cohere_sdk_rerank(server):
     v2 = cohere.ClientV2(base_url=server, api_key="unused")
     answer = v2.rerank(model="rerank-v3.5", query=QUERY, documents=texts, top_n=2)
     assert [r.index for r in answer.results] == order[:2]
+
+
+def test_stock_rerank_clients_get_the_servers_hybrid_score(hybrid_server):
+    texts = documents(8)
+    order, scores = ranking(hybrid_server, QUERY, texts, HYBRID)
+    assert (order, scores) != ranking(hybrid_server, QUERY, texts)  # the hybrid score is not the cosine
+    rerank = client_package("llama_index.postprocessor.tei_rerank")
+    schema = client_package("llama_index.core.schema")
+    nodes = [schema.NodeWithScore(node=schema.TextNode(text=t), score=0.0) for t in texts]
+    kept = rerank.TextEmbeddingInference(base_url=hybrid_server).postprocess_nodes(nodes, query_str=QUERY)
+    assert [n.node.get_content() for n in kept] == [texts[i] for i in order[:5]]
+    np.testing.assert_allclose([n.score for n in kept], scores[:5], atol=1e-5)
+    cohere = client_package("cohere")
+    answer = cohere.Client(base_url=hybrid_server, api_key="unused").rerank(query=QUERY, documents=texts)
+    assert [r.index for r in answer.results] == order
+    np.testing.assert_allclose([r.relevance_score for r in answer.results], scores, atol=1e-5)
