@@ -15,7 +15,7 @@ never held get the top level. The manifest names the file (`lexical`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +132,9 @@ def sparse_dot(x: SparseVector, y: SparseVector) -> float:
     """The dot product of two sparse vectors (indices ascending, each once)."""
     _, i, j = np.intersect1d(x[0], y[0], assume_unique=True, return_indices=True)
     return float(np.dot(x[1][i].astype(np.float64), y[1][j]))
+
+
+def hybrid_scores(cosine: np.ndarray, weight: float, sparse: Callable[[], np.ndarray]) -> np.ndarray:
+    """The hybrid score: (1 - w) x the dense cosines + w x the sparse dot products, `sparse()`
+    computed only when w > 0 (at w = 0, `cosine` itself)."""
+    return cosine if not weight else (1.0 - weight) * cosine + weight * sparse()

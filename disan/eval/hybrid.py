@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from disan.bundle.lexical import Postings, SparseVector
+from disan.bundle.lexical import Postings, SparseVector, hybrid_scores
 
 Sparse = Callable[[list[str]], list[SparseVector]]
 
@@ -34,9 +34,10 @@ def hybrid_top_k(queries: np.ndarray, docs: np.ndarray, query_sparse: Sequence[S
     best_idx = np.zeros((n_q, k), dtype=np.int64)
     best_val = np.zeros((n_q, k), dtype=np.float32)
     for q0 in range(0, n_q, step):
-        block = (1.0 - weight) * (queries[q0:q0 + step] @ docs.T)
-        if weight > 0:
-            block += weight * np.stack([postings.scores(query_sparse[q]) for q in range(q0, q0 + len(block))])
+        dense = queries[q0:q0 + step] @ docs.T
+        rows = range(q0, q0 + len(dense))
+        block = hybrid_scores(dense, weight, lambda rows=rows: np.stack([postings.scores(query_sparse[q])
+                                                                          for q in rows]))
         idx = np.argpartition(-block, k - 1, axis=1)[:, :k]
         val = np.take_along_axis(block, idx, 1)
         order = np.lexsort((idx, -val), axis=1)

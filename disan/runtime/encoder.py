@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 
 from disan.bundle.dimensions import dimensions_problem, shorten
-from disan.bundle.lexical import NO_TABLE, SparseVector, sparse_dots, sparse_vector
+from disan.bundle.lexical import NO_TABLE, SparseVector, hybrid_scores, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
 from disan.runtime.batching import BatchLimits, cell_batches, provider_limits
@@ -247,7 +247,7 @@ class Encoder:
         va, sa = side(a)
         vb, sb = (va, sa) if b is None else side(b)
         scores = np.clip((va @ vb.T).astype(np.float64), -1.0, 1.0)
-        return (1.0 - hybrid) * scores + hybrid * sparse_dots(sa, sb) if hybrid else scores
+        return hybrid_scores(scores, hybrid, lambda: sparse_dots(sa, sb))
 
     def nli(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> list[dict]:
         """Per (premise, hypothesis) pair {label, scores}: `nli_steps` (as /nli), its graphs run

@@ -22,7 +22,6 @@ def polarity_of(label: str) -> str:
     return "negative" if "neg" in low else "positive" if "pos" in low else "neutral"
 
 
-
 Call = tuple[str, list]  # a route ("nli": its encoder, on id rows; "nli_head": on vector pairs), payloads
 Steps = Generator[Call, Sequence[Any], list[dict]]
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from disan.bundle.lexical import sparse_dot, sparse_dots
+from disan.bundle.lexical import hybrid_scores, sparse_dot, sparse_dots
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
@@ -223,11 +223,6 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
             tokens += query_tokens
     out["usage"] = {"tokens": tokens}
     return out
-
-
-def hybrid_scores(cosine: np.ndarray, weight: float, sparse: Callable[[], np.ndarray]) -> np.ndarray:
-    """(1 - w) x the cosines + w x the sparse vectors' dot products (computed only when w > 0)."""
-    return cosine if not weight else (1.0 - weight) * cosine + weight * sparse()
 
 
 def cosines(dots: np.ndarray) -> np.ndarray:

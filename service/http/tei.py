@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 import disan
-from disan.bundle.lexical import sparse_dots
+from disan.bundle.lexical import hybrid_scores, sparse_dots
 from disan.bundle.manifest import fingerprints_in_use
 from disan.runtime.encoder import prefixed
 from service.common.errors import RequestTooLarge
-from service.http.handlers import check_model, cosines, hybrid_scores, prefix_size, token_count
+from service.http.handlers import check_model, cosines, prefix_size, token_count
 from service.http.tei_schemas import (
     CohereRerankRequest,
     TEIEmbedRequest,
@@ -125,8 +125,8 @@ async def ranking(engine: Engine, query: str, texts: list[str], field: str, poli
         engine.require_idf()  # 424 before any work
     (q, q_items), (docs, d_items) = await engine.embed_together(
         [([query], OneText("query")), (texts, field)], policy)
-    sparse = (await engine.sparse_of(q_items), await engine.sparse_of(d_items)) if weight else ([], [])
-    scores = hybrid_scores(cosines(docs @ q[0]), weight, lambda: sparse_dots(*sparse)[0])
+    sparse = await engine.sparse_of(q_items + d_items) if weight else []  # the query's, then the texts'
+    scores = hybrid_scores(cosines(docs @ q[0]), weight, lambda: sparse_dots(sparse[:1], sparse[1:])[0])
     return np.argsort(-scores, kind="stable"), scores, token_count(q_items) + token_count(d_items)
 
 
