@@ -113,6 +113,70 @@ def test_playground_round_trips_and_draws_heatmaps(server, browser, tmp_path: Pa
         raise
 
 
+def results(browser) -> list[tuple[int, float]]:
+    return [(int(li.get_attribute("data-index")), float(li.get_attribute("data-score")))
+            for li in browser.find_elements(By.CSS_SELECTOR, "#search-results li")]
+
+
+def ranked(answer: list[dict]) -> list[tuple[int, float]]:
+    return [(r["index"], pytest.approx(r["score"], abs=1e-5)) for r in answer]
+
+
+def typed_lines(browser) -> list[str]:
+    typed = browser.find_element(By.ID, "sentences").get_attribute("value")
+    return [t.strip() for t in typed.split("\n") if t.strip()]
+
+
+def rerank(base: str, query: str, texts: list[str], **extra) -> list[dict]:
+    body = {"query": query, "texts": texts, "truncate": True, **extra}
+    return httpx.post(f"{base}/rerank", json=body).json()
+
+
+def test_search_ranks_the_sentences_as_rerank_does(server, browser, tmp_path: Path):
+    browser.get(f"{server}/ui/")
+    try:
+        finished(browser)
+        query = browser.find_element(By.ID, "query").get_attribute("value")
+        assert results(browser) == ranked(rerank(server, query, typed_lines(browser)))
+        # this bundle has no lexical table: no hybrid control, so no request it would refuse (424)
+        assert not browser.find_element(By.ID, "hybrid-control").is_displayed()
+
+        # more lines than the heatmaps show are all ranked; a new query runs on Enter
+        box = browser.find_element(By.ID, "sentences")
+        box.clear()
+        many = [f"sentence number {i} about a {'dog' if i % 3 else 'guitar'}" for i in range(12)]
+        box.send_keys("\n".join(many))
+        field = browser.find_element(By.ID, "query")
+        field.clear()
+        field.send_keys("a guitar\n")
+        WebDriverWait(browser, 30).until(lambda d: len(results(d)) == 12)
+        assert results(browser) == ranked(rerank(server, "a guitar", many))
+    except Exception:
+        browser.save_screenshot(str(tmp_path / "search.png"))
+        raise
+
+
+def test_search_sends_the_hybrid_weight_where_the_bundle_has_a_lexical_table(sparse_bundle, browser,
+                                                                              tmp_path: Path):
+    with serve_in_thread(Settings(bundle=sparse_bundle)) as base:
+        browser.get(f"{base}/ui/")
+        try:
+            finished(browser)
+            assert browser.find_element(By.ID, "hybrid-control").is_displayed()
+            texts = typed_lines(browser)
+            query = browser.find_element(By.ID, "query").get_attribute("value")
+            browser.execute_script("const r = document.getElementById('hybrid'); r.value = '0.5';"
+                                   "r.dispatchEvent(new Event('input'));"
+                                   "r.dispatchEvent(new Event('change'));")
+            want, dense = rerank(base, query, texts, hybrid=0.5), rerank(base, query, texts)
+            assert ranked(want) != ranked(dense)  # the weight changes the scores, so the check can fail
+            WebDriverWait(browser, 30).until(lambda d: results(d) == ranked(want))
+            assert browser.find_element(By.ID, "hybrid-value").text == "0.5"
+        except Exception:
+            browser.save_screenshot(str(tmp_path / "hybrid.png"))
+            raise
+
+
 def test_docs_render_offline_in_a_browser(server, browser):
     """Swagger UI builds the operation list from the local assets (this machine has no CDN)."""
     browser.get(f"{server}/docs")

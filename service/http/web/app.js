@@ -4,6 +4,7 @@
 
 const ROOT = new URL("../", document.baseURI);  // the page lives at <root>/ui/
 const MAX_SENTENCES = 8;                         // NLI runs every ordered pair: 8 -> 56 pairs
+const MAX_DOCUMENTS = 64;                        // search ranks more lines than the heatmaps can show
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (sel) => document.querySelector(sel);
 const state = { info: null, texts: [], explanations: [], waits: 0 };
@@ -194,9 +195,52 @@ function drawExplanation(index) {
   }
 }
 
+function drawSearch(ranked, docs) {
+  const list = $("#search-results");
+  list.replaceChildren(...ranked.map((r) => {
+    const li = document.createElement("li");
+    li.dataset.index = String(r.index);
+    li.dataset.score = r.score.toFixed(6);
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = r.score.toFixed(4);
+    li.append(score, document.createTextNode(` ${docs[r.index]}`));
+    return li;
+  }));
+}
+
 // ---- the flow ----
-function sentences() {
-  return $("#sentences").value.split("\n").map((s) => s.trim()).filter(Boolean).slice(0, MAX_SENTENCES);
+function lines(limit) {
+  return $("#sentences").value.split("\n").map((s) => s.trim()).filter(Boolean).slice(0, limit);
+}
+
+function sentences() { return lines(MAX_SENTENCES); }
+
+function hybridWeight() {
+  return $("#hybrid-control").hidden ? 0 : Number($("#hybrid").value);
+}
+
+async function search() {
+  const query = $("#query").value.trim();
+  const docs = lines(MAX_DOCUMENTS);
+  if (!query || !docs.length) {
+    $("#search-results").replaceChildren();
+    return;
+  }
+  const body = { query, texts: docs, truncate: true };
+  const weight = hybridWeight();
+  if (weight > 0) body.hybrid = weight;  // sent only when asked: a bundle without a table answers 424
+  drawSearch(await call("POST", "rerank", body), docs);
+}
+
+async function searchOnly() {
+  setStatus("searching…");
+  try {
+    await search();
+    setStatus("search done", "ok");
+  } catch (error) {
+    setStatus(error.message, "error");
+  }
 }
 
 async function run() {
@@ -214,6 +258,7 @@ async function run() {
     const pairs = [];
     texts.forEach((p, i) => texts.forEach((h, j) => { if (i !== j) pairs.push({ premise: p, hypothesis: h }); }));
     const explain = Boolean(state.info.explain);
+    $("#hybrid-control").hidden = !(state.info.sparse && state.info.sparse.served);
     const [sim, nli, senti] = await Promise.all([
       call("POST", "similarity", { texts, truncate: true }),
       pairs.length ? call("POST", "nli", { pairs, truncate: true }) : Promise.resolve({ results: [] }),
@@ -228,6 +273,7 @@ async function run() {
     pick.replaceChildren(...texts.map((t, i) => new Option(`${i + 1}. ${clip(t, 60)}`, String(i))));
     $("#explain").hidden = !explain;
     if (explain) drawExplanation(0);
+    await search();
     setStatus(`done in ${Math.round(performance.now() - started)} ms`, "ok");
     document.body.dataset.state = "done";
   } catch (error) {
@@ -245,6 +291,10 @@ async function run() {
 }
 
 $("#run").addEventListener("click", run);
+$("#search-run").addEventListener("click", searchOnly);
+$("#query").addEventListener("keydown", (e) => { if (e.key === "Enter") searchOnly(); });
+$("#hybrid").addEventListener("input", (e) => { $("#hybrid-value").value = e.target.value; });
+$("#hybrid").addEventListener("change", searchOnly);
 $("#explain-pick").addEventListener("change", (e) => drawExplanation(Number(e.target.value)));
 $("#sentences").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) run();
