@@ -76,13 +76,17 @@ def cells(browser, plot: str) -> list:
     return browser.find_elements(By.CSS_SELECTOR, f"#{plot} svg rect.cell")
 
 
+def typed_lines(browser) -> list[str]:
+    typed = browser.find_element(By.ID, "sentences").get_attribute("value")
+    return [t.strip() for t in typed.split("\n") if t.strip()]
+
+
 def test_playground_round_trips_and_draws_heatmaps(server, browser, tmp_path: Path):
     browser.get(f"{server}/")  # redirects to /ui/, which analyses its example sentences at once
     try:
         finished(browser)
         assert browser.current_url == f"{server}/ui/"
-        typed = browser.find_element(By.ID, "sentences").get_attribute("value")
-        texts = [t.strip() for t in typed.split("\n") if t.strip()]
+        texts = typed_lines(browser)
         n = len(texts)
         # the similarity cells hold what the API answers for the same sentences
         matrix = httpx.post(f"{server}/similarity", json={"texts": texts, "truncate": True}).json()["matrix"]
@@ -120,11 +124,6 @@ def results(browser) -> list[tuple[int, float]]:
 
 def ranked(answer: list[dict]) -> list[tuple[int, float]]:
     return [(r["index"], pytest.approx(r["score"], abs=1e-5)) for r in answer]
-
-
-def typed_lines(browser) -> list[str]:
-    typed = browser.find_element(By.ID, "sentences").get_attribute("value")
-    return [t.strip() for t in typed.split("\n") if t.strip()]
 
 
 def rerank(base: str, query: str, texts: list[str], **extra) -> list[dict]:
