@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A distillation phase on a lent GPU, one step per device call (docs/distillation.md, "5. On a
+# A distillation phase on a lent GPU, one step per device call (docs/train.md, "On a
 # lent GPU"). research/gpu-lease/pack.sh copies this to .gpurun/run.sh; each call carries that,
 # .gpurun/kit.sha256 and one piece folder, and runs from the repo root there:
 #
@@ -34,6 +34,13 @@
 #                                             back in fp16 with its metrics, without a borrowed
 #                                             word table (put back here: `python -m research slim
 #                                             student16.pt OUT.pt --borrowed-from START.pt`)
+#   bash .gpurun/run.sh students MINUTES ARGS [-- ARGS2]...
+#                                             the same with one student a set of ARGS, side by side
+#                                             on the one GPU after the teacher (MINUTES 0: no more
+#                                             teacher rows than the cache has); each back as
+#                                             studentN-fp16.pt (N from 1, in the order given) with its
+#                                             metrics-N.jsonl and the tail of its log, while the
+#                                             reply holds them
 #
 # DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
 # kit's folder from /tmp/kit.
@@ -76,8 +83,9 @@ unpack() {  # the kit's pieces in /tmp/w, checked and unpacked into $kit (once)
 }
 
 back() {  # checkpoints, best first: each in pieces to $OUT while one reply holds them (8 files,
-  # 64 MiB, with what $OUT has already), their sha256 in one file; the rest named for `pieces`
-  local f n size files bytes
+  # 64 MiB, with what $OUT has already), their sha256 in one file ($SUMS, sentiment.sha256 unless
+  # set); the rest named for `pieces`
+  local f n size files bytes sums=${SUMS:-sentiment.sha256}
   files=$(( $(ls "$OUT" | wc -l) + 1 )); bytes=$(du -cb "$OUT" | tail -1 | cut -f1)
   for f in "$@"; do
     size=$(stat -c %s "$f"); n=$(( (size + piece - 1) / piece ))
@@ -85,7 +93,7 @@ back() {  # checkpoints, best first: each in pieces to $OUT while one reply hold
       echo "not in this reply: $f (bash .gpurun/run.sh pieces $f)"; continue
     fi
     split -b $piece -d -a 1 "$f" "$OUT/$(basename "$f").part-"
-    (cd "$(dirname "$f")" && sha256sum "$(basename "$f")") | tee -a "$OUT/sentiment.sha256"
+    (cd "$(dirname "$f")" && sha256sum "$(basename "$f")") | tee -a "$OUT/$sums"
     files=$(( files + n )); bytes=$(( bytes + size ))
   done
 }
@@ -133,6 +141,33 @@ sentiment() {  # "SEEDS" TRAIN_ARGS [-- "SEEDS" TRAIN_ARGS]...: one `disan train
   [ $failed = 0 ] || exit 4
 }
 
+students() {  # MINUTES ARGS [-- ARGS2]...: the teacher, then one student a set of ARGS at once
+  local minutes=$1 run runs=() args=() a n=0 failed=0 p slim=()
+  shift
+  [ "$minutes" = 0 ] || python3 -m disan.cli distill teacher --corpus "$kit/corpus" --teacher mpnet \
+    --device "$dev" --batch-size 512 --max-minutes "$minutes"
+  while [ $# -gt 0 ]; do
+    args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("${1/#KIT\//$kit/}"); shift; done
+    [ $# -gt 0 ] && shift  # the --
+    n=$((n + 1)); run=$(mktemp -d "$kit/student$n-XXXX"); runs+=("$run")
+    [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
+    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}" \
+      > "$run/log" 2>&1 &
+  done
+  for p in $(jobs -p); do wait "$p" || failed=1; done
+  n=0
+  for run in "${runs[@]}"; do
+    n=$((n + 1)); echo "student $n: $(tail -n 2 "$run/log")"
+    cp "$run/metrics.jsonl" "$OUT/metrics-$n.jsonl" 2>/dev/null || true
+    [ -f "$run/student.pt" ] || continue
+    python3 -m research slim "$run/student.pt" "$kit/student${n}-fp16.pt" --without-borrowed
+    slim+=("$kit/student${n}-fp16.pt")
+  done
+  SUMS=students.sha256 back "${slim[@]}"
+  [ $failed = 0 ] || { echo "a student failed (its log's tail above)"; exit 4; }
+}
+
 case $step in
   stash)
     ls /tmp/w; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true ;;
@@ -174,5 +209,8 @@ case $step in
     python3 -m research slim "$run/student.pt" "$kit/student16.pt" --without-borrowed
     cp "$run/metrics.jsonl" "$OUT/"
     pieces "$kit/student16.pt" ;;
+  students)
+    unpack
+    students "$@" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -311,6 +311,29 @@ def test_a_student_starts_from_the_kits_init_and_leaves_its_borrowed_table_behin
     assert (out / "metrics.jsonl").is_file()
 
 
+def test_students_train_side_by_side_each_with_its_flags_and_come_back_numbered(
+        tmp_path: Path, bash: str) -> None:
+    """Two phases on one lease: no more teacher rows when MINUTES is 0, each set of flags its own
+    run, and each student back as studentN-fp16.pt with its metrics, in the order given."""
+    kit, out, env = stub_machine(tmp_path, STUDENT_STUB)
+    (kit / ".unpacked").touch()
+    got = subprocess.run([bash, str(SCRIPTS[1]), "students", "0", "--init", "KIT/init.pt", "--anchor", "0.5",
+                          "--", "--init", "KIT/init.pt", "--batch-size", "256"],
+                         capture_output=True, text=True, cwd=ROOT, env=env | {"KIT": str(kit)}, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    calls = (kit / "calls").read_text().splitlines()
+    assert not any("distill teacher" in c for c in calls)
+    trained = sorted(c.split() for c in calls if "distill student" in c)
+    assert [c[-2:] for c in trained] == [["--anchor", "0.5"], ["--batch-size", "256"]]
+    assert all(c[c.index("--init") + 1] == f"{kit}/init.pt" for c in trained)
+    outs = {c[c.index("--out") + 1].rsplit("/", 1)[1].split("-")[0]: c[-1] for c in trained}
+    assert outs == {"student1": "0.5", "student2": "256"}
+    for n in (1, 2):
+        assert (out / f"student{n}-fp16.pt.part-0").read_text() == "trained\n"
+    assert (out / "students.sha256").read_text().split()[1::2] == ["student1-fp16.pt", "student2-fp16.pt"]
+    assert (out / "metrics-1.jsonl").is_file() and (out / "metrics-2.jsonl").is_file()
+
+
 def test_the_student_packer_names_a_missing_start_before_any_work(tmp_path: Path, bash: str) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
