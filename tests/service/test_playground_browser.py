@@ -176,6 +176,31 @@ def test_search_sends_the_hybrid_weight_where_the_bundle_has_a_lexical_table(spa
             raise
 
 
+def test_the_page_keeps_to_the_servers_limit_on_texts_a_request(tiny_bundle, browser, tmp_path: Path):
+    """A server that takes 6 texts a request (max_texts_per_request): the page analyses the first 3
+    sentences (NLI sends their 6 ordered pairs) and ranks the first 6 lines, and says so, where it
+    used to send 12 pairs and show the server's 413."""
+    with serve_in_thread(Settings(bundle=tiny_bundle, max_texts_per_request=6)) as base:
+        browser.get(f"{base}/ui/")
+        try:
+            finished(browser)  # the 4 example sentences: 12 ordered pairs for NLI, over the limit
+            assert len(cells(browser, "similarity")) == 3 * 3 and len(cells(browser, "nli")) == 3 * 2
+            box = browser.find_element(By.ID, "sentences")
+            box.clear()
+            many = [f"line {i} is about a {'cat' if i % 2 else 'violin'}" for i in range(10)]
+            box.send_keys("\n".join(many))
+            field = browser.find_element(By.ID, "query")
+            field.clear()
+            field.send_keys("a violin\n")
+            want = ranked(rerank(base, "a violin", many[:6]))
+            WebDriverWait(browser, 30).until(lambda d: results(d) == want)
+            status = browser.find_element(By.ID, "status").text
+            assert "6 texts a request" in status and "first 6 lines" in status, status
+        except Exception:
+            browser.save_screenshot(str(tmp_path / "limit.png"))
+            raise
+
+
 def test_docs_render_offline_in_a_browser(server, browser):
     """Swagger UI builds the operation list from the local assets (this machine has no CDN)."""
     browser.get(f"{server}/docs")

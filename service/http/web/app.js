@@ -214,7 +214,36 @@ function lines(limit) {
   return $("#sentences").value.split("\n").map((s) => s.trim()).filter(Boolean).slice(0, limit);
 }
 
-function sentences() { return lines(MAX_SENTENCES); }
+// The server's own caps (GET /info limits): a request past them is a 413, so the page sends no more.
+function textLimit() {
+  const limits = state.info && state.info.limits;
+  return (limits && limits.max_texts_per_request) || Infinity;
+}
+
+function sentenceLimit() {  // NLI sends every ordered pair: n (n - 1) pairs; sentiment explains n texts
+  const limits = (state.info && state.info.limits) || {};
+  const explained = state.info && state.info.explain ? limits.max_explain_texts || Infinity : Infinity;
+  const cap = Math.min(textLimit(), explained);
+  let n = MAX_SENTENCES;
+  while (n > 1 && (n > cap || n * (n - 1) > cap)) n -= 1;
+  return n;
+}
+
+function documentLimit() { return Math.min(MAX_DOCUMENTS, textLimit()); }
+
+function limitNote(analysed) {  // "" unless the server's caps left typed lines out
+  const typed = lines(Infinity).length;
+  const parts = [];
+  if (analysed && sentenceLimit() < MAX_SENTENCES && typed > sentenceLimit()) {
+    parts.push(`the first ${sentenceLimit()} sentences analysed`);
+  }
+  if (documentLimit() < MAX_DOCUMENTS && typed > documentLimit()) {
+    parts.push(`the first ${documentLimit()} lines ranked`);
+  }
+  return parts.length ? ` · this server takes ${textLimit()} texts a request: ${parts.join(", ")}` : "";
+}
+
+function sentences() { return lines(sentenceLimit()); }
 
 function hybridWeight() {
   return $("#hybrid-control").hidden ? 0 : Number($("#hybrid").value);
@@ -222,7 +251,8 @@ function hybridWeight() {
 
 async function search() {
   const query = $("#query").value.trim();
-  const docs = lines(MAX_DOCUMENTS);
+  if (!state.info) state.info = await call("GET", "info");
+  const docs = lines(documentLimit());
   if (!query || !docs.length) {
     $("#search-results").replaceChildren();
     return;
@@ -237,15 +267,14 @@ async function searchOnly() {
   setStatus("searching…");
   try {
     await search();
-    setStatus("search done", "ok");
+    setStatus(`search done${limitNote(false)}`, "ok");
   } catch (error) {
     setStatus(error.message, "error");
   }
 }
 
 async function run() {
-  const texts = sentences();
-  if (!texts.length) {
+  if (!lines(1).length) {
     setStatus("type at least one sentence", "error");
     return;
   }
@@ -254,6 +283,7 @@ async function run() {
   const started = performance.now();
   try {
     if (!state.info) state.info = await call("GET", "info");
+    const texts = sentences();
     $("#model").textContent = `${state.info.model} · ${state.info.dim}-d · ${state.info.provider}`;
     const pairs = [];
     texts.forEach((p, i) => texts.forEach((h, j) => { if (i !== j) pairs.push({ premise: p, hypothesis: h }); }));
@@ -274,7 +304,7 @@ async function run() {
     $("#explain").hidden = !explain;
     if (explain) drawExplanation(0);
     await search();
-    setStatus(`done in ${Math.round(performance.now() - started)} ms`, "ok");
+    setStatus(`done in ${Math.round(performance.now() - started)} ms${limitNote(true)}`, "ok");
     document.body.dataset.state = "done";
   } catch (error) {
     if (error.status === 503 && state.waits < 120) {  // loading / warming up: try again shortly
