@@ -131,6 +131,16 @@ def rerank(base: str, query: str, texts: list[str], **extra) -> list[dict]:
     return httpx.post(f"{base}/rerank", json=body).json()
 
 
+def search_typed(browser, lines: list[str], query: str) -> None:
+    """Type `lines` into the sentences box and `query` into the search field, then Enter (a search)."""
+    box = browser.find_element(By.ID, "sentences")
+    box.clear()
+    box.send_keys("\n".join(lines))
+    field = browser.find_element(By.ID, "query")
+    field.clear()
+    field.send_keys(f"{query}\n")
+
+
 def test_search_ranks_the_sentences_as_rerank_does(server, browser, tmp_path: Path):
     browser.get(f"{server}/ui/")
     try:
@@ -141,13 +151,8 @@ def test_search_ranks_the_sentences_as_rerank_does(server, browser, tmp_path: Pa
         assert not browser.find_element(By.ID, "hybrid-control").is_displayed()
 
         # more lines than the heatmaps show are all ranked; a new query runs on Enter
-        box = browser.find_element(By.ID, "sentences")
-        box.clear()
         many = [f"sentence number {i} about a {'dog' if i % 3 else 'guitar'}" for i in range(12)]
-        box.send_keys("\n".join(many))
-        field = browser.find_element(By.ID, "query")
-        field.clear()
-        field.send_keys("a guitar\n")
+        search_typed(browser, many, "a guitar")
         WebDriverWait(browser, 30).until(lambda d: len(results(d)) == 12)
         assert results(browser) == ranked(rerank(server, "a guitar", many))
     except Exception:
@@ -185,13 +190,8 @@ def test_the_page_keeps_to_the_servers_limit_on_texts_a_request(tiny_bundle, bro
         try:
             finished(browser)  # the 4 example sentences: 12 ordered pairs for NLI, over the limit
             assert len(cells(browser, "similarity")) == 3 * 3 and len(cells(browser, "nli")) == 3 * 2
-            box = browser.find_element(By.ID, "sentences")
-            box.clear()
             many = [f"line {i} is about a {'cat' if i % 2 else 'violin'}" for i in range(10)]
-            box.send_keys("\n".join(many))
-            field = browser.find_element(By.ID, "query")
-            field.clear()
-            field.send_keys("a violin\n")
+            search_typed(browser, many, "a violin")
             want = ranked(rerank(base, "a violin", many[:6]))
             WebDriverWait(browser, 30).until(lambda d: results(d) == want)
             status = browser.find_element(By.ID, "status").text
