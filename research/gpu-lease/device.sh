@@ -42,7 +42,7 @@
 #                                             metrics-N.jsonl and the tail of its log, while the
 #                                             reply holds them
 #
-# DEVICE=cpu runs the same steps on the CPU (the dry run of docs/distillation.md); KIT moves the
+# DEVICE=cpu runs the same steps on the CPU (the dry run of docs/train.md); KIT moves the
 # kit's folder from /tmp/kit.
 set -euo pipefail
 step=$1; shift
@@ -141,19 +141,30 @@ sentiment() {  # "SEEDS" TRAIN_ARGS [-- "SEEDS" TRAIN_ARGS]...: one `disan train
   [ $failed = 0 ] || exit 4
 }
 
-students() {  # MINUTES ARGS [-- ARGS2]...: the teacher, then one student a set of ARGS at once
-  local minutes=$1 run runs=() args=() a n=0 failed=0 p slim=()
+corpus_teacher() {  # MINUTES: the teacher caches more of the kit's corpus, for at most MINUTES
+  python3 -m disan.cli distill teacher --corpus "$kit/corpus" --teacher mpnet --device "$dev" \
+    --batch-size 512 --max-minutes "$1"
+}
+
+student_run() {  # RUN ARGS...: `disan distill student` into RUN, from the kit's piece table if it
+  # has one; KIT/... in ARGS is a file of the kit (KIT/init.pt)
+  local run=$1 a args=()
   shift
-  [ "$minutes" = 0 ] || python3 -m disan.cli distill teacher --corpus "$kit/corpus" --teacher mpnet \
-    --device "$dev" --batch-size 512 --max-minutes "$minutes"
+  for a in "$@"; do args+=("${a/#KIT\//$kit/}"); done
+  [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
+  python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}"
+}
+
+students() {  # MINUTES ARGS [-- ARGS2]...: the teacher, then one student a set of ARGS at once
+  local minutes=$1 run runs=() args=() n=0 failed=0 p slim=()
+  shift
+  [ "$minutes" = 0 ] || corpus_teacher "$minutes"
   while [ $# -gt 0 ]; do
     args=()
-    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("${1/#KIT\//$kit/}"); shift; done
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
     [ $# -gt 0 ] && shift  # the --
     n=$((n + 1)); run=$(mktemp -d "$kit/student$n-XXXX"); runs+=("$run")
-    [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
-    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}" \
-      > "$run/log" 2>&1 &
+    student_run "$run" "${args[@]}" > "$run/log" 2>&1 &
   done
   for p in $(jobs -p); do wait "$p" || failed=1; done
   n=0
@@ -199,12 +210,9 @@ case $step in
   student)
     unpack
     minutes=$1; shift
-    python3 -m disan.cli distill teacher --corpus "$kit/corpus" --teacher mpnet --device "$dev" \
-      --batch-size 512 --max-minutes "$minutes"
+    corpus_teacher "$minutes"
     run=$(mktemp -d "$kit/student-XXXX")
-    [ -f "$kit/cache/pieces.npy" ] && cp "$kit/cache/pieces.npy" "$run/pieces.npy"
-    args=(); for a in "$@"; do args+=("${a/#KIT\//$kit/}"); done
-    python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}"
+    student_run "$run" "$@"
     # a start that reads whole words borrows a 112 MB table that never trains: it stays here
     python3 -m research slim "$run/student.pt" "$kit/student16.pt" --without-borrowed
     cp "$run/metrics.jsonl" "$OUT/"
