@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-table", type=Path, metavar="OUT.npy")
     args = parser.parse_args(argv)
+    if args.save_table and not args.train:
+        parser.error("--save-table writes the trained table: it needs --train CORPUS")
     tok = PieceTokenizer.from_file(teacher_tokenizer_file())
     if not args.table.is_file():
         from disan.distill.student import piece_vectors  # torch (`train`): only to build a start

@@ -16,7 +16,7 @@ pytest.importorskip("tokenizers")
 from conftest import WORDS, tiny_piece_tokenizer  # noqa: E402
 
 from disan.distill.teacher import TeacherCache  # noqa: E402
-from research.static_pieces import cosine, mapped_encoder, static_encoder, train_static  # noqa: E402
+from research.static_pieces import cosine, main, mapped_encoder, static_encoder, train_static  # noqa: E402
 
 
 def corpus_with_a_static_teacher(root: Path, tok) -> tuple[Path, list[str], np.ndarray]:
@@ -49,3 +49,11 @@ def test_a_trained_table_reaches_a_static_teacher_that_its_start_cannot(tmp_path
     # the map it returns is the one it trained: the numpy encoder scores what training measured
     served = mapped_encoder(table, tok, w)(texts[:200])
     assert cosine(served, target[:200]) == pytest.approx(history[-1], abs=2e-3)
+
+
+def test_saving_a_table_without_training_it_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--table", str(tmp_path / "pieces.npy"), "--save-table", str(tmp_path / "out.npy")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("it needs --train CORPUS")
+    assert not (tmp_path / "pieces.npy").exists()  # refused before the teacher builds a start
