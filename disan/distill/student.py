@@ -155,6 +155,27 @@ def fit_head(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, chosen:
 
 
 @torch.no_grad()
+def read_as_static(encoder: DiSANEncoder, shift: float = 4.0, gate: float = 3.0) -> None:
+    """Set a fresh encoder's blocks so that its vector (before the projection) is, up to dropout and
+    the little the fusion gate lets through, a linear map of the mean of its table's rows of a
+    text: the two directions' maps are the halves of one orthogonal map, shifted by `shift` times the
+    table's RMS so that ELU is linear where the rows lie; the fusion gate's bias keeps mostly h;
+    source2token starts uniform (zero logits). Training then starts where a static encoder is."""
+    cfg = encoder.cfg
+    if cfg.encoder_kind != "disan" or cfg.mask_kind != "directional":
+        raise ValueError("--static-start sets a directional DiSAN's blocks")
+    both = torch.empty(2 * cfg.d_h, cfg.embed_dim)
+    torch.nn.init.orthogonal_(both)
+    rms = encoder.embed.weight[1:].pow(2).mean().sqrt()  # row 0 is PAD
+    for block, part in ((encoder.fw, both[:cfg.d_h]), (encoder.bw, both[cfg.d_h:])):
+        block.map.linear.weight.copy_(part)
+        block.map.linear.bias.fill_(shift * rms)
+        block.gate_s.linear.bias.fill_(gate)
+    encoder.s2t.map2.linear.weight.zero_()
+    encoder.s2t.map2.linear.bias.zero_()
+
+
+@torch.no_grad()
 def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np.ndarray,
              pairs: np.ndarray, cfg: StudentConfig) -> dict:
     """Held-out cosine to the teacher, and held-out pairs' retrieval accuracy (query -> its passage
@@ -218,9 +239,12 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
+    if cfg.static_start:
+        read_as_static(encoder)
     if cfg.tune != "all":
         for name, param in encoder.named_parameters():
-            param.requires_grad_(name == "embed.weight" if cfg.tune == "rows" else name.startswith("proj."))
+            param.requires_grad_({"rows": name == "embed.weight", "head": name.startswith("proj."),
+                                  "blocks": not name.startswith("embed.")}[cfg.tune])
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
     body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
     labels = StudentLabels(cfg, tok, encoder.out_dim)

@@ -18,7 +18,10 @@ _HELP = {
     "rotate_teacher": "distil into the teacher's space turned onto its principal axes, every prefix",
     "init": "start from this student's weights (same shape and tokenizer), with a new optimizer and "
     "schedule and no head fit",
-    "tune": "all; rows: only the table rows the --init student marks trainable; head: only the projection",
+    "tune": "all; rows: only the table rows the --init student marks trainable; head: only the projection; "
+    "blocks: all but the token table",
+    "static_start": "set the blocks so that the untrained student reads its table as a static encoder does "
+    "(the mean of its rows), before the head is fitted",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
     "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
     "data": "staged data folder (../shared/data) for --scored-weight and --sentiment-weight",

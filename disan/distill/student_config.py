@@ -37,6 +37,10 @@ class StudentConfig:
     # the projection starts as the ridge map from the untrained encoder's vectors of this many rows
     # to the teacher's (0: random), so distillation starts where a linear probe of it would
     fit_head_rows: int = 16384
+    # blocks set so that the untrained encoder reads its table statically (a linear map of the mean
+    # of its rows): a trained static table (research.static_pieces --save-table) is then the start,
+    # not something random blocks scramble before the first step
+    static_start: bool = False
     length_buckets: int = 4  # a batch runs as this many length-sorted parts: far less padding
     resume: bool = False  # continue OUT's run from its state.pt (same flags, same schedule)
     # start from an earlier student's weights (same tokenizer and shape) with a new optimizer and
@@ -45,7 +49,9 @@ class StudentConfig:
     # "rows": train only the table rows the --init student marks trainable (research.pieces_from_words
     # marks the pieces it did not take from a word table); its blocks, head and other rows stay.
     # "head": train only the projection, so the encoder's own vector (what the transfer tasks and
-    # the task models' habits were fitted to) stays and the pairs teach a metric on it
+    # the task models' habits were fitted to) stays and the pairs teach a metric on it.
+    # "blocks": everything but the token table (a new student's too: its table, trained as a static
+    # encoder on the same rows, has fitted them already)
     tune: str = "all"
     # the share of each target that is the --init student's own vector of the row (unit vectors
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
@@ -63,9 +69,9 @@ class StudentConfig:
 
     def __post_init__(self) -> None:
         # checked here, before a run reads its corpus and cache: a wrong flag fails at once
-        if self.tune not in ("all", "rows", "head"):
-            raise ValueError(f"tune={self.tune!r}: all, rows or head")
-        if self.tune != "all" and self.starts_fresh:
+        if self.tune not in ("all", "rows", "head", "blocks"):
+            raise ValueError(f"tune={self.tune!r}: all, rows, head or blocks")
+        if self.tune in ("rows", "head") and self.starts_fresh:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
@@ -73,6 +79,9 @@ class StudentConfig:
             raise ValueError("--scored-weight and --sentiment-weight read the staged data; give --data")
         if self.scored_weight < 0 or self.sentiment_weight < 0:
             raise ValueError("--scored-weight and --sentiment-weight are weights: 0 or more")
+        if self.static_start and not self.starts_fresh:
+            raise ValueError("--static-start sets a new student's blocks; an --init or resumed one has its "
+                             "own")
         if self.anchor > 0 and self.init is None:
             raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
 

@@ -69,8 +69,8 @@ def test_tune_head_trains_only_the_projection(tiny, tmp_path) -> None:
 
 def test_a_bad_tune_fails_before_the_corpus_is_read(tmp_path) -> None:
     missing = tmp_path / "no-corpus"
-    with pytest.raises(ValueError, match="all, rows or head"):
-        StudentConfig(corpus=missing, out=tmp_path, tune="blocks")
+    with pytest.raises(ValueError, match="all, rows, head or blocks"):
+        StudentConfig(corpus=missing, out=tmp_path, tune="table")
     with pytest.raises(ValueError, match="give --init"):
         StudentConfig(corpus=missing, out=tmp_path, tune="rows")
     assert StudentConfig(corpus=missing, out=tmp_path, tune="rows", resume=True).tune == "rows"
@@ -139,3 +139,61 @@ def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) 
         StudentConfig(corpus=root, out=tmp_path, anchor=0.5)
     with pytest.raises(ValueError, match="between 0 and 1"):
         StudentConfig(corpus=root, out=tmp_path, init=init, anchor=1.5)
+
+
+def _affine_residual(x: np.ndarray, y: np.ndarray) -> float:
+    """Share of y's variance that an affine map of x leaves unexplained."""
+    xa = np.hstack([x, np.ones((len(x), 1))])
+    w, *_ = np.linalg.lstsq(xa, y, rcond=None)
+    return float(((xa @ w - y) ** 2).sum() / ((y - y.mean(0)) ** 2).sum())
+
+
+@pytest.mark.parametrize("d_h", [4, 8])
+def test_a_static_start_reads_its_table_as_a_mean_does(tiny, d_h) -> None:
+    from disan.distill.corpus import build as corpus
+    from disan.distill.student import PieceRows, read_as_static
+    from disan.model import DiSANConfig, DiSANEncoder
+
+    root, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    texts, _ = corpus.read_corpus(root / "corpus")
+    rows = PieceRows(tok, texts, max_pieces=16)
+    chosen = np.arange(len(texts))
+    ids, mask = rows.batch(chosen, "cpu")
+    residual = {}
+    for static in (False, True):
+        torch.manual_seed(0)
+        cfg = DiSANConfig(vocab_size=len(tok), embed_dim=8, d_h=d_h, task="encoder", proj_dim=0)
+        encoder = DiSANEncoder(cfg)
+        with torch.no_grad():
+            encoder.embed.weight.normal_(0.0, 0.3)
+        if static:
+            read_as_static(encoder)
+        with torch.no_grad():
+            x = encoder.word_vectors(ids)
+            mean = ((x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).numpy()
+            vectors = encoder.eval()(ids, mask).double().numpy()
+        residual[static] = _affine_residual(mean.astype(np.float64), vectors)
+    assert residual[True] < 0.03 < 0.1 < residual[False]  # random blocks: about 0.16
+
+
+def test_a_static_start_is_for_a_new_student_only(tmp_path) -> None:
+    with pytest.raises(ValueError, match="static-start"):
+        StudentConfig(corpus=tmp_path, out=tmp_path, static_start=True, init=tmp_path / "start.pt")
+
+
+def test_tune_blocks_keeps_a_new_students_table(tiny, tmp_path) -> None:
+    """--tune blocks: a new student's table stays its start (pieces.npy), the rest learns."""
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=4, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=3, val_rows=16, eval_every=3, lr=1e-2,
+                  static_start=True)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    tables = {}
+    for tune in ("blocks", "all"):
+        train_student(StudentConfig(out=tmp_path / tune, tune=tune, **values), teacher_encode=table)
+        state = load_checkpoint(tmp_path / tune / "student.pt")["model_state"]
+        tables[tune] = state["embed.weight"].numpy()
+        start = np.load(tmp_path / tune / "pieces.npy")
+    np.testing.assert_array_equal(tables["blocks"], start)
+    assert not np.array_equal(tables["all"], start)
