@@ -1,5 +1,6 @@
 """disan.distill.student from an earlier student (--init): which parts a phase trains (--tune),
-a start that reads whole words, and targets anchored to the start's own vectors (--anchor)."""
+a start that reads whole words, and targets anchored to the start's own vectors (--anchor); a new
+student's blocks set to read its table statically (--static-start)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from student_tiny import tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
 
-from disan.distill.student import StudentConfig, train_student  # noqa: E402
+from disan.distill.corpus import build as corpus  # noqa: E402
+from disan.distill.student import PieceRows, StudentConfig, read_as_static, train_student  # noqa: E402
 from disan.distill.teacher import TeacherCache  # noqa: E402
+from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
 from disan.text.pieces import PieceTokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
@@ -150,10 +153,6 @@ def _affine_residual(x: np.ndarray, y: np.ndarray) -> float:
 
 @pytest.mark.parametrize("d_h", [4, 8])
 def test_a_static_start_reads_its_table_as_a_mean_does(tiny, d_h) -> None:
-    from disan.distill.corpus import build as corpus
-    from disan.distill.student import PieceRows, read_as_static
-    from disan.model import DiSANConfig, DiSANEncoder
-
     root, path = tiny
     tok = PieceTokenizer.from_file(path)
     texts, _ = corpus.read_corpus(root / "corpus")
