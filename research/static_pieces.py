@@ -13,8 +13,10 @@ the teacher on those 1,024: what a student's head could reach from its start alo
 `--train CORPUS` first distils the table itself: the mean of its rows, then a linear map (starting
 as that least-squares map), trained on the same rows for `--epochs` (1 - cosine to the teacher),
 as static-embedding distillation does; the scores are then the trained encoder's, with its
-held-out cosine after each epoch. `--save-table` writes the trained table in pieces.npy's layout,
-a start for `disan distill student` (RUN/pieces.npy, or pack-student.sh's PIECES.npy). A missing
+held-out cosine after each epoch (`--device cuda` on a lent GPU). `--save-table` writes the table
+of the best held-out epoch in pieces.npy's layout, a start for `disan distill student`
+(RUN/pieces.npy, or pack-student.sh's PIECES.npy), and `--save-map` its linear map [d + 1, D]
+(`mapped_encoder` scores the pair elsewhere). A missing
 `--table` is computed with the teacher first (`piece_vectors`, `--dim` wide) and written there.
 """
 
@@ -69,11 +71,11 @@ def probe_cosine(encode, corpus: Path, rows: int = 40_000, val: int = 1024) -> f
 
 def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: int = 8, lr: float = 2e-3,
                  batch_size: int = 256, val: int = 1024, max_pieces: int = 64, seed: int = 0,
-                 log=print) -> tuple[np.ndarray, np.ndarray, list[float]]:
+                 device: str = "cpu", log=print) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """The table and its linear map (the least-squares map of the start, then 1 - cosine to the
-    teacher's cached vectors of the corpus rows after the first `val`); returns the trained table,
-    the map [d + 1, D] (the last row the bias) and the held-out cosine at the start and after each
-    epoch. Row 0 (padding) stays zero."""
+    teacher's cached vectors of the corpus rows after the first `val`); returns the table and map
+    [d + 1, D] (the last row the bias) of the epoch best on the held-out rows, and the held-out
+    cosine at the start and after each epoch. Row 0 (padding) stays zero."""
     import torch  # the train extra: scoring a table needs numpy alone
     import torch.nn.functional as F
 
@@ -82,33 +84,38 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
     cache = TeacherCache.read(corpus / "teacher-mpnet")
     rows = cache.done
     target = np.asarray(cache.vectors()[:rows], np.float32)
-    ids = [x[:max_pieces] or [tok.unk_id or 1] for x in tok.batch_ids(texts[:rows])]
-    flat = torch.tensor([i for x in ids for i in x])
-    starts = torch.tensor(np.concatenate([[0], np.cumsum([len(x) for x in ids])]))
+    ids = np.zeros((rows, max_pieces), np.int64)  # 0-padded: embedding_bag's mean skips padding
+    for r, x in enumerate(tok.batch_ids(texts[:rows])):
+        x = x[:max_pieces] or [tok.unk_id or 1]
+        ids[r, :len(x)] = x
     w = least_squares(static_encoder(table, tok)(texts[:min(rows, 40_000)]), target[:40_000], val)
-    weights = torch.nn.Parameter(torch.from_numpy(table.astype(np.float32)))
-    head = torch.nn.Linear(table.shape[1], target.shape[1])
+    weights = torch.nn.Parameter(torch.from_numpy(table.astype(np.float32)).to(device))
+    head = torch.nn.Linear(table.shape[1], target.shape[1]).to(device)
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(w[:-1].T))
         head.bias.copy_(torch.from_numpy(w[-1]))
     optimizer = torch.optim.Adam([weights, *head.parameters()], lr=lr)
-    want = torch.from_numpy(target)
+    want, ids = torch.from_numpy(target).to(device), torch.from_numpy(ids).to(device)
 
-    def encode(chosen: np.ndarray):
-        parts = [flat[starts[r]:starts[r + 1]] for r in chosen]
-        offsets = torch.tensor(np.concatenate([[0], np.cumsum([len(p) for p in parts])[:-1]]))
-        return head(F.embedding_bag(torch.cat(parts), weights, offsets, mode="mean"))
+    def encode(chosen):
+        return head(F.embedding_bag(ids[chosen], weights, mode="mean", padding_idx=0))
 
     def held_out() -> float:
         with torch.no_grad():
-            return F.cosine_similarity(encode(np.arange(val)), want[:val]).mean().item()
+            return F.cosine_similarity(encode(torch.arange(val, device=device)), want[:val]).mean().item()
+
+    def snapshot() -> tuple[np.ndarray, np.ndarray]:
+        return (weights.detach().cpu().numpy().copy(),
+                np.vstack([head.weight.detach().cpu().numpy().T, head.bias.detach().cpu().numpy()[None]]))
 
     history = [held_out()]
+    best = snapshot()
     log(f"start: held-out cosine {history[-1]:.4f}")
     rng = np.random.default_rng(seed)
     train = np.arange(val, rows)
     for epoch in range(epochs):
         for batch in np.array_split(rng.permutation(train), max(1, len(train) // batch_size)):
+            batch = torch.from_numpy(batch).to(device)
             loss = 1 - F.cosine_similarity(encode(batch), want[batch]).mean()
             optimizer.zero_grad()
             loss.backward()
@@ -117,8 +124,9 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
                 weights[0].zero_()  # padding
         history.append(held_out())
         log(f"epoch {epoch + 1}: held-out cosine {history[-1]:.4f}")
-    trained = np.vstack([head.weight.detach().numpy().T, head.bias.detach().numpy()[None]])
-    return weights.detach().numpy(), trained, history
+        if history[-1] >= max(history[:-1]):
+            best = snapshot()
+    return *best, history
 
 
 def mapped_encoder(table: np.ndarray, tok: PieceTokenizer, w: np.ndarray):
@@ -142,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where --train runs (cuda on a lent GPU)")
     parser.add_argument("--save-table", type=Path, metavar="OUT.npy")
+    parser.add_argument("--save-map", type=Path, metavar="MAP.npy")
     args = parser.parse_args(argv)
-    if args.save_table and not args.train:
-        parser.error("--save-table writes the trained table: it needs --train CORPUS")
+    if (args.save_table or args.save_map) and not args.train:
+        parser.error("--save-table or --save-map writes the trained encoder: it needs --train CORPUS")
     tok = PieceTokenizer.from_file(teacher_tokenizer_file())
     if not args.table.is_file():
         from disan.distill.student import piece_vectors  # torch (`train`): only to build a start
@@ -156,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     encode = static_encoder(table, tok)
     report: dict = {}
     if args.train:
-        table, w, history = train_static(table, tok, args.train, args.epochs, args.lr, seed=args.seed)
+        table, w, history = train_static(table, tok, args.train, args.epochs, args.lr, seed=args.seed,
+                                         device=args.device)
         report["train"] = {"corpus": str(args.train), "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
                            "held_out_cosine": [round(c, 4) for c in history]}
         encode = mapped_encoder(table, tok, w)
         if args.save_table:
             np.save(args.save_table, table)
+        if args.save_map:
+            np.save(args.save_map, w)
     if args.data:
         report["sts"] = sts_scores(encode, args.data, by_genre=True)
         report["retrieval"] = {name: evaluate_set(load_set(args.data / "retrieval" / name), encode)

@@ -34,6 +34,15 @@
 #                                             back in fp16 with its metrics, without a borrowed
 #                                             word table (put back here: `python -m research slim
 #                                             student16.pt OUT.pt --borrowed-from START.pt`)
+#   bash .gpurun/run.sh static MINUTES EPOCHS
+#                                             (a kit of pack-student.sh with PIECES.npy, with its
+#                                             last piece) the teacher encodes the corpus for at most
+#                                             MINUTES, then the kit's piece table trains as a static
+#                                             encoder on every cached row for EPOCHS
+#                                             (research.static_pieces --train): the best held-out
+#                                             epoch's table replaces the kit's, the start of the
+#                                             students that follow; back in fp16 with its map and
+#                                             static.json (held-out cosine by epoch)
 #   bash .gpurun/run.sh students MINUTES ARGS [-- ARGS2]...
 #                                             the same with one student a set of ARGS, side by side
 #                                             on the one GPU after the teacher (MINUTES 0: no more
@@ -220,5 +229,14 @@ case $step in
   students)
     unpack
     students "$@" ;;
+  static)
+    unpack
+    [ -f "$kit/cache/pieces.npy" ] || { echo "the kit has no piece table: pack-student.sh CORPUS PIECES.npy"; exit 2; }
+    corpus_teacher "$1"
+    python3 -m research.static_pieces --table "$kit/cache/pieces.npy" --train "$kit/corpus" --epochs "$2" \
+      --device "$dev" --save-table "$kit/cache/pieces.npy" --save-map "$kit/map.npy" --out "$OUT/static.json"
+    python3 -c 'import sys, numpy as np, pathlib
+for f in map(pathlib.Path, sys.argv[2:]): np.save(f"{sys.argv[1]}/{f.stem}-f16.npy", np.load(f).astype(np.float16))' \
+      "$OUT" "$kit/cache/pieces.npy" "$kit/map.npy" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

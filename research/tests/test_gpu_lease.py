@@ -342,3 +342,41 @@ def test_the_student_packer_names_a_missing_start_before_any_work(tmp_path: Path
     got = subprocess.run([bash, str(SCRIPTS[3]), "--init", str(tmp_path / "embed.pt"), str(corpus)],
                          capture_output=True, text=True, cwd=ROOT, check=False)
     assert got.returncode == 2 and got.stdout.strip() == f"{tmp_path}/embed.pt: missing", got.stdout
+
+
+STATIC_STUB = """#!/bin/sh
+# python3 for device.sh's static step: `-m disan.cli distill teacher`, `-m research.static_pieces`
+# and the fp16 copy back, recorded
+echo "$*" >> "$KIT/calls"
+"""
+
+
+def test_the_static_step_trains_the_kits_table_in_place_after_the_teacher(tmp_path: Path, bash: str) -> None:
+    """`static MINUTES EPOCHS`: the teacher first, then the kit's piece table trains on every cached
+    row and replaces itself (the students that follow copy it), and comes back with its map."""
+    kit, out, env = stub_machine(tmp_path, STATIC_STUB)
+    (kit / ".unpacked").touch()
+    (kit / "cache").mkdir()
+    (kit / "cache" / "pieces.npy").write_text("table")
+    got = subprocess.run([bash, str(SCRIPTS[1]), "static", "3", "2"], capture_output=True, text=True,
+                         cwd=ROOT, env=env, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    calls = [c.split() for c in (kit / "calls").read_text().splitlines()]
+    assert calls[0][2:4] == ["distill", "teacher"] and calls[0][calls[0].index("--max-minutes") + 1] == "3"
+    static = calls[1]
+    assert static[:2] == ["-m", "research.static_pieces"]
+    flag = {static[i]: static[i + 1] for i in range(2, len(static) - 1) if static[i].startswith("--")}
+    assert flag["--table"] == flag["--save-table"] == f"{kit}/cache/pieces.npy"
+    assert flag["--train"] == f"{kit}/corpus" and flag["--epochs"] == "2" and flag["--device"] == "cpu"
+    assert flag["--out"] == f"{out}/static.json"
+    # the fp16 copy back: a two-line `python3 -c` script, then $OUT and the files
+    assert calls[2][0] == "-c" and calls[-1][-3:] == [str(out), f"{kit}/cache/pieces.npy", f"{kit}/map.npy"]
+
+
+def test_the_static_step_without_a_piece_table_stops_before_the_teacher(tmp_path: Path, bash: str) -> None:
+    kit, out, env = stub_machine(tmp_path, STATIC_STUB)
+    (kit / ".unpacked").touch()
+    got = subprocess.run([bash, str(SCRIPTS[1]), "static", "3", "2"], capture_output=True, text=True,
+                         cwd=ROOT, env=env, check=False)
+    assert got.returncode == 2 and "no piece table" in got.stdout, got.stdout
+    assert not (kit / "calls").exists()
