@@ -6,12 +6,13 @@ add_teacher() {  # all-mpnet-base-v2 in fp16 (`disan slim`) into the kit's cache
     "$1/all-mpnet-base-v2"
 }
 
-add_cache_file() {  # $1 into the kit's cache folder $2; word vectors (.npy) in fp16, half the bytes
-  # (init_matrix reads them back as float32)
+add_cache_file() {  # $1 into the kit's cache folder $2, as $3 (default: its own name); word vectors
+  # (.npy) in fp16, half the bytes (init_matrix reads them back as float32)
+  local dest=$2/${3:-$(basename "$1")}
   case $1 in
     *.npy) python3 -c 'import sys, numpy as np; np.save(sys.argv[2], np.load(sys.argv[1]).astype(np.float16))' \
-             "$1" "$2/$(basename "$1")" ;;
-    *) cp "$1" "$2/" ;;
+             "$1" "$dest" ;;
+    *) cp "$1" "$dest" ;;
   esac
 }
 

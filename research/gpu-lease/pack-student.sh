@@ -30,7 +30,8 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK" "$kit/data/sts-other"
 add_teacher "$kit/cache"
 cp "$corpus/corpus.json" "$corpus/sentences.txt" "$corpus/kinds.npy" "$corpus/pairs.npy" "$kit/corpus/"
-[ "$pieces" = - ] || add_cache_file "$pieces" "$kit/cache"
+# pieces.npy whatever the file was called: the device's steps look for that name
+[ "$pieces" = - ] || add_cache_file "$pieces" "$kit/cache" pieces.npy
 [ "$init" = - ] || python3 -m research slim "$init" "$kit/init.pt"
 cp "$data"/stsb/dev.jsonl.gz "$kit/data/stsb/"
 cp "$data"/senteval/SICK/sick_dev.jsonl.gz "$kit/data/senteval/SICK/"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -380,3 +381,22 @@ def test_the_static_step_without_a_piece_table_stops_before_the_teacher(tmp_path
                          cwd=ROOT, env=env, check=False)
     assert got.returncode == 2 and "no piece table" in got.stdout, got.stdout
     assert not (kit / "calls").exists()
+
+
+@pytest.mark.parametrize("name", ["pieces.npy", "pieces-trained.npy"])
+def test_the_student_kit_carries_its_piece_table_as_pieces_npy_whatever_its_name(
+        tmp_path: Path, bash: str, name: str) -> None:
+    """The students and the static step read KIT/cache/pieces.npy: a trained table packed from
+    pieces-trained.npy must land there (in fp16), not under its own name."""
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / name, table)
+    (tmp_path / "cache").mkdir()
+    line = [s for s in SCRIPTS[3].read_text().splitlines() if "add_cache_file" in s and not s.startswith("#")]
+    assert len(line) == 1, line
+    script = f'. {SCRIPTS[4]}; pieces={tmp_path / name}; kit={tmp_path}; {line[0]}'
+    got = subprocess.run([bash, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["pieces.npy"]
+    carried = np.load(tmp_path / "cache" / "pieces.npy")
+    assert carried.dtype == np.float16 and np.array_equal(carried, table)
