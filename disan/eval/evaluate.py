@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sts", action="store_true",
                         help="unsupervised STS (cosine Spearman) of /embed vectors: STS-B dev, SICK dev, "
                              "and the STS sets from outside STS-B (sts-other/) where staged")
-    parser.add_argument("--sts-baselines", default="minilm,mpnet", help="--sts: comma list or ''")
+    parser.add_argument("--sts-baselines", default="minilm,mpnet",
+                        help="--sts: comma list (minilm, mpnet, wordllama) or ''")
     parser.add_argument("--checkpoint", type=Path, nargs="*", default=[],
                         help="--sts, --transfer: checkpoints instead of --bundle: a student (best.pt), "
                              "or an NLI or sentiment model, whose encoder is read")
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "layout: corpus.jsonl, queries.jsonl, qrels/test.tsv, gzipped or not")
     parser.add_argument("--baselines", default=None,
                         help="comma list or '': --transfer (default glove,minilm), --retrieval "
-                             "(minilm,mpnet; default none)")
+                             "(minilm,mpnet,wordllama; default none)")
     parser.add_argument("--protocol", default="fixed",
                         help="--transfer: fixed (C = 1, alpha = 1) or tuned (C and alpha chosen by "
                              "cross-validation on the training data only)")

@@ -299,9 +299,22 @@ def sentence_transformer(source: str) -> Encode:
     return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
 
 
+def wordllama_encoder() -> Encode:
+    """Texts -> normalised vectors of WordLlama 256-d (`l2_supercat`): a static embedding, each
+    text the mean of its token vectors, with no context; the floor a contextual encoder must beat.
+    Read offline from the wheel, which carries the weights and the tokenizer."""
+    wordllama = require("wordllama", "wordllama")
+    # The wheel keeps its tokenizer under tokenizers/, where load() looks only in a cache folder
+    # (its own folder holds weights/ and tokenizers/ as a cache would); it never downloads here.
+    model = wordllama.WordLlama.load(dim=256, cache_dir=Path(wordllama.__file__).parent,
+                                     disable_download=True)
+    return lambda texts: np.asarray(model.embed(list(texts), norm=True), np.float32)
+
+
 # --baselines key -> (row label, encoder factory)
 BASELINES = {"minilm": ("all-MiniLM-L6-v2", lambda: sentence_transformer("minilm")),
-             "mpnet": ("all-mpnet-base-v2", lambda: sentence_transformer("mpnet"))}
+             "mpnet": ("all-mpnet-base-v2", lambda: sentence_transformer("mpnet")),
+             "wordllama": ("WordLlama 256-d (static)", wordllama_encoder)}
 
 
 def baseline_keys(spec: str | None) -> list[str]:

@@ -35,11 +35,13 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         encoders_under_test,
         minilm_encoder,
         mpnet_encoder,
+        wordllama_encoder,
     )
 
     bundle_label = f"DiSAN ({args.bundle})"
     encoders = encoders_under_test(args.checkpoint, args.bundle, bundle_label)
-    named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder)}
+    named = {"minilm": ("all-MiniLM-L6-v2", minilm_encoder), "mpnet": ("all-mpnet-base-v2", mpnet_encoder),
+             "wordllama": ("WordLlama 256-d (static)", wordllama_encoder)}
     add_baselines(encoders, args.sts_baselines, named, "--sts-baselines")
     sizes = getattr(args, "dimensions", None) or ()
     # the bundle's `dimensions=m` (disan.bundle.dimensions); checkpoints and baselines: prefixes

