@@ -78,10 +78,17 @@ def padded_ids(tok: PieceTokenizer, texts: list[str], max_pieces: int) -> np.nda
     return ids
 
 
+def whiten(x: np.ndarray, fit: np.ndarray, power: float) -> np.ndarray:
+    """`x` in the principal coordinates of `fit` (centred), each scaled by its singular value^-power."""
+    mean = fit.mean(0)
+    _, sv, axes = np.linalg.svd(fit - mean, full_matrices=False)
+    return ((x - mean) @ axes.T * (sv / sv[0]) ** -power).astype(np.float32)
+
+
 def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: int = 8, lr: float = 2e-3,
                  batch_size: int = 256, val: int = 1024, max_pieces: int = 64, seed: int = 0,
                  device: str = "cpu", pairs_weight: float = 0.0, scale: float = 20.0,
-                 log=print) -> tuple[np.ndarray, np.ndarray, list[float]]:
+                 whiten_power: float = 0.0, log=print) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """The table and its linear map (the least-squares map of the start, then 1 - cosine to the
     teacher's cached vectors of the corpus rows after the first `val`); returns the table and map
     [d + 1, D] (the last row the bias) of the epoch best on the held-out rows, and the held-out
@@ -90,7 +97,12 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
     `pairs_weight` adds MultipleNegativesRanking on the corpus's (short, long) pairs, a batch of
     them a step (in-batch negatives, cosine x `scale`), as `disan distill student` does; 512
     pairs are held out and their retrieval accuracy logged. With pairs, the last epoch comes
-    back: the cosine to the teacher no longer says which epoch is best."""
+    back: the cosine to the teacher no longer says which epoch is best.
+
+    `whiten_power` P > 0 distils the teacher's vectors in its principal coordinates (centred, from
+    the training rows), each scaled by its singular value^-P: the quiet directions, which a
+    cosine to the raw vector all but ignores, weigh as much as the loud ones at P = 1; the
+    encoder then serves vectors in those coordinates."""
     import torch  # the train extra: scoring a table needs numpy alone
     import torch.nn.functional as F
 
@@ -99,6 +111,8 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
     cache = TeacherCache.read(corpus / "teacher-mpnet")
     rows = cache.done
     target = np.asarray(cache.vectors()[:rows], np.float32)
+    if whiten_power > 0:
+        target = whiten(target, target[val:val + 40_000], whiten_power)
     ids = padded_ids(tok, texts[:rows], max_pieces)
     w = least_squares(static_encoder(table, tok)(texts[:min(rows, 40_000)]), target[:40_000], val)
     weights = torch.nn.Parameter(torch.from_numpy(table.astype(np.float32)).to(device))
@@ -181,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="where --train runs (cuda on a lent GPU)")
+    parser.add_argument("--whiten-power", type=float, default=0.0,
+                        help="--train: distil the teacher in its principal coordinates scaled by s^-P")
     parser.add_argument("--pairs-weight", type=float, default=0.0,
                         help="--train: MultipleNegativesRanking on the corpus's pairs at this weight")
     parser.add_argument("--save-table", type=Path, metavar="OUT.npy")
@@ -199,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {}
     if args.train:
         table, w, history = train_static(table, tok, args.train, args.epochs, args.lr, seed=args.seed,
-                                         device=args.device, pairs_weight=args.pairs_weight)
+                                         device=args.device, pairs_weight=args.pairs_weight,
+                                         whiten_power=args.whiten_power)
         report["train"] = {"corpus": str(args.train), "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
-                           "pairs_weight": args.pairs_weight,
+                           "pairs_weight": args.pairs_weight, "whiten_power": args.whiten_power,
                            "held_out_cosine": [round(c, 4) for c in history]}
         encode = mapped_encoder(table, tok, w)
         if args.save_table:
