@@ -1,0 +1,34 @@
+"""research.whiten_head: the whitening of a head's vectors, folded into the head itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from research.whiten_head import fold, whitening  # noqa: E402
+
+
+def vectors_of_a_head(rng, n: int = 500):
+    weight, bias = rng.normal(size=(12, 5)), rng.normal(size=12)
+    x = rng.normal(size=(n, 5)) * np.array([5, 3, 1, 0.5, 0.1])
+    return weight, bias, x, x @ weight.T + bias
+
+
+@pytest.mark.parametrize("centre", [False, True])
+def test_the_folded_head_serves_the_whitened_vectors(centre: bool) -> None:
+    weight, bias, x, served = vectors_of_a_head(np.random.default_rng(0))
+    mean, linear = whitening(served, 0.5, 4, centre)
+    folded_w, folded_b = fold(weight, bias, mean, linear)
+    np.testing.assert_allclose(x @ folded_w.T + folded_b, (served - mean) @ linear.T, atol=1e-9)
+    assert folded_w.shape == (4, 5)
+
+
+def test_at_power_one_every_kept_direction_weighs_alike() -> None:
+    *_, served = vectors_of_a_head(np.random.default_rng(1))
+    mean, linear = whitening(served, 1.0, 5, centre=True)
+    spread = np.linalg.norm((served - mean) @ linear.T, axis=0)
+    np.testing.assert_allclose(spread, spread[0], rtol=1e-6)
+    _, plain = whitening(served, 0.0, 5, centre=True)  # power 0: a rotation onto the axes
+    np.testing.assert_allclose(plain @ plain.T, np.eye(5), atol=1e-9)
