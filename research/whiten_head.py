@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, required=True, help="a `disan distill corpus` folder")
     parser.add_argument("--power", type=float, default=0.5)
     parser.add_argument("--centre", action="store_true", help="principal coordinates about the mean")
+    parser.add_argument("--keep-width", action="store_true",
+                        help="turn the scaled coordinates back into the head's own D axes: the same "
+                             "cosines, D wide, each component a mix as before")
     parser.add_argument("--dims", type=int, default=300, help="k: the served width")
     parser.add_argument("--rows", type=int, default=20_000, help="corpus texts the axes are fitted on")
     parser.add_argument("--seed", type=int, default=0)
@@ -63,14 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dims > min(vectors.shape):
         parser.error(f"--dims {args.dims}: at most {min(vectors.shape)} here")
     mean, linear = whitening(vectors, args.power, args.dims, args.centre)
+    if args.keep_width:  # axes [k, D] are orthonormal rows: axes.T @ coordinates keeps every cosine
+        axes = whitening(vectors, 0.0, args.dims, args.centre)[1]
+        linear = axes.T @ linear
     state = payload["model_state"]
     weight, bias = fold(state["proj.weight"].double().numpy(), state["proj.bias"].double().numpy(),
                         mean, linear)
     state["proj.weight"] = torch.from_numpy(weight).to(state["proj.weight"].dtype)
     state["proj.bias"] = torch.from_numpy(bias).to(state["proj.bias"].dtype)
-    payload["config"]["proj_dim"] = args.dims
+    payload["config"]["proj_dim"] = len(weight)
     payload["whitened"] = {"from": args.checkpoint.name, "power": args.power, "dims": args.dims,
-                           "centre": args.centre, "rows": len(chosen), "seed": args.seed}
+                           "centre": args.centre, "keep_width": args.keep_width, "rows": len(chosen),
+                           "seed": args.seed}
     write_checkpoint(args.out, payload)
     print(f"{args.out}: head {tuple(weight.shape)}, power {args.power}, fitted on {len(chosen)} corpus texts")
     return 0

@@ -32,3 +32,18 @@ def test_at_power_one_every_kept_direction_weighs_alike() -> None:
     np.testing.assert_allclose(spread, spread[0], rtol=1e-6)
     _, plain = whitening(served, 0.0, 5, centre=True)  # power 0: a rotation onto the axes
     np.testing.assert_allclose(plain @ plain.T, np.eye(5), atol=1e-9)
+
+
+def test_turned_back_into_the_heads_axes_the_cosines_stay_those_of_the_coordinates() -> None:
+    """--keep-width: axes.T @ the scaled coordinates serves D-wide vectors with the same cosines."""
+    *_, served = vectors_of_a_head(np.random.default_rng(2))
+    mean, linear = whitening(served, 0.5, 4)
+    axes = whitening(served, 0.0, 4)[1]
+
+    def cosines(z):
+        z = z / np.linalg.norm(z, axis=1, keepdims=True)
+        return z @ z.T
+
+    short, wide = (served - mean) @ linear.T, (served - mean) @ (axes.T @ linear).T
+    assert wide.shape == served.shape
+    np.testing.assert_allclose(cosines(wide), cosines(short), atol=1e-9)
