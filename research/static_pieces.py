@@ -69,22 +69,6 @@ def probe_cosine(encode, corpus: Path, rows: int = 40_000, val: int = 1024) -> f
     return cosine(x[:val] @ w[:-1] + w[-1], target[:val])
 
 
-def padded_ids(tok: PieceTokenizer, texts: list[str], max_pieces: int) -> np.ndarray:
-    """[len(texts), max_pieces] piece ids, 0-padded (embedding_bag's mean skips padding)."""
-    ids = np.zeros((len(texts), max_pieces), np.int64)
-    for r, x in enumerate(tok.batch_ids(texts)):
-        x = x[:max_pieces] or [tok.unk_id or 1]
-        ids[r, :len(x)] = x
-    return ids
-
-
-def whiten(x: np.ndarray, fit: np.ndarray, power: float) -> np.ndarray:
-    """`x` in the principal coordinates of `fit` (centred), each scaled by its singular value^-power."""
-    mean = fit.mean(0)
-    _, sv, axes = np.linalg.svd(fit - mean, full_matrices=False)
-    return ((x - mean) @ axes.T * (sv / sv[0]) ** -power).astype(np.float32)
-
-
 def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: int = 8, lr: float = 2e-3,
                  batch_size: int = 256, val: int = 1024, max_pieces: int = 64, seed: int = 0,
                  device: str = "cpu", pairs_weight: float = 0.0, scale: float = 20.0,
@@ -106,14 +90,17 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
     import torch  # the train extra: scoring a table needs numpy alone
     import torch.nn.functional as F
 
+    from research.whiten_head import whitening  # torch, as this function
+
     torch.manual_seed(seed)
     texts, _ = read_corpus(corpus)
     cache = TeacherCache.read(corpus / "teacher-mpnet")
     rows = cache.done
     target = np.asarray(cache.vectors()[:rows], np.float32)
     if whiten_power > 0:
-        target = whiten(target, target[val:val + 40_000], whiten_power)
-    ids = padded_ids(tok, texts[:rows], max_pieces)
+        mean, linear = whitening(target[val:val + 40_000], whiten_power, target.shape[1], centre=True)
+        target = ((target - mean) @ linear.T).astype(np.float32)
+    ids = tok.encode(texts[:rows], max_pieces).ids  # 0-padded: embedding_bag's mean skips padding
     w = least_squares(static_encoder(table, tok)(texts[:min(rows, 40_000)]), target[:40_000], val)
     weights = torch.nn.Parameter(torch.from_numpy(table.astype(np.float32)).to(device))
     head = torch.nn.Linear(table.shape[1], target.shape[1]).to(device)
@@ -127,8 +114,7 @@ def train_static(table: np.ndarray, tok: PieceTokenizer, corpus: Path, epochs: i
         pairs = np.load(corpus / "pairs.npy")[:, :2]
         pairs = pairs[rng.permutation(len(pairs))]
         texts_of_pairs, at = np.unique(pairs.ravel(), return_inverse=True)
-        pair_ids = padded_ids(tok, [texts[i] for i in texts_of_pairs], max_pieces)
-        pair_ids = torch.from_numpy(pair_ids).to(device)
+        pair_ids = torch.from_numpy(tok.encode([texts[i] for i in texts_of_pairs], max_pieces).ids).to(device)
         at = at.reshape(-1, 2)
         val_pairs, train_pairs = at[:512], at[512:]
 

@@ -22,7 +22,6 @@ from research.static_pieces import (  # noqa: E402
     mapped_encoder,
     static_encoder,
     train_static,
-    whiten,
 )
 
 
@@ -83,13 +82,3 @@ def test_saving_a_table_without_training_it_is_refused_in_one_line(tmp_path: Pat
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("it needs --train CORPUS")
     assert not (tmp_path / "pieces.npy").exists()  # refused before the teacher builds a start
 
-
-def test_whitened_coordinates_weigh_every_direction_alike_at_power_one() -> None:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, 6)) * np.array([10, 5, 2, 1, 0.5, 0.1]) + 3
-    spread = np.linalg.norm(whiten(x, x, 1.0), axis=0)
-    np.testing.assert_allclose(spread, spread[0], rtol=1e-4)
-    raw = np.linalg.norm(whiten(x, x, 0.0), axis=0)  # power 0: the principal coordinates alone
-    half = np.linalg.norm(whiten(x, x, 0.5), axis=0)  # half way: the loudest's lead is its square root
-    assert np.all(np.diff(half) < 0)
-    assert half[0] / half[-1] == pytest.approx(np.sqrt(raw[0] / raw[-1]), rel=1e-3)

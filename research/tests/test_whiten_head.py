@@ -47,3 +47,19 @@ def test_turned_back_into_the_heads_axes_the_cosines_stay_those_of_the_coordinat
     short, wide = (served - mean) @ linear.T, (served - mean) @ (axes.T @ linear).T
     assert wide.shape == served.shape
     np.testing.assert_allclose(cosines(wide), cosines(short), atol=1e-9)
+
+
+def test_at_half_power_the_loudest_direction_leads_by_the_square_root_of_its_lead() -> None:
+    """Centred, every direction kept (research.static_pieces --whiten-power distils the teacher so)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 6)) * np.array([10, 5, 2, 1, 0.5, 0.1]) + 3
+
+    def spread(power: float) -> np.ndarray:
+        mean, linear = whitening(x, power, 6, centre=True)
+        return np.linalg.norm((x - mean) @ linear.T, axis=0)
+
+    np.testing.assert_allclose(spread(1.0), spread(1.0)[0], rtol=1e-4)
+    raw = spread(0.0)  # power 0: the principal coordinates alone
+    half = spread(0.5)  # half way: the loudest's lead is its square root
+    assert np.all(np.diff(half) < 0)
+    assert half[0] / half[-1] == pytest.approx(np.sqrt(raw[0] / raw[-1]), rel=1e-3)
