@@ -221,3 +221,21 @@ def test_chromium_writes_its_temporary_files_under_pytest_not_the_system_temp(ch
         driver.quit()
     assert chromium_leftovers() == before
     assert any(p.name.startswith("org.chromium.") for p in own.iterdir())
+
+
+def test_sentences_past_the_servers_explain_tokens_still_get_labels(tiny_bundle, browser, tmp_path: Path):
+    """A server that explains at most 8 tokens a request (max_explain_tokens): the example
+    sentences hold more, so the sentiment call with explain=true is a 413. The page shows the
+    labels without the heatmaps and says why, where it used to end on the server's error."""
+    with serve_in_thread(Settings(bundle=tiny_bundle, max_explain_tokens=8)) as base:
+        browser.get(f"{base}/ui/")
+        try:
+            finished(browser)
+            texts = typed_lines(browser)
+            assert len(browser.find_elements(By.CSS_SELECTOR, "#sentiment tbody tr")) == len(texts)
+            assert not browser.find_element(By.ID, "explain").is_displayed()
+            status = browser.find_element(By.ID, "status").text
+            assert "explain" in status and "8 tokens" in status, status
+        except Exception:
+            browser.save_screenshot(str(tmp_path / "explain-limit.png"))
+            raise

@@ -245,6 +245,26 @@ function limitNote(analysed) {  // "" unless the server's caps left typed lines 
 
 function sentences() { return lines(sentenceLimit()); }
 
+// Sentiment labels, with their heatmaps when the server explains them. Explaining is capped by
+// tokens (GET /info limits.max_explain_tokens), which the page cannot count: past the cap the
+// server answers 413, and the labels are asked for again without the heatmaps.
+async function sentiment(texts, explain) {
+  const ask = (withHeatmaps) => call("POST", "sentiment", { texts, truncate: true, explain: withHeatmaps });
+  if (!explain) return { answer: await ask(false), explained: false, skipped: false };
+  try {
+    return { answer: await ask(true), explained: true, skipped: false };
+  } catch (error) {
+    if (error.status !== 413) throw error;
+    return { answer: await ask(false), explained: false, skipped: true };
+  }
+}
+
+function explainNote(skipped) {  // "" unless the heatmaps were left out for the server's token cap
+  if (!skipped) return "";
+  const cap = state.info && state.info.limits && state.info.limits.max_explain_tokens;
+  return ` · no heatmaps: this server explains at most ${cap} tokens a request`;
+}
+
 function hybridWeight() {
   return $("#hybrid-control").hidden ? 0 : Number($("#hybrid").value);
 }
@@ -292,19 +312,20 @@ async function run() {
     const [sim, nli, senti] = await Promise.all([
       call("POST", "similarity", { texts, truncate: true }),
       pairs.length ? call("POST", "nli", { pairs, truncate: true }) : Promise.resolve({ results: [] }),
-      call("POST", "sentiment", { texts, truncate: true, explain }),
+      sentiment(texts, explain),
     ]);
     state.texts = texts;
     drawSimilarity(sim.matrix, texts);
     drawNli(nli.results, texts);
-    drawSentiment(senti.results, texts);
-    state.explanations = senti.results.map((r) => r.explanation);
+    drawSentiment(senti.answer.results, texts);
+    state.explanations = senti.answer.results.map((r) => r.explanation);
     const pick = $("#explain-pick");
     pick.replaceChildren(...texts.map((t, i) => new Option(`${i + 1}. ${clip(t, 60)}`, String(i))));
-    $("#explain").hidden = !explain;
-    if (explain) drawExplanation(0);
+    $("#explain").hidden = !senti.explained;
+    if (senti.explained) drawExplanation(0);
     await search();
-    setStatus(`done in ${Math.round(performance.now() - started)} ms${limitNote(true)}`, "ok");
+    const notes = `${limitNote(true)}${explainNote(senti.skipped)}`;
+    setStatus(`done in ${Math.round(performance.now() - started)} ms${notes}`, "ok");
     document.body.dataset.state = "done";
   } catch (error) {
     if (error.status === 503 && state.waits < 120) {  // loading / warming up: try again shortly
