@@ -263,23 +263,39 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
 
 
 # ---- models ----
-def disan_encoders(bundle: Path, variant: str = "auto") -> tuple[Encode, Sparse | None]:
+def disan_encoders(bundle: Path, variant: str = "auto", keep_sparse: bool = False
+                   ) -> tuple[Encode, Sparse | None]:
     """Texts -> the bundle's normalised vectors through `disan.Encoder`, long texts in windows,
-    and texts -> its sparse vectors (`Encoder.encode_sparse`; None without a lexical table)."""
-    from disan.runtime.encoder import Encoder  # onnxruntime: only a bundle's run needs it
+    and texts -> its sparse vectors (`Encoder.encode_sparse`; None without a lexical table). With
+    `keep_sparse` (a hybrid run), the dense pass keeps each text's sparse vector from the ids it
+    already read, and the sparse pass takes them (tokenizing only texts the dense pass never saw)."""
+    from disan.runtime.encoder import Encoder, normalized  # onnxruntime: only a bundle's run needs it
 
     encoder = Encoder(bundle, variant=variant, long_texts="window")
+    has_table = encoder.runtime.idf is not None
+    kept: dict[str, object] = {}
+
+    def encode_chunk(texts: list[str]) -> np.ndarray:
+        prepared = encoder.prepare(texts)
+        if keep_sparse and has_table:
+            kept.update(zip(texts, encoder.sparse_prepared(prepared), strict=True))
+        return normalized(encoder.embed_prepared(prepared))
 
     def encode(texts: list[str]) -> np.ndarray:
-        parts = [encoder.encode(texts[i:i + ENCODE_CHUNK], normalize=True)
-                 for i in range(0, len(texts), ENCODE_CHUNK)]
+        parts = [encode_chunk(texts[i:i + ENCODE_CHUNK]) for i in range(0, len(texts), ENCODE_CHUNK)]
         return np.concatenate(parts) if parts else np.zeros((0, encoder.dim), dtype=np.float32)
 
     def sparse(texts: list[str]) -> list:
-        return [v for i in range(0, len(texts), ENCODE_CHUNK)
-                for v in encoder.encode_sparse(texts[i:i + ENCODE_CHUNK])]
+        missing = [t for t in dict.fromkeys(texts) if t not in kept]
+        for i in range(0, len(missing), ENCODE_CHUNK):
+            kept.update(zip(missing[i:i + ENCODE_CHUNK], encoder.encode_sparse(missing[i:i + ENCODE_CHUNK]),
+                            strict=True))
+        vectors = [kept[t] for t in texts]
+        for t in texts:  # each set's pass takes its own; memory stays one set's
+            kept.pop(t, None)
+        return vectors
 
-    return encode, (sparse if encoder.runtime.idf is not None else None)
+    return encode, (sparse if has_table else None)
 
 
 def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:
@@ -345,7 +361,7 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
     sparse: dict[str, Sparse] = {}
     if bundle is not None:
         label = f"DiSAN ({bundle})"
-        dense, sparse_of = disan_encoders(bundle, variant)
+        dense, sparse_of = disan_encoders(bundle, variant, keep_sparse=bool(hybrid))
         if hybrid and sparse_of is None:
             raise ValueError(f"--hybrid: {bundle} {NO_TABLE}")
         models.append((label, lambda: dense))

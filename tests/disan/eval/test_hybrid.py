@@ -77,3 +77,34 @@ def test_cli_hybrid_errors_are_one_line(tiny_bundle: Path, tmp_path: Path, capsy
     assert main(["eval", "--retrieval", str(folder), "--bundle", str(tiny_bundle), "--baselines", "",
                  *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+
+def test_a_hybrid_run_tokenizes_each_text_once(sparse_bundle: Path, tmp_path: Path, monkeypatch, capsys):
+    """The dense and the sparse vectors read the same token ids: `disan eval --hybrid` prepares
+    each text once (it tokenized every document and query a second time for the sparse pass), and
+    its scores are those of the sparse vectors `Encoder.encode_sparse` gives."""
+    needs_pytrec_eval()
+    from disan.eval import retrieval
+    from disan.runtime.encoder import Encoder
+
+    prepared: list[str] = []
+    prepare = Encoder.prepare
+
+    def counted(self, texts, *args, **kwargs):
+        prepared.extend(texts)
+        return prepare(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Encoder, "prepare", counted)
+    folder = beir_folder(tmp_path / "alpha")
+    out = tmp_path / "report.json"
+    assert main(["eval", "--retrieval", str(folder), "--bundle", str(sparse_bundle), "--baselines", "",
+                 "--report", str(out), "--hybrid", "0.5"]) == 0
+    dataset = retrieval.load_set(folder)
+    assert sorted(prepared) == sorted(dataset.docs + dataset.queries)
+    monkeypatch.setattr(Encoder, "prepare", prepare)
+    encoder = Encoder(sparse_bundle, long_texts="window")
+    want = retrieval.evaluate_set(dataset, lambda t: encoder.encode(t, normalize=True),
+                                  sparse=encoder.encode_sparse, hybrid=[0.5])
+    got = json.loads(out.read_text())["models"][f"DiSAN ({sparse_bundle})"]["alpha"]
+    assert got["hybrid"] == want["hybrid"]
