@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dims > min(vectors.shape):
         parser.error(f"--dims {args.dims}: at most {min(vectors.shape)} here")
     mean, linear = whitening(vectors, args.power, args.dims, args.centre)
-    if args.keep_width:  # axes [k, D] are orthonormal rows: axes.T @ coordinates keeps every cosine
-        axes = whitening(vectors, 0.0, args.dims, args.centre)[1]
+    if args.keep_width:  # the map's rows are the unit axes scaled: axes.T @ coordinates keeps every cosine
+        axes = linear / np.linalg.norm(linear, axis=1, keepdims=True)
         linear = axes.T @ linear
     state = payload["model_state"]
     weight, bias = fold(state["proj.weight"].double().numpy(), state["proj.bias"].double().numpy(),
