@@ -250,12 +250,12 @@ function sentences() { return lines(sentenceLimit()); }
 // server answers 413, and the labels are asked for again without the heatmaps.
 async function sentiment(texts, explain) {
   const ask = (withHeatmaps) => call("POST", "sentiment", { texts, truncate: true, explain: withHeatmaps });
-  if (!explain) return { answer: await ask(false), explained: false, skipped: false };
+  if (!explain) return { answer: await ask(false), explained: false };
   try {
-    return { answer: await ask(true), explained: true, skipped: false };
+    return { answer: await ask(true), explained: true };
   } catch (error) {
     if (error.status !== 413) throw error;
-    return { answer: await ask(false), explained: false, skipped: true };
+    return { answer: await ask(false), explained: false };
   }
 }
 
@@ -324,7 +324,7 @@ async function run() {
     $("#explain").hidden = !senti.explained;
     if (senti.explained) drawExplanation(0);
     await search();
-    const notes = `${limitNote(true)}${explainNote(senti.skipped)}`;
+    const notes = `${limitNote(true)}${explainNote(explain && !senti.explained)}`;
     setStatus(`done in ${Math.round(performance.now() - started)} ms${notes}`, "ok");
     document.body.dataset.state = "done";
   } catch (error) {
