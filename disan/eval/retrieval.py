@@ -35,8 +35,9 @@ import numpy as np
 from disan.bundle.dimensions import bundle_projection, shorten
 from disan.bundle.lexical import NO_TABLE, Postings
 from disan.data.readers import open_text
+from disan.eval.encoders import BASELINES, Encode, baseline_keys, disan_encoders
 from disan.eval.hybrid import Sparse, hybrid_top_k
-from disan.optional import MissingDependency, require
+from disan.optional import require
 
 TOP_K = 100
 # report key -> (trec_eval measure, pytrec_eval result key, depth of the run it is computed on)
@@ -48,10 +49,7 @@ COLUMNS = {"ndcg@10": "nDCG@10", "mrr@10": "MRR@10", "recall@100": "R@100"}
 CORPUS_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
 QUERY_FILES = ("queries.jsonl", "queries.jsonl.gz")
 QRELS_FILES = ("qrels/{split}.tsv", "qrels/{split}.tsv.gz", "qrels.tsv", "qrels.tsv.gz")
-ENCODE_CHUNK = 10_000  # texts tokenized and embedded at a time (bounds the token rows held)
 SCORE_CELLS = 1 << 24  # query x document scores computed at a time (64 MB of float32)
-
-Encode = Callable[[list[str]], np.ndarray]
 
 
 @dataclass
@@ -260,87 +258,6 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
             idx, scores = hybrid_top_k(queries, docs, query_sparse, postings, weight, k)
             result["hybrid"][str(weight)] = metrics(dataset.qrels, run_of(dataset, idx, scores))
     return result
-
-
-# ---- models ----
-def disan_encoders(bundle: Path, variant: str = "auto", keep_sparse: bool = False
-                   ) -> tuple[Encode, Sparse | None]:
-    """Texts -> the bundle's normalised vectors through `disan.Encoder`, long texts in windows,
-    and texts -> its sparse vectors (`Encoder.encode_sparse`; None without a lexical table). With
-    `keep_sparse` (a hybrid run), the dense pass keeps each text's sparse vector from the ids it
-    already read, and the sparse pass takes them (tokenizing only texts the dense pass never saw)."""
-    from disan.runtime.encoder import Encoder, normalized  # onnxruntime: only a bundle's run needs it
-
-    encoder = Encoder(bundle, variant=variant, long_texts="window")
-    has_table = encoder.runtime.idf is not None
-    kept: dict[str, object] = {}
-
-    def encode_chunk(texts: list[str]) -> np.ndarray:
-        prepared = encoder.prepare(texts)
-        if keep_sparse and has_table:
-            kept.update(zip(texts, encoder.sparse_prepared(prepared), strict=True))
-        return normalized(encoder.embed_prepared(prepared))
-
-    def encode(texts: list[str]) -> np.ndarray:
-        parts = [encode_chunk(texts[i:i + ENCODE_CHUNK]) for i in range(0, len(texts), ENCODE_CHUNK)]
-        return np.concatenate(parts) if parts else np.zeros((0, encoder.dim), dtype=np.float32)
-
-    def sparse(texts: list[str]) -> list:
-        missing = [t for t in dict.fromkeys(texts) if t not in kept]
-        for i in range(0, len(missing), ENCODE_CHUNK):
-            kept.update(zip(missing[i:i + ENCODE_CHUNK], encoder.encode_sparse(missing[i:i + ENCODE_CHUNK]),
-                            strict=True))
-        vectors = [kept[t] for t in texts]
-        for t in texts:  # each set's pass takes its own; memory stays one set's
-            kept.pop(t, None)
-        return vectors
-
-    return encode, (sparse if has_table else None)
-
-
-def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:
-    """`disan_encoders`' dense half."""
-    return disan_encoders(bundle, variant)[0]
-
-
-def sentence_transformer(source: str) -> Encode:
-    """Texts -> normalised vectors of an offline sentence-transformer (`source`: minilm | mpnet),
-    with its own max_seq_length truncation."""
-    from disan.train.word_vectors import _sentence_encoder  # sentence-transformers and torch, when called
-
-    try:
-        model = _sentence_encoder(source)
-    except MissingDependency as exc:
-        raise MissingDependency(exc.package, exc.extra, f" (--baselines {source} needs it)") from None
-    return lambda texts: model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-
-
-def wordllama_encoder() -> Encode:
-    """Texts -> normalised vectors of WordLlama 256-d (`l2_supercat`): a static embedding, each
-    text the mean of its token vectors, with no context; the floor a contextual encoder must beat.
-    Read offline from the wheel, which carries the weights and the tokenizer."""
-    wordllama = require("wordllama", "wordllama")
-    # The wheel keeps its tokenizer under tokenizers/, where load() looks only in a cache folder
-    # (its own folder holds weights/ and tokenizers/ as a cache would); it never downloads here.
-    model = wordllama.WordLlama.load(dim=256, cache_dir=Path(wordllama.__file__).parent,
-                                     disable_download=True)
-    return lambda texts: np.asarray(model.embed(list(texts), norm=True), np.float32)
-
-
-# --baselines key -> (row label, encoder factory)
-BASELINES = {"minilm": ("all-MiniLM-L6-v2", lambda: sentence_transformer("minilm")),
-             "mpnet": ("all-mpnet-base-v2", lambda: sentence_transformer("mpnet")),
-             "wordllama": ("WordLlama 256-d (static)", wordllama_encoder)}
-
-
-def baseline_keys(spec: str | None) -> list[str]:
-    """The keys of a `--baselines` comma list; an unknown one is a one-line error."""
-    keys = [k.strip() for k in (spec or "").split(",") if k.strip()]
-    for key in keys:
-        if key not in BASELINES:
-            raise ValueError(f"unknown --baselines entry {key!r} for --retrieval (choose from "
-                             f"{', '.join(BASELINES)})")
-    return keys
 
 
 def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[str] = (),

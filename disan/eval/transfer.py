@@ -37,7 +37,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
-from disan.eval.retrieval import wordllama_encoder
+from disan.eval.encoders import wordllama_encoder
 from disan.runtime.encoder import Encoder as TextEncoder
 from disan.runtime.runtime import load_offline
 from disan.text.tokenizer import tokenize

@@ -18,7 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from disan.eval.retrieval import RetrievalSet, disan_encoder, load_set, metrics, top_k
+from disan.eval.encoders import disan_encoder
+from disan.eval.retrieval import RetrievalSet, load_set, metrics, top_k
 
 
 def reranked(client, dataset: RetrievalSet, candidates, weight: float) -> dict[str, dict[str, float]]:

@@ -11,7 +11,8 @@ import pytest
 
 import research.analyses.rerank_hybrid as module
 from disan import Encoder
-from disan.eval.retrieval import disan_encoder, load_set, metrics, run_of, top_k
+from disan.eval.encoders import disan_encoder
+from disan.eval.retrieval import load_set, metrics, run_of, top_k
 from research.analyses.rerank_hybrid import evaluate, main
 
 DOCS = [{"_id": "d1", "title": "dog", "text": "a dog is running in the park"},

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from disan.eval.retrieval import disan_encoder, evaluate_set, load_set
+from disan.eval.encoders import disan_encoder
+from disan.eval.retrieval import evaluate_set, load_set
 from disan.runtime.encoder import Encoder
 from disan.text.windowing import EMBEDDING_LEAD
 from research.window_pooling import pooled_scores

@@ -1,0 +1,53 @@
+"""The encoders `disan eval --retrieval` scores (disan.eval.encoders): the bundle's vectors from
+windows over the whole text, and the static baseline read offline from its wheel."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from disan.eval.encoders import disan_encoder, wordllama_encoder
+from disan.optional import MissingDependency
+
+
+def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
+    from disan.runtime.encoder import Encoder  # onnxruntime: the bundle's own encoder
+
+    # 120 + 120 tokens: most of the dogs are past the first window
+    long_text = "the children are walking in the rain . " * 15 + "a dog is running in the park . " * 15
+    encode = disan_encoder(tiny_bundle, "fp32")
+    got = encode([long_text, "a dog"])
+    windows = Encoder(tiny_bundle, variant="fp32", long_texts="window")
+    want = windows.encode([long_text, "a dog"], normalize=True)
+    truncated = Encoder(tiny_bundle, variant="fp32", long_texts="truncate")
+    cut_vec = truncated.encode([long_text], normalize=True)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.linalg.norm(got[0] - cut_vec[0]) > 1e-3  # the windows see the whole text
+
+
+def test_the_static_baseline_reads_its_weights_from_the_wheel_offline(monkeypatch) -> None:
+    """`--baselines wordllama`: the wheel carries its weights and tokenizer, but WordLlama.load
+    looks for the tokenizer where the wheel does not put it and then downloads; here nothing may be
+    downloaded, so any attempt fails the test."""
+    pytest.importorskip("wordllama", reason="wordllama is not installed (pip install '.[wordllama]')")
+    import requests  # wordllama downloads with requests: a download here is a failure
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"a download was attempted: {args}")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    encode = wordllama_encoder()
+    v = encode(["curcumin inhibits mtorc1 signalling", "a cat sat on the mat", "curcumin blocks mtorc1"])
+    assert v.shape == (3, 256) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+    assert v[0] @ v[2] > v[0] @ v[1]
+
+
+def test_a_missing_static_baseline_names_its_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "wordllama", None)  # as if not installed
+    with pytest.raises(MissingDependency) as missing:
+        wordllama_encoder()
+    assert missing.value.extra == "wordllama"
