@@ -18,6 +18,7 @@ from conftest import serve_in_thread
 from service.settings import Settings
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (dev extra)")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402 - after the skip above
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -117,6 +118,12 @@ def test_playground_round_trips_and_draws_heatmaps(server, browser, tmp_path: Pa
         raise
 
 
+def ranked_on_page(browser, timeout: float = 30) -> WebDriverWait:
+    """A wait on the search results: the page redraws the list while a wait reads it, and an item
+    read as it is replaced is stale, not an answer (read again on the next poll)."""
+    return WebDriverWait(browser, timeout, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def results(browser) -> list[tuple[int, float]]:
     return [(int(li.get_attribute("data-index")), float(li.get_attribute("data-score")))
             for li in browser.find_elements(By.CSS_SELECTOR, "#search-results li")]
@@ -153,7 +160,7 @@ def test_search_ranks_the_sentences_as_rerank_does(server, browser, tmp_path: Pa
         # more lines than the heatmaps show are all ranked; a new query runs on Enter
         many = [f"sentence number {i} about a {'dog' if i % 3 else 'guitar'}" for i in range(12)]
         search_typed(browser, many, "a guitar")
-        WebDriverWait(browser, 30).until(lambda d: len(results(d)) == 12)
+        ranked_on_page(browser).until(lambda d: len(results(d)) == 12)
         assert results(browser) == ranked(rerank(server, "a guitar", many))
     except Exception:
         browser.save_screenshot(str(tmp_path / "search.png"))
@@ -174,7 +181,7 @@ def test_search_sends_the_hybrid_weight_where_the_bundle_has_a_lexical_table(spa
                                    "r.dispatchEvent(new Event('change'));")
             want, dense = rerank(base, query, texts, hybrid=0.5), rerank(base, query, texts)
             assert ranked(want) != ranked(dense)  # the weight changes the scores, so the check can fail
-            WebDriverWait(browser, 30).until(lambda d: results(d) == ranked(want))
+            ranked_on_page(browser).until(lambda d: results(d) == ranked(want))
             assert browser.find_element(By.ID, "hybrid-value").text == "0.5"
         except Exception:
             browser.save_screenshot(str(tmp_path / "hybrid.png"))
@@ -193,7 +200,7 @@ def test_the_page_keeps_to_the_servers_limit_on_texts_a_request(tiny_bundle, bro
             many = [f"line {i} is about a {'cat' if i % 2 else 'violin'}" for i in range(10)]
             search_typed(browser, many, "a violin")
             want = ranked(rerank(base, "a violin", many[:6]))
-            WebDriverWait(browser, 30).until(lambda d: results(d) == want)
+            ranked_on_page(browser).until(lambda d: results(d) == want)
             status = browser.find_element(By.ID, "status").text
             assert "6 texts a request" in status and "first 6 lines" in status, status
         except Exception:
