@@ -43,7 +43,7 @@ DISTILL = {
                "train"),
     "teacher": ("disan.distill.teacher", "cache a teacher's sentence vectors of a corpus (resumable)",
                 "train"),
-    "student": ("disan.distill.student_cli", "distil a subword-piece student from a corpus's teacher cache, "
+    "student": ("disan.distill.student.cli", "distil a subword-piece student from a corpus's teacher cache, "
                 "with its pairs and Matryoshka prefixes", "train"),
     "task-teacher": ("disan.distill.task_teacher.cli", "fine-tune a sentence-transformer on a sentiment "
                      "task and write its soft labels of the training examples (for train --soft-targets)",

@@ -8,7 +8,7 @@ over a piece table in its word table's space, written as a checkpoint that `disa
 The table: a whole-word piece ("paper") takes the word student's row for that word; every other
 piece (a continuation "##ing", or a word the word table lacks) takes the ridge map, fitted on the
 whole-word pieces, from its start in `pieces.npy` (the teacher's vector of the piece alone, PCA;
-`disan.distill.student.piece_vectors`) to the word table, scaled to the word rows' mean norm (a
+`disan.distill.student.rows.piece_vectors`) to the word table, scaled to the word rows' mean norm (a
 regression's predictions are shrunk towards the mean). A text of common words then reads as the
 word student read it; the training run teaches the blocks the split words. The checkpoint marks
 the mapped rows trainable and the rest not, for `--tune rows` (only those rows learn); a run with
@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from disan.distill.student import StudentConfig, principal_axes
+from disan.distill.student.config import StudentConfig
+from disan.distill.student.rows import principal_axes
 from disan.distill.teacher import TeacherCache, teacher_tokenizer_file
 from disan.model import DiSANConfig
 from disan.text.pieces import PAD, PieceTokenizer

@@ -1,5 +1,5 @@
 """The student's starting point alone: the mean of its piece table's rows (each piece's teacher
-vector read alone, PCA-reduced; see `disan.distill.student.piece_vectors`), scored on the staged
+vector read alone, PCA-reduced; see `disan.distill.student.rows.piece_vectors`), scored on the staged
 dev sets like any encoder. It says how much a piece student owes to its start and how much to the
 DiSAN blocks trained over it.
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--save-table or --save-map writes the trained encoder: it needs --train CORPUS")
     tok = PieceTokenizer.from_file(teacher_tokenizer_file())
     if not args.table.is_file():
-        from disan.distill.student import piece_vectors  # torch (`train`): only to build a start
+        from disan.distill.student.rows import piece_vectors  # torch (`train`): only to build a start
         from disan.distill.teacher import sentence_transformer_encoder
 
         piece_vectors(tok, args.dim, sentence_transformer_encoder("mpnet", batch_size=256), args.table)

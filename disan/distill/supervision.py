@@ -39,7 +39,7 @@ from disan.runtime.batching import sorted_batches
 from disan.text.tokenizer import Vocab
 
 if TYPE_CHECKING:
-    from disan.distill.student_config import StudentConfig
+    from disan.distill.student.config import StudentConfig
     from disan.text.pieces import PieceTokenizer
 
 MAX_TOKENS = 64

@@ -15,7 +15,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from student_tiny import tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
 
 from disan.distill.corpus import build as corpus  # noqa: E402
-from disan.distill.student import PieceRows, StudentConfig, piece_vectors, student_loss, train_student  # noqa: E402
+from disan.distill.student.config import StudentConfig  # noqa: E402
+from disan.distill.student.rows import PieceRows, piece_vectors  # noqa: E402
+from disan.distill.student.train import student_loss, train_student  # noqa: E402
 from disan.text.pieces import PieceTokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
@@ -78,7 +80,7 @@ def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
 def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     import argparse
 
-    from disan.distill import student_cli
+    from disan.distill.student import cli as student_cli
 
     parser = argparse.ArgumentParser()
     student_cli.add_arguments(parser)
@@ -93,7 +95,8 @@ def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
 def test_init_and_resume_runs_do_not_load_the_teacher_for_a_table_they_have(tmp_path, monkeypatch) -> None:
     import argparse
 
-    from disan.distill import student_cli, teacher
+    from disan.distill import teacher
+    from disan.distill.student import cli as student_cli
 
     def no_teacher(*args, **kwargs):
         raise AssertionError("the teacher was loaded")
@@ -187,7 +190,7 @@ def test_a_piece_checkpoint_reads_text_through_its_pieces(tiny, tmp_path) -> Non
 
 
 def test_the_head_starts_as_the_ridge_map_to_the_teacher(tiny) -> None:
-    from disan.distill.student import fit_head
+    from disan.distill.student.starts import fit_head
     from disan.model import DiSANConfig, DiSANEncoder
 
     root, path = tiny
@@ -226,7 +229,8 @@ def test_warmup_then_linear_decay_and_a_slower_head(tiny, tmp_path) -> None:
 
 
 def test_the_turned_teacher_keeps_every_cosine_and_puts_the_most_first() -> None:
-    from disan.distill.student import cosine_matrix, principal_axes
+    from disan.distill.student.rows import principal_axes
+    from disan.distill.student.train import cosine_matrix
 
     rng = np.random.default_rng(6)
     q, _ = np.linalg.qr(rng.normal(size=(6, 6)))
@@ -251,7 +255,7 @@ def test_a_turned_teacher_is_distilled_at_every_prefix() -> None:
 
 
 def test_a_state_written_before_a_newer_flag_resumes_with_its_default(tmp_path) -> None:
-    from disan.distill.student import STATE_KEYS, resume_state, save_state
+    from disan.distill.student.state import STATE_KEYS, resume_state, save_state
     from disan.model import DiSANConfig, DiSANEncoder
 
     cfg = StudentConfig(corpus=tmp_path, out=tmp_path, embed_dim=4, d_h=4, proj_dim=8, dims=(8,))

@@ -17,7 +17,8 @@ from student_tiny import WORDS, tiny_fixture  # noqa: E402, F401  (the `tiny` fi
 
 from disan.data.recipes import RECIPES  # noqa: E402
 from disan.distill import supervision  # noqa: E402
-from disan.distill.student import StudentConfig, train_student  # noqa: E402
+from disan.distill.student.config import StudentConfig  # noqa: E402
+from disan.distill.student.train import train_student  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
 

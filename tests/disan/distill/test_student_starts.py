@@ -15,7 +15,10 @@ tokenizers = pytest.importorskip("tokenizers")
 from student_tiny import tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
 
 from disan.distill.corpus import build as corpus  # noqa: E402
-from disan.distill.student import PieceRows, StudentConfig, read_as_static, train_student  # noqa: E402
+from disan.distill.student.config import StudentConfig  # noqa: E402
+from disan.distill.student.rows import PieceRows  # noqa: E402
+from disan.distill.student.starts import read_as_static  # noqa: E402
+from disan.distill.student.train import train_student  # noqa: E402
 from disan.distill.teacher import TeacherCache  # noqa: E402
 from disan.model import DiSANConfig, DiSANEncoder  # noqa: E402
 from disan.text.pieces import PieceTokenizer  # noqa: E402
@@ -110,7 +113,7 @@ def test_a_start_that_reads_whole_words_trains_with_its_tokenizer_and_tables(tin
 def test_an_anchored_run_aims_part_of_the_way_back_to_its_start(tiny, tmp_path) -> None:
     """--anchor 1 makes each target the --init student's own vector (cosine 1 at step 0); a share
     between lies between the teacher and the start; a resumed run reads the start's cached vectors."""
-    from disan.distill.student import anchored
+    from disan.distill.student.starts import anchored
 
     root, path = tiny
     values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),

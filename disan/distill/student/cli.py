@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from disan.distill.student import train_student
-from disan.distill.student_config import StudentConfig
+from disan.distill.student.config import StudentConfig
+from disan.distill.student.train import train_student
 
 _HELP = {
     "corpus": "a `disan distill corpus` folder", "out": "run folder (student.pt, metrics.jsonl, pieces.npy)",

@@ -1,4 +1,4 @@
-"""What a `disan distill student` run is asked to do (its flags, `disan.distill.student_cli`), checked
+"""What a `disan distill student` run is asked to do (its flags, `disan.distill.student.cli`), checked
 before any corpus or cache is read."""
 
 from __future__ import annotations

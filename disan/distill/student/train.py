@@ -1,0 +1,208 @@
+"""A DiSAN student that reads subword pieces (`disan distill student`): distilled from the teacher's
+cached vectors of a `disan corpus`, taught query -> passage by its (title, text) pairs, with vectors
+whose prefixes are vectors too (Matryoshka).
+
+Loss per step, on a batch of corpus rows the teacher has encoded and a batch of pairs:
+- distillation: 1 - cosine(student, teacher) of the full served vector;
+- geometry at every prefix m of `dims`: the squared error between the in-batch cosine matrix of the
+  student's first m components and the teacher's (a prefix must keep what STS and clustering read);
+- pairs: MultipleNegativesRanking (in-batch softmax over the passages, as sentence-transformers
+  trains retrievers) at every prefix m, weight `pairs_weight`;
+- labels, if asked: STS-B and SICK train scores, SST-5 train phrases
+  (`disan.distill.supervision.StudentLabels`).
+
+The token table starts from the teacher: each piece's teacher vector when read alone (mean-pooled
+output, as static-embedding distillation does), reduced to `embed_dim` by PCA (`rows.piece_vectors`).
+Writes to `out`: `pieces.npy` (that start, cached), `student.pt` (an encoder checkpoint that carries
+its tokenizer.json), `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from disan.distill.corpus.build import read_corpus
+from disan.distill.student.config import StudentConfig
+from disan.distill.student.rows import PieceRows, piece_vectors, principal_axes
+from disan.distill.student.starts import (
+    anchored,
+    fit_head,
+    init_from,
+    read_as_static,
+    run_tokenizer,
+    start_vectors,
+)
+from disan.distill.student.state import resume_state, save_state, save_student
+from disan.distill.supervision import StudentLabels
+from disan.distill.teacher import TeacherCache
+from disan.model import DiSANConfig, DiSANEncoder
+from disan.train.checkpoint import load_checkpoint
+
+
+def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
+    x = F.normalize(x, dim=-1)
+    return x @ x.T
+
+
+def student_loss(pred: torch.Tensor, target: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor | None,
+                 cfg: StudentConfig) -> tuple[torch.Tensor, dict]:
+    """The loss of one step and its parts (see the module docstring)."""
+    distill = 1.0 - F.cosine_similarity(pred, target, dim=-1).mean()
+    related = cosine_matrix(target)
+    geometry = sum(F.mse_loss(cosine_matrix(pred[:, :m]), related) for m in cfg.dims)
+    loss = cfg.geometry_weight * geometry
+    if cfg.rotate_teacher:
+        loss = loss + sum(1.0 - F.cosine_similarity(pred[:, :m], target[:, :m], dim=-1).mean()
+                          for m in cfg.dims)
+    else:
+        loss = loss + distill
+    parts = {"distill": distill.item(), "geometry": geometry.item()}
+    if q is not None:
+        labels = torch.arange(len(q), device=q.device)
+        mnr = sum(F.cross_entropy(cfg.mnr_scale * F.normalize(q[:, :m], dim=-1)
+                                  @ F.normalize(p[:, :m], dim=-1).T, labels) for m in cfg.dims)
+        loss = loss + cfg.pairs_weight * mnr
+        parts["mnr"] = mnr.item()
+    return loss, parts
+
+
+@torch.no_grad()
+def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np.ndarray,
+             pairs: np.ndarray, cfg: StudentConfig) -> dict:
+    """Held-out cosine to the teacher, and held-out pairs' retrieval accuracy (query -> its passage
+    among the held-out passages) at each prefix."""
+    encoder.eval()
+
+    def vectors(chosen: np.ndarray) -> torch.Tensor:
+        return rows.encode_all(encoder, chosen, cfg.device, cfg.length_buckets)
+
+    pred = vectors(val)
+    cos = F.cosine_similarity(pred, torch.from_numpy(target[val]).float().to(pred.device), dim=-1).mean()
+    out = {"val_cosine": round(cos.item(), 4)}
+    if len(pairs):
+        q, p = vectors(pairs[:, 0]), vectors(pairs[:, 1])
+        right = torch.arange(len(q), device=q.device)
+        for m in cfg.dims:
+            hit = (F.normalize(q[:, :m], dim=-1) @ F.normalize(p[:, :m], dim=-1).T).argmax(1)
+            out[f"pair_acc@{m}"] = round((hit == right).float().mean().item(), 4)
+    encoder.train()
+    return out
+
+
+def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
+    """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
+    vectors) is needed only when the piece table's start is not cached yet."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    texts, info = read_corpus(cfg.corpus)
+    cache = TeacherCache.read(cfg.teacher or cfg.corpus / "teacher-mpnet")
+    done = cache.done
+    if done < cfg.val_rows + cfg.batch_size:
+        raise ValueError(f"{cache.folder}: only {done} rows encoded; the student needs more than "
+                         f"{cfg.val_rows + cfg.batch_size}")
+    target = np.asarray(cache.vectors()[:done], np.float32)
+    if cfg.rotate_teacher:
+        target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
+    init = load_checkpoint(cfg.init) if cfg.init is not None else None
+    tok = run_tokenizer(cfg, init)
+    pairs = np.load(cfg.corpus / "pairs.npy")
+    needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
+    needed[:done] = True
+    needed[pairs[:, :2].ravel()] = True
+    rows = PieceRows(tok, [t if keep else "" for t, keep in zip(texts, needed, strict=True)], cfg.max_pieces)
+    relations = list(info.get("relations", {}))
+    if cfg.relations:
+        pairs = pairs[np.isin(pairs[:, 2], [relations.index(r) for r in cfg.relations if r in relations])]
+    pairs = pairs[rng.permutation(len(pairs))]
+    held = min(512, len(pairs) // 5)
+    val_pairs, pairs = pairs[:held], pairs[held:]
+    val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
+
+    # a start that reads whole words (disan distill whole-words) keeps its tables' layout
+    lent = ("vocab_size", "borrowed_rows", "borrowed_dim", "borrowed_offset")
+    layout = ({k: init["config"][k] for k in lent} if init is not None and init["config"].get("borrowed_rows")
+              else {"vocab_size": len(tok)})
+    model_cfg = DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
+                            proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob)
+    encoder = DiSANEncoder(model_cfg).to(cfg.device)
+    if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
+        table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
+        encoder.embed.weight.data.copy_(torch.from_numpy(table))
+    if cfg.static_start:
+        read_as_static(encoder)
+    if cfg.tune != "all":
+        for name, param in encoder.named_parameters():
+            param.requires_grad_({"rows": name == "embed.weight", "head": name.startswith("proj."),
+                                  "blocks": not name.startswith("embed.")}[cfg.tune])
+    head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
+    body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
+    labels = StudentLabels(cfg, tok, encoder.out_dim)
+    groups = [{"params": body, "lr": cfg.lr}]
+    groups += [{"params": head, "lr": cfg.lr * cfg.head_lr_scale}] if head else []
+    groups += [{"params": labels.parameters(), "lr": cfg.lr}] if labels.parameters() else []
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+
+    def rate(s: int) -> float:
+        return min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1.0 - s / cfg.steps)
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    first = 1
+    log = (cfg.out / "metrics.jsonl").open("a", encoding="utf-8")
+    if cfg.resume:
+        first, rng = resume_state(cfg, encoder, optimizer, schedule, labels)
+        if cfg.anchor > 0:  # the start's vectors, cached by the run's first part
+            target = anchored(target, start_vectors(None, rows, done, cfg), cfg.anchor)
+    elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
+        if init is not None:
+            init_from(cfg, encoder, tok, init)
+            if cfg.tune == "all":
+                encoder.trainable_rows.fill_(True)
+            if cfg.anchor > 0:
+                target = anchored(target, start_vectors(encoder, rows, done, cfg), cfg.anchor)
+        else:
+            fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
+        probed = labels.probe(encoder)
+        start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
+        start_metrics |= {"sentiment_probe": round(probed, 4)} if probed is not None else {}
+        log.write(json.dumps(start_metrics) + "\n")
+        print(json.dumps(start_metrics), flush=True)
+    else:
+        labels.probe(encoder)  # a fresh start without a fitted head: no step-0 evaluation to log it in
+    start, last = time.monotonic(), {}
+    for step in range(first, cfg.steps + 1):
+        batch = rng.choice(train_rows, cfg.batch_size, replace=False)
+        pred = rows.encode(encoder, batch, cfg.device, cfg.length_buckets)
+        q = p = None
+        if cfg.pairs_weight > 0 and len(pairs):
+            chosen = pairs[rng.integers(0, len(pairs), cfg.pairs_batch)]
+            q = rows.encode(encoder, chosen[:, 0], cfg.device, cfg.length_buckets)
+            p = rows.encode(encoder, chosen[:, 1], cfg.device, cfg.length_buckets)
+        loss, parts = student_loss(pred, torch.from_numpy(target[batch]).to(cfg.device), q, p, cfg)
+        if labels.active:
+            labelled, label_parts = labels.loss(encoder, rng)
+            loss, parts = loss + labelled, parts | label_parts
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        out_of_time = cfg.max_minutes is not None and time.monotonic() - start > 60 * cfg.max_minutes
+        if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
+            last = {"step": step, "seconds": round(time.monotonic() - start, 1), **parts,
+                    **evaluate(encoder, rows, target, val, val_pairs, cfg)}
+            log.write(json.dumps(last) + "\n")
+            log.flush()
+            print(json.dumps(last), flush=True)
+            save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last)
+            save_state(cfg, step, encoder, optimizer, schedule, rng, labels)
+        if out_of_time:
+            break
+    return last
