@@ -59,6 +59,10 @@ class DiSANConfig:
     # > 0: a linear map of the 2*d_h source2token vector to this size ends the encoder, so a student
     # distilled into a teacher's space (768 for MPNet) serves the vectors it was trained to match.
     proj_dim: int = 0
+    # True: the encoder ends in an L2 normalisation, as sentence-transformers' Normalize module: every
+    # vector it serves has length 1, so a probe on raw vectors (the transfer tasks' features
+    # u * v, |u - v|) reads directions only, as a cosine does.
+    unit_length: bool = False
     # > 0: ids past this model's own table read another model's word vectors (the bundle's
     # embedding encoder's table, [borrowed_rows, borrowed_dim], held as a buffer), through a
     # linear map into this model's word space (`disan borrow-words`), instead of as UNK.
@@ -469,6 +473,8 @@ class DiSANEncoder(nn.Module):
         sent, probs = self.s2t(u, mask)                                   # [B,2d]
         if self.proj is not None:
             sent = self.proj(sent)                                        # [B,proj_dim]
+        if self.cfg.unit_length:
+            sent = F.normalize(sent, dim=-1)
         if not return_tokens:
             return sent
         extras["s2t"] = probs.mean(dim=-1)

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-width", action="store_true",
                         help="turn the scaled coordinates back into the head's own D axes: the same "
                              "cosines, D wide, each component a mix as before")
+    parser.add_argument("--unit-length", action="store_true",
+                        help="end the encoder in an L2 normalisation (DiSANConfig.unit_length): the same "
+                             "cosines, every raw vector of length 1")
     parser.add_argument("--dims", type=int, default=300, help="k: the served width")
     parser.add_argument("--rows", type=int, default=20_000, help="corpus texts the axes are fitted on")
     parser.add_argument("--seed", type=int, default=0)
@@ -75,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     state["proj.weight"] = torch.from_numpy(weight).to(state["proj.weight"].dtype)
     state["proj.bias"] = torch.from_numpy(bias).to(state["proj.bias"].dtype)
     payload["config"]["proj_dim"] = len(weight)
+    payload["config"]["unit_length"] = args.unit_length
     payload["whitened"] = {"from": args.checkpoint.name, "power": args.power, "dims": args.dims,
-                           "centre": args.centre, "keep_width": args.keep_width, "rows": len(chosen),
+                           "centre": args.centre, "keep_width": args.keep_width,
+                           "unit_length": args.unit_length, "rows": len(chosen),
                            "seed": args.seed}
     write_checkpoint(args.out, payload)
     print(f"{args.out}: head {tuple(weight.shape)}, power {args.power}, fitted on {len(chosen)} corpus texts")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -317,3 +318,24 @@ def test_ids_past_the_offset_read_borrowed_rows_through_the_map(tmp_path) -> Non
     path = export_graph(EncoderGraph(enc), tmp_path / "encoder.onnx", V + rows)
     out = session(path).run(None, {"ids": ids.numpy(), "mask": mask.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(out), want, rtol=0, atol=1e-5)
+
+
+def test_a_unit_length_encoder_serves_its_heads_directions_at_length_one(tmp_path) -> None:
+    """unit_length ends the encoder in an L2 normalisation: the same direction as the head alone,
+    length 1, in PyTorch and in the exported graph alike."""
+    pytest.importorskip("onnxruntime")
+    from model_export.graphs.wrappers import EncoderGraph, export_graph
+    from model_export.sessions import session
+
+    plain, unit = encoder(proj_dim=10).float(), encoder(proj_dim=10, unit_length=True).float()
+    unit.load_state_dict(plain.state_dict())
+    ids = torch.tensor([[5, 7, 9, 3], [4, 6, 0, 0]])
+    mask = ids > 0
+    with torch.no_grad():
+        raw, got = plain(ids, mask), unit(ids, mask)
+    assert not torch.allclose(raw.norm(dim=-1), torch.ones(2), atol=1e-3)  # the head alone is not unit
+    torch.testing.assert_close(got, raw / raw.norm(dim=-1, keepdim=True), rtol=0, atol=1e-6)
+    out = session(export_graph(EncoderGraph(unit), tmp_path / "encoder.onnx", V)).run(
+        None, {"ids": ids.numpy(), "mask": mask.numpy()})[0]
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(out), got, rtol=0, atol=1e-5)
