@@ -167,8 +167,12 @@ def recover(bundle_dir: Path, out_dir: Path, log=print) -> dict[str, Path]:
         written[task] = Path(out_dir) / f"{task}.pt"
         reads = next((tokenizers(g) for g, e in manifest["graphs"].items() if graph_task(g, e) == task),
                      vocab)
+        # how many words the encoder reads whole (the manifest's only record of it), so that an export
+        # of the recovered encoder states it again
+        whole = (info.get("borrowed") or {}).get("whole_words")
         save_checkpoint(written[task], model, reads, labels, metrics=info.get("metrics", {}),
-                        step=info.get("step"), epoch=info.get("epoch"), recovered_from=recovered_from)
+                        step=info.get("step"), epoch=info.get("epoch"), recovered_from=recovered_from,
+                        **({"whole_words": {"whole_words": whole}} if whole else {}))
     return written
 
 
