@@ -22,9 +22,10 @@ CHECKPOINT_FORMAT = "disan-checkpoint"
 CHECKPOINT_VERSION = 1
 # Where a checkpoint came from: rebuilt from a bundle's graphs (`model_export.recover`), given words
 # by `disan extend-vocab`, widened by `disan widen`, given an encoder's words by `disan borrow-words`,
-# or trained further from another checkpoint (`disan pretrain --init-from`).
+# trained further from another checkpoint (`disan pretrain --init-from`), or given a whitened head
+# (`research.whiten_head`).
 PROVENANCE_KEYS = ("recovered_from", "vocab_extension", "widening", "borrowing", "init_from", "ensemble",
-                   "calibration", "merge")
+                   "calibration", "merge", "whitened")
 # The state only `--resume` reads (`disan pretrain`'s student and optimizer, `disan train`'s
 # optimizer, trainer, RNG and weight average): what `disan distill merge` and a slim checkpoint
 # (`python -m research slim`) drop. Everything else is kept, since readers rely on more than the

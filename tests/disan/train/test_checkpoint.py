@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disan.train.checkpoint import load_checkpoint, write_checkpoint
+from disan.train.checkpoint import load_checkpoint, provenance, write_checkpoint
 
 
 def test_a_failed_write_keeps_the_old_checkpoint_and_leaves_no_partial_file(tmp_path) -> None:
@@ -26,3 +26,16 @@ def test_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path) -> None:
         load_checkpoint(path)
     message = str(caught.value)
     assert message.startswith(f"{path}: cannot read checkpoint (") and "\n" not in message
+
+
+def test_provenance_names_the_file_and_every_step_the_checkpoint_records(tmp_path) -> None:
+    """A bundle's manifest traces its encoder through this: a head whitened after training
+    (`research.whiten_head`) is a step of its history like a recovery or a merge; the resume state is not."""
+    path = tmp_path / "runs" / "w.pt"
+    whitened = {"from": "embed.pt", "power": 0.25, "unit_length": True}
+    write_checkpoint(path, {"step": 3, "whitened": whitened, "recovered_from": {"bundle": "b"},
+                            "student_state": {"step": 3}})
+    entry = provenance(path, torch.load(path, weights_only=True))
+    assert entry["file"] == "w.pt" and len(entry["sha256"]) == 64 and str(tmp_path) not in str(entry)
+    assert entry["whitened"] == whitened and entry["recovered_from"] == {"bundle": "b"}
+    assert "student_state" not in entry
