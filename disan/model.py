@@ -59,9 +59,9 @@ class DiSANConfig:
     # > 0: a linear map of the 2*d_h source2token vector to this size ends the encoder, so a student
     # distilled into a teacher's space (768 for MPNet) serves the vectors it was trained to match.
     proj_dim: int = 0
-    # True: the encoder ends in an L2 normalisation, as sentence-transformers' Normalize module: every
-    # vector it serves has length 1, so a probe on raw vectors (the transfer tasks' features
-    # u * v, |u - v|) reads directions only, as a cosine does.
+    # True: the head (proj_dim > 0) ends in an L2 normalisation, as sentence-transformers' Normalize
+    # module: every vector it serves has length 1, so a probe on raw vectors (the transfer tasks'
+    # features u * v, |u - v|) reads directions only, as a cosine does.
     unit_length: bool = False
     # > 0: ids past this model's own table read another model's word vectors (the bundle's
     # embedding encoder's table, [borrowed_rows, borrowed_dim], held as a buffer), through a
@@ -411,6 +411,8 @@ class DiSANEncoder(nn.Module):
             self.bw = DiSA(cfg, direction_b)
         self.s2t = Source2Token(2 * cfg.d_h, cfg)
         self.proj = nn.Linear(2 * cfg.d_h, cfg.proj_dim) if cfg.proj_dim > 0 else None
+        if cfg.unit_length and self.proj is None:
+            raise ValueError("unit_length: the normalisation ends the head, and proj_dim 0 has none")
         # Both directions in one n x n tensor (same values; see directional_pair). A plain
         # attribute, not config: tests switch it off to compare against the per-block path.
         self.packed = (cfg.encoder_kind == "disan" and cfg.mask_kind == "directional"
@@ -471,10 +473,10 @@ class DiSANEncoder(nn.Module):
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}
         sent, probs = self.s2t(u, mask)                                   # [B,2d]
-        if self.proj is not None:
+        if self.proj is not None:  # the head: what fitting it reads without (distill.student.starts)
             sent = self.proj(sent)                                        # [B,proj_dim]
-        if self.cfg.unit_length:
-            sent = F.normalize(sent, dim=-1)
+            if self.cfg.unit_length:
+                sent = F.normalize(sent, dim=-1)
         if not return_tokens:
             return sent
         extras["s2t"] = probs.mean(dim=-1)

@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     encoder = getattr(model, "encoder", model)
     if encoder.proj is None:
         parser.error(f"{args.checkpoint}: no head (proj) to fold the whitening into")
+    if encoder.cfg.unit_length:  # its vectors are no longer a linear map of the blocks' output
+        parser.error(f"{args.checkpoint}: its head ends in a normalisation (unit_length); whiten the "
+                     "checkpoint it was made from")
     texts, _ = read_corpus(args.corpus)
     chosen = np.random.default_rng(args.seed).choice(len(texts), min(args.rows, len(texts)), replace=False)
     with torch.no_grad():

@@ -7,7 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from research.whiten_head import fold, whitening  # noqa: E402
+from conftest import WORDS, make_tiny_checkpoint  # noqa: E402
+
+from disan.text.tokenizer import Vocab  # noqa: E402
+from research.whiten_head import fold, main, whitening  # noqa: E402
 
 
 def vectors_of_a_head(rng, n: int = 500):
@@ -63,3 +66,13 @@ def test_at_half_power_the_loudest_direction_leads_by_the_square_root_of_its_lea
     half = spread(0.5)  # half way: the loudest's lead is its square root
     assert np.all(np.diff(half) < 0)
     assert half[0] / half[-1] == pytest.approx(np.sqrt(raw[0] / raw[-1]), rel=1e-3)
+
+
+def test_a_head_that_ends_in_a_normalisation_is_refused(tmp_path) -> None:
+    """Its vectors are no linear map of the blocks' output, so a whitening folded into its head would
+    not serve what was fitted: one line of error before any corpus is read."""
+    path = make_tiny_checkpoint(tmp_path / "unit.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12,
+                                unit_length=True)
+    with pytest.raises(SystemExit) as caught:
+        main(["--checkpoint", str(path), "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "w.pt")])
+    assert caught.value.code == 2 and not (tmp_path / "w.pt").exists()

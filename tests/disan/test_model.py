@@ -339,3 +339,10 @@ def test_a_unit_length_encoder_serves_its_heads_directions_at_length_one(tmp_pat
         None, {"ids": ids.numpy(), "mask": mask.numpy()})[0]
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(out), got, rtol=0, atol=1e-5)
+    # the normalisation belongs to the head: without it (as fitting the head reads the encoder), the
+    # source2token vector as it is
+    plain.proj = unit.proj = None
+    with torch.no_grad():
+        torch.testing.assert_close(unit(ids, mask), plain(ids, mask), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unit_length"):
+        encoder(unit_length=True)  # no head to end
