@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from disan.bundle.manifest import load_manifest
@@ -43,6 +44,21 @@ def test_shipped_bundle_hashes_verify_and_every_graph_loads() -> None:
     # nor the exporter's per-node stacks, which name the build machine's files
     for graph in sorted(BUNDLE.glob("*.onnx")):
         assert b"pkg.torch.onnx.stack_trace" not in graph.read_bytes(), graph.name
+
+
+def test_shipped_encoder_serves_unit_vectors_as_its_card_says() -> None:
+    """The model card and the changelog promise /embed vectors of unit length (the whitened head
+    ends in a normalisation): raw vectors of one window have length 1; a longer text's is the
+    weighted mean of its windows' and no longer."""
+    pytest.importorskip("onnxruntime")
+    from disan import Encoder  # the runtime needs onnxruntime, skipped above without it
+
+    assert load_manifest(BUNDLE)["models"]["embed"]["config"]["unit_length"] is True
+    short = ["A man is playing a guitar.", "Curcumin inhibits mTORC1 signalling.", "zebra"]
+    long_text = " ".join(["The committee met on Tuesday and discussed the budget for next year."] * 12)
+    vectors = Encoder(BUNDLE).encode([*short, long_text], normalize=False)
+    np.testing.assert_allclose(np.linalg.norm(vectors[:3], axis=1), 1.0, atol=1e-5)
+    assert np.linalg.norm(vectors[3]) <= 1.0 + 1e-5
 
 
 @pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
