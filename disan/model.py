@@ -473,7 +473,7 @@ class DiSANEncoder(nn.Module):
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}
         sent, probs = self.s2t(u, mask)                                   # [B,2d]
-        if self.proj is not None:  # the head: what fitting it reads without (distill.student.starts)
+        if self.proj is not None:  # the head; fitting it (distill.student.starts) reads the vector before it
             sent = self.proj(sent)                                        # [B,proj_dim]
             if self.cfg.unit_length:
                 sent = F.normalize(sent, dim=-1)
