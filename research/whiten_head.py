@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                            "centre": args.centre, "keep_width": args.keep_width,
                            "unit_length": args.unit_length, "rows": len(chosen),
                            "seed": args.seed}
+    # the map itself, for a phase distilled in these coordinates (`disan distill student
+    # --whiten-targets`); not provenance, so no manifest carries it
+    payload["whitening"] = {"mean": torch.from_numpy(mean).float(),
+                            "linear": torch.from_numpy(linear).float()}
     write_checkpoint(args.out, payload)
     print(f"{args.out}: head {tuple(weight.shape)}, power {args.power}, fitted on {len(chosen)} corpus texts")
     return 0

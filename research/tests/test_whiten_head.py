@@ -76,3 +76,34 @@ def test_a_head_that_ends_in_a_normalisation_is_refused(tmp_path) -> None:
     with pytest.raises(SystemExit) as caught:
         main(["--checkpoint", str(path), "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "w.pt")])
     assert caught.value.code == 2 and not (tmp_path / "w.pt").exists()
+
+
+def test_the_checkpoint_carries_the_map_it_folded(tmp_path) -> None:
+    """`whitening` (mean, linear) sends the old head's vector to the new head's: what `disan distill
+    student --whiten-targets` applies to the teacher's vectors."""
+    import hashlib
+    import json
+
+    import torch
+
+    from disan.distill.loop import encode_texts
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path / "e.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12)
+    texts = [" ".join(WORDS[i:i + 3 + i % 4]) for i in range(len(WORDS) - 6)]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    body = ("\n".join(texts) + "\n").encode()
+    (corpus / "sentences.txt").write_bytes(body)
+    (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
+    main(["--checkpoint", str(path), "--corpus", str(corpus), "--power", "0.5", "--dims", "6", "--keep-width",
+          "--out", str(tmp_path / "w.pt")])
+    before, vocab, _ = model_from_checkpoint(load_checkpoint(path))
+    payload = load_checkpoint(tmp_path / "w.pt")
+    after, _, _ = model_from_checkpoint(payload)
+    with torch.no_grad():
+        old = encode_texts(before.encoder if hasattr(before, "encoder") else before, vocab, texts)
+        new = encode_texts(after.encoder if hasattr(after, "encoder") else after, vocab, texts)
+    mean, linear = (payload["whitening"][k].double().numpy() for k in ("mean", "linear"))
+    assert linear.shape == (12, 12)
+    np.testing.assert_allclose((old - mean) @ linear.T, new, rtol=1e-3, atol=1e-4)

@@ -57,6 +57,10 @@ class StudentConfig:
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
     # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
     anchor: float = 0.0
+    # distil the teacher's vectors through the --init head's whitening map (research.whiten_head),
+    # the coordinates that student serves; without it a phase from a whitened head would pull the
+    # head back to the teacher's own coordinates
+    whiten_targets: bool = False
     # staged data (../shared/data) for the labelled terms (disan.distill.supervision.StudentLabels)
     data: Path | None = None
     scored_weight: float = 0.0  # STS-B and SICK train pairs' scores, MSE on the cosine
@@ -84,6 +88,9 @@ class StudentConfig:
                              "own")
         if self.anchor > 0 and self.init is None:
             raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
+        if self.whiten_targets and (self.init is None or self.rotate_teacher):
+            raise ValueError("--whiten-targets maps the teacher's own vectors by the --init head's "
+                             "whitening; give --init and --no-rotate-teacher")
 
     @property
     def starts_fresh(self) -> bool:

@@ -87,6 +87,19 @@ def anchored(target: np.ndarray, own: np.ndarray, share: float) -> np.ndarray:
     return unit((1.0 - share) * unit(target) + share * unit(own)).astype(np.float32)
 
 
+def whitened_targets(target: np.ndarray, init: dict, path: object) -> np.ndarray:
+    """The teacher's vectors through the map `research.whiten_head` folded into the --init
+    student's head: its head's output approximates the teacher's vector, so the map sends the
+    teacher into the coordinates the student now serves, where the loss weighs the quiet
+    directions the whitening lifted as much as the loud ones."""
+    whitening = init.get("whitening")
+    if whitening is None:
+        raise ValueError(f"--whiten-targets: {path} carries no whitening map (research.whiten_head "
+                         "writes one)")
+    mean, linear = whitening["mean"].double().numpy(), whitening["linear"].double().numpy()
+    return ((target - mean) @ linear.T).astype(np.float32)
+
+
 def run_tokenizer(cfg: StudentConfig, init: dict | None) -> PieceTokenizer:
     """The run's tokenizer: --tokenizer, else the --init student's own (whole words too, after
     `disan distill whole-words`), else the teacher's WordPiece."""

@@ -18,7 +18,7 @@ from disan.train.checkpoint import write_checkpoint
 
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
               "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "anchor", "seed",
-              "scored_weight", "sentiment_weight", "labels_batch")
+              "scored_weight", "sentiment_weight", "labels_batch", "whiten_targets")
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,
@@ -57,10 +57,12 @@ def resume_state(cfg: StudentConfig, encoder: DiSANEncoder, optimizer, schedule,
 
 
 def save_student(path: Path, encoder: DiSANEncoder, tok: PieceTokenizer, cfg: StudentConfig, corpus: dict,
-                 metrics: dict) -> None:
-    """An `encoder` checkpoint whose vocabulary is a tokenizer.json (no word list)."""
+                 metrics: dict, extra: dict | None = None) -> None:
+    """An `encoder` checkpoint whose vocabulary is a tokenizer.json (no word list), with `extra`
+    fields beside it."""
     write_checkpoint(path, {
         "format": "disan-checkpoint", "version": 1, "model_state": encoder.state_dict(),
         "config": encoder.cfg.to_dict(), "vocab": [], "tokenizer": tok.to_str(), "labels": [],
         "train_config": {k: v for k, v in asdict(cfg).items() if not isinstance(v, Path)},
-        "corpus_sha256": corpus["sha256"], "metrics": metrics, "matryoshka_dims": list(cfg.dims)})
+        "corpus_sha256": corpus["sha256"], "metrics": metrics, "matryoshka_dims": list(cfg.dims),
+        **(extra or {})})

@@ -36,6 +36,7 @@ from disan.distill.student.starts import (
     read_as_static,
     run_tokenizer,
     start_vectors,
+    whitened_targets,
 )
 from disan.distill.student.state import resume_state, save_state, save_student
 from disan.distill.supervision import StudentLabels
@@ -111,6 +112,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     if cfg.rotate_teacher:
         target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
     init = load_checkpoint(cfg.init) if cfg.init is not None else None
+    if cfg.whiten_targets:
+        target = whitened_targets(target, init, cfg.init)
     tok = run_tokenizer(cfg, init)
     pairs = np.load(cfg.corpus / "pairs.npy")
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
@@ -129,8 +132,10 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     lent = ("vocab_size", "borrowed_rows", "borrowed_dim", "borrowed_offset")
     layout = ({k: init["config"][k] for k in lent} if init is not None and init["config"].get("borrowed_rows")
               else {"vocab_size": len(tok)})
+    # a head that ends in a normalisation (research.whiten_head --unit-length) keeps it
+    unit_length = bool(init is not None and init["config"].get("unit_length"))
     model_cfg = DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
-                            proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob)
+                            proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length)
     encoder = DiSANEncoder(model_cfg).to(cfg.device)
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
@@ -176,6 +181,9 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
         print(json.dumps(start_metrics), flush=True)
     else:
         labels.probe(encoder)  # a fresh start without a fitted head: no step-0 evaluation to log it in
+    # the map of --whiten-targets names the coordinates the student is trained in: a later phase
+    # from this student reads it
+    kept = {"whitening": init["whitening"]} if cfg.whiten_targets else {}
     start, last = time.monotonic(), {}
     for step in range(first, cfg.steps + 1):
         batch = rng.choice(train_rows, cfg.batch_size, replace=False)
@@ -201,7 +209,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             log.write(json.dumps(last) + "\n")
             log.flush()
             print(json.dumps(last), flush=True)
-            save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last)
+            save_student(cfg.out / "student.pt", encoder, tok, cfg, info, last, kept)
             save_state(cfg, step, encoder, optimizer, schedule, rng, labels)
         if out_of_time:
             break

@@ -199,3 +199,46 @@ def test_tune_blocks_keeps_a_new_students_table(tiny, tmp_path) -> None:
         start = np.load(tmp_path / tune / "pieces.npy")
     np.testing.assert_array_equal(tables["blocks"], start)
     assert not np.array_equal(tables["all"], start)
+
+
+def test_a_phase_from_a_whitened_unit_length_head_keeps_both(tiny, tmp_path) -> None:
+    """A start made by research.whiten_head --unit-length: the phase keeps the normalisation (it
+    used to refuse the start as another shape) and, with --whiten-targets, distils the teacher
+    through the start's whitening map, which the student carries on."""
+    from disan.distill.student.starts import whitened_targets
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
+                  batch_size=16, pairs_batch=8, steps=2, val_rows=16, eval_every=2, lr=1e-3,
+                  keep_prob=1.0, rotate_teacher=False)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    start["config"]["unit_length"] = True
+    write_checkpoint(tmp_path / "plain.pt", start)
+    linear = np.diag(np.linspace(0.5, 3.0, 16)).astype(np.float32)
+    start["whitening"] = {"mean": torch.zeros(16), "linear": torch.from_numpy(linear)}
+    write_checkpoint(tmp_path / "white.pt", start)
+
+    train_student(StudentConfig(out=tmp_path / "kept", init=tmp_path / "plain.pt", **values))
+    assert load_checkpoint(tmp_path / "kept" / "student.pt")["config"]["unit_length"] is True
+
+    def first_cosine(out: str) -> float:
+        return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["val_cosine"]
+
+    white = dict(init=tmp_path / "white.pt", whiten_targets=True)
+    train_student(StudentConfig(out=tmp_path / "w", **white, **values))
+    made = load_checkpoint(tmp_path / "w" / "student.pt")
+    assert made["config"]["unit_length"] is True
+    assert torch.equal(made["whitening"]["linear"], torch.from_numpy(linear))
+    assert first_cosine("w") != pytest.approx(first_cosine("kept"), abs=1e-4)  # other targets, same start
+
+    teacher = np.random.default_rng(0).normal(size=(4, 16)).astype(np.float32)
+    np.testing.assert_allclose(whitened_targets(teacher, start, "white.pt"), teacher @ linear.T, rtol=1e-5)
+    with pytest.raises(ValueError, match="no whitening map"):
+        train_student(StudentConfig(out=tmp_path / "x", init=tmp_path / "plain.pt", whiten_targets=True,
+                                    **values))
+    with pytest.raises(ValueError, match="give --init and --no-rotate-teacher"):
+        StudentConfig(**{**values, "rotate_teacher": True}, out=tmp_path, init=tmp_path / "white.pt",
+                      whiten_targets=True)

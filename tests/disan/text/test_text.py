@@ -64,6 +64,8 @@ def test_vocab_json_round_trip(tmp_path) -> None:
     again = Vocab.load(path)
     assert again == vocab and again.stoi == vocab.stoi
     assert json.loads(path.read_text(encoding="utf-8"))["format"] == "disan-vocab"
+    # written compact: no space after the separators (the word list is most of its bytes)
+    assert path.read_text(encoding="utf-8").startswith('{"format":"disan-vocab","version":1,')
 
 
 def test_vocab_rejects_foreign_json() -> None:
