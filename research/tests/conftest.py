@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 _PRODUCT = Path(__file__).resolve().parents[2] / "tests" / "conftest.py"
+sys.path.insert(0, str(_PRODUCT.parent))  # and its helper modules (support_serving, support_files)
 _spec = importlib.util.spec_from_file_location("product_conftest", _PRODUCT)
 _module = importlib.util.module_from_spec(_spec)
 sys.modules["product_conftest"] = _module
@@ -46,3 +47,4 @@ def stub_machine(tmp_path: Path, python3: str) -> tuple[Path, Path, dict[str, st
     out.mkdir()
     env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "KIT": str(kit), "OUT": str(out), "DEVICE": "cpu"}
     return kit, out, env
+

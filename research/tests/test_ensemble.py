@@ -131,8 +131,8 @@ def test_recover_and_verify_an_ensemble_bundle(bundle, tiny_checkpoints, ensembl
 
 def test_info_and_explain_serve_the_ensemble(bundle):
     pytest.importorskip("fastapi")  # the serve extra
-    from conftest import wait_ready
     from fastapi.testclient import TestClient
+    from support_serving import wait_ready
 
     from service.main import create_app
     from service.settings import Settings

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # tiny tensors: threads only add overhead on a shared CPU
 
-from conftest import GRID_ROWS, write_grid_spec  # noqa: E402
+from grid_specs import GRID_ROWS, write_grid_spec  # noqa: E402
 
 import disan.cli  # noqa: E402
 import disan.train.loop  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import write_grid_spec
+from grid_specs import write_grid_spec
 
 import research.cli
 from research import experiment_spec as S

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import GRID_ROWS, write_grid_spec
+from grid_specs import GRID_ROWS, write_grid_spec
 
 import research.cli
 from research import experiment_spec as S

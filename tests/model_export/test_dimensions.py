@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from conftest import WORDS, wait_ready  # noqa: E402
+from conftest import WORDS  # noqa: E402
+from support_serving import wait_ready  # noqa: E402
 
 from disan import Encoder  # noqa: E402
 from disan.bundle.dimensions import PROJECTION_FILE, load_projection, principal_axes, shorten  # noqa: E402

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts, wait_ready
+from conftest import WORDS, loaded, make_tiny_checkpoint, run_texts
+from support_serving import wait_ready
 
 from disan.bundle.manifest import ROUTES, BundleError, load_manifest, routes, variant_files, write_manifest
 from disan.data.readers import Example

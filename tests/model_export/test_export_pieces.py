@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, make_tiny_checkpoint, tiny_piece_tokenizer, wait_ready
+from conftest import WORDS, make_tiny_checkpoint, tiny_piece_tokenizer
+from support_serving import wait_ready
 
 from disan.bundle.manifest import BundleError, graph_tokenizer, load_manifest, write_manifest
 from disan.text.tokenizer import Vocab

@@ -14,7 +14,7 @@ import base64
 import httpx
 import numpy as np
 import pytest
-from conftest import serve_in_thread
+from support_serving import serve_in_thread
 
 from service.settings import Settings
 

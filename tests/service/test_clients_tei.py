@@ -18,7 +18,7 @@ import importlib
 import httpx
 import numpy as np
 import pytest
-from conftest import serve_in_thread
+from support_serving import serve_in_thread
 from test_clients import chunks, documents, reference
 
 from service.settings import Settings

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from conftest import serve_in_thread, wait_ready  # noqa: E402
+from support_serving import serve_in_thread, wait_ready  # noqa: E402
 
 from disan import Encoder  # noqa: E402
 from disan.bundle.manifest import MANIFEST_NAME, BundleError, load_manifest, matryoshka_dims  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import serve_in_thread
+from support_serving import serve_in_thread
 
 from service.settings import Settings
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import wait_ready
+from support_serving import wait_ready
 
 from bench.load import check_loopback, run_load
 from service import cli

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import FakeWordEncoder, write_corpus_folder  # noqa: E402
+from support_files import FakeWordEncoder, write_corpus_folder  # noqa: E402
 from test_distill import _args, _corpus, _no_sts_files  # noqa: E402, F401 (an autouse fixture)
 
 from disan.distill import loop as distill  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 
-from conftest import write_fake_sst5  # noqa: E402
+from support_files import write_fake_sst5  # noqa: E402
 from test_teacher import _tiny_sentence_transformer  # noqa: E402
 
 from disan.cli import main  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_corpus_folder
+from support_files import write_corpus_folder
 
 from disan.distill.teacher import TeacherCache, encode_corpus
 

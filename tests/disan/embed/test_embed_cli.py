@@ -22,7 +22,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("tqdm")
 
-from conftest import write_awkward_corpus  # noqa: E402
+from support_files import write_awkward_corpus  # noqa: E402
 
 from disan import Encoder  # noqa: E402
 from disan.bundle.manifest import load_manifest, write_manifest  # noqa: E402

@@ -18,7 +18,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (pip install '.[ray]')")
 pytest.importorskip("ray.data", reason="the `ray` extra is not installed (pip install '.[ray]')")
 
-from conftest import write_awkward_corpus  # noqa: E402
+from support_files import write_awkward_corpus  # noqa: E402
 
 import disan  # noqa: E402
 from disan.cli import main  # noqa: E402

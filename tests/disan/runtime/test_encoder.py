@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from conftest import wait_ready  # noqa: E402
+from support_serving import wait_ready  # noqa: E402
 
 from disan import Encoder  # noqa: E402
 from disan.runtime.encoder import TextTooLong  # noqa: E402

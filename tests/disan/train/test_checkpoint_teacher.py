@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import write_fake_sst5  # noqa: E402
+from support_files import write_fake_sst5  # noqa: E402
 
 from disan.bundle.manifest import SST5_LABELS  # noqa: E402
 from disan.cli import main  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import FakeWordEncoder  # noqa: E402
+from support_files import FakeWordEncoder  # noqa: E402
 
 from disan.optional import MissingDependency, install_line  # noqa: E402
 from disan.text.tokenizer import PAD, UNK, Vocab  # noqa: E402

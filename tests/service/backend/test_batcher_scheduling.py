@@ -9,8 +9,8 @@ import time
 from asyncio import run
 
 import pytest
-from conftest import FakeRunner
-from conftest import make_batcher as make
+from support_serving import FakeRunner
+from support_serving import make_batcher as make
 
 from service.common.errors import NotReady
 

@@ -45,8 +45,8 @@ def test_cuda_calls_are_bigger_than_cpu_calls():
 
 # ---- through the engine and /info, with the live provider monkeypatched ----
 def _info(bundle, monkeypatch, provider: str | None, **settings) -> tuple[dict, object]:
-    from conftest import wait_ready  # the test client helpers need the service extra
     from fastapi.testclient import TestClient
+    from support_serving import wait_ready  # the test client helpers need the service extra
 
     from disan.runtime.runtime import Runtime
     from service.main import create_app

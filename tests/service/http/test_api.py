@@ -6,10 +6,10 @@ import base64
 
 import numpy as np
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support_serving import wait_ready
 
 from disan.bundle.manifest import load_manifest, sha256_file
 from service.main import create_app

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import wait_failed, wait_ready
 from fastapi.testclient import TestClient
+from support_serving import wait_failed, wait_ready
 
 from disan import Encoder
 from service.main import create_app

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
+from support_serving import wait_ready
 
 from service.http.fastpath import bearer_credentials, is_json
 from service.main import create_app

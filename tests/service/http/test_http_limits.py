@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import wait_ready
+from support_serving import wait_ready
 
 from service.common.workers import WorkerReadiness
 from service.http.protocol import DisanHttpToolsProtocol

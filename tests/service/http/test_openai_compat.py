@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
+from support_serving import wait_ready
 
 from disan.text.windowing import EMBEDDING_LEAD
 from service.main import create_app

@@ -9,8 +9,8 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import block_runner, until_loaded, wait_failed, wait_ready
 from fastapi.testclient import TestClient
+from support_serving import block_runner, until_loaded, wait_failed, wait_ready
 
 from disan.bundle.manifest import write_manifest
 from service.common.errors import ERROR_TABLE

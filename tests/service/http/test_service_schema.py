@@ -8,9 +8,9 @@ schema-violating requests are rejected.
 from __future__ import annotations
 
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
+from support_serving import wait_ready
 
 from service.main import create_app
 from service.settings import Settings

@@ -10,8 +10,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import block_runner, until_loaded, wait_ready
 from fastapi.testclient import TestClient
+from support_serving import block_runner, until_loaded, wait_ready
 
 from service.main import create_app
 from service.settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
+from support_serving import wait_ready
 
 from disan.text.tokenizer import UNK, tokenize
 from service.main import create_app

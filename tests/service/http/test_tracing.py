@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import wait_ready
 from fastapi.testclient import TestClient
+from support_serving import wait_ready
 
 from disan.optional import MissingDependency
 from service.common.metrics import RouteLabels

@@ -10,8 +10,8 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from conftest import block_runner, until_loaded, wait_ready
 from fastapi.testclient import TestClient
+from support_serving import block_runner, until_loaded, wait_ready
 
 from service.common.errors import ERROR_TABLE, format_loc
 from service.main import create_app
