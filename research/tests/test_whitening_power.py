@@ -1,0 +1,67 @@
+"""research.whitening_power: the whitening read back from the heads before and after it, and the
+vectors the grid scores are the ones a bundle whitened at that power serves."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+from conftest import WORDS, make_tiny_checkpoint  # noqa: E402
+from support_files import write_corpus_folder  # noqa: E402
+
+from disan.runtime.encoder import Encoder  # noqa: E402
+from disan.text.tokenizer import Vocab  # noqa: E402
+from disan.train.checkpoint import load_checkpoint  # noqa: E402
+from research.whiten_head import main as whiten_head  # noqa: E402
+from research.whiten_head import whitening  # noqa: E402
+from research.whitening_power import WindowCache, head_matrix, map_at, spectrum_between  # noqa: E402
+
+
+def keep_width(served: np.ndarray, power: float, k: int) -> np.ndarray:
+    """research.whiten_head's map at `power`, --keep-width, uncentred."""
+    _, linear = whitening(served, power, k)
+    return (linear / np.linalg.norm(linear, axis=1, keepdims=True)).T @ linear
+
+
+def test_the_map_at_any_power_is_read_back_from_the_heads() -> None:
+    rng = np.random.default_rng(0)
+    head = np.concatenate([rng.normal(size=(12, 5)), rng.normal(size=(12, 1))], axis=1)
+    x = np.concatenate([rng.normal(size=(400, 5)) * np.array([5, 3, 1, 0.5, 0.1]), np.ones((400, 1))], 1)
+    served = x @ head.T  # rank 6: the fifth direction kept, the sixth dropped (k = 5)
+    ratios, axes = spectrum_between(head, keep_width(served, 0.25, 5) @ head, 0.25)
+    assert len(ratios) == 5 and ratios[0] == pytest.approx(1.0) and np.all(np.diff(ratios) < 0)
+    for power in (0.25, 0.5, 1.0):
+        np.testing.assert_allclose(map_at(ratios, axes, power), keep_width(served, power, 5), atol=1e-8)
+
+
+def test_the_grid_scores_what_the_whitened_bundle_serves(tmp_path: Path, tiny_checkpoints) -> None:
+    """The bundle before, its window vectors mapped at the power read back, equal the bundle whose
+    head was whitened at that power (at unit length), a windowed text included."""
+    from model_export.export import ExportConfig, build_bundle
+
+    before = make_tiny_checkpoint(tmp_path / "embed.pt", "encoder", Vocab(WORDS), [], seed=5, proj_dim=24)
+    rng = random.Random(0)
+    corpus = write_corpus_folder(tmp_path / "corpus",
+                                 [" ".join(rng.choices(WORDS, k=rng.randint(3, 12))) for _ in range(300)])
+    after = tmp_path / "whitened.pt"
+    assert whiten_head(["--checkpoint", str(before), "--corpus", str(corpus), "--power", "0.25", "--dims",
+                        "16", "--keep-width", "--unit-length", "--out", str(after)]) == 0
+    bundles = {}
+    for name, embed in (("before", before), ("after", after)):
+        bundles[name] = tmp_path / name
+        build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, bundles[name],
+                                  embed=embed, max_len=16, sets=("cpu",)), log=lambda *_: None)
+    heads = (head_matrix(load_checkpoint(p)["model_state"]) for p in (before, after))
+    ratios, axes = spectrum_between(*heads, 0.25)
+    texts = ["a man is playing the guitar", "the dog runs in the park . " * 6, "a very boring movie"]
+    served = Encoder(bundles["after"]).encode(texts)
+    mapped = WindowCache(Encoder(bundles["before"])).encode(texts, map_at(ratios, axes, 0.25), 2.0)
+    np.testing.assert_allclose(mapped, served, atol=2e-4)
+    other = WindowCache(Encoder(bundles["before"])).encode(texts, map_at(ratios, axes, 0.5), 2.0)
+    assert np.abs(other - served).max() > 1e-2  # another power serves other vectors
