@@ -84,6 +84,17 @@ class PieceTokenizer:
             out.append(unk if i is None else i + SHIFT)
         return out
 
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Model ids -> text, as the tokenizer's decoder joins its pieces ("cur ##cum ##in" ->
+        "curcumin"); padding (0) has no text, special pieces are left out with
+        `skip_special_tokens`. ValueError naming the first id that is no piece."""
+        pieces = [i - SHIFT for i in ids if i != PAD]
+        bad = next((i + SHIFT for i in pieces if not 0 <= i < self._ids or self._tok.id_to_token(i) is None),
+                   None)
+        if bad is not None:
+            raise ValueError(f"{bad} is no token id of this model's tokenizer")
+        return self._tok.decode(pieces, skip_special_tokens=skip_special_tokens)
+
     def token_ids(self, words: Sequence[str], max_len: int | None = None) -> list[int]:
         """Word-tokenized text (the staged datasets' form) -> piece ids cut to `max_len`."""
         return self.batch_ids([" ".join(words)])[0][:max_len]

@@ -300,6 +300,15 @@ class Vocab:
         """Raw text -> the pieces the model reads (`tokenize`, then `pieces`)."""
         return self.pieces(tokenize(text))
 
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> their words joined by spaces (the text as the model read it: lower case,
+        PTB-split); PAD and UNK left out with `skip_special_tokens`. ValueError naming the first
+        id that is no word here."""
+        bad = next((i for i in ids if not 0 <= i < len(self.itos)), None)
+        if bad is not None:
+            raise ValueError(f"{bad} is no token id of this model (0 to {len(self.itos) - 1})")
+        return " ".join(self.itos[i] for i in ids if not (skip_special_tokens and i in (PAD, UNK)))
+
     def token_ids(self, tokens: Sequence[str], max_len: int | None = None) -> list[int]:
         """Tokenized text -> the ids of its pieces, cut to `max_len` (the one way training data,
         evaluation and raw text become model input)."""

@@ -49,6 +49,7 @@ from service.http.tei import (
     cohere_rerank_result,
     predict_result,
     rerank_result,
+    tei_decode_result,
     tei_embed_sparse_result,
     tei_info,
 )
@@ -60,6 +61,7 @@ from service.http.tei_schemas import (
     TOKENIZE_BODY,
     CohereRerankRequest,
     CohereRerankResponse,
+    TEIDecodeRequest,
     TEIEmbedSparseRequest,
     TEIErrorResponse,
     TEIPrediction,
@@ -249,6 +251,15 @@ async def tokenize(body: TOKENIZE_BODY, request: Request, engine: EngineDep) -> 
     A body with `inputs` is TEI's: per text, TEI's token objects `{id, text, special, start, stop}`."""
     _family(request, body)
     return json_response(await unless_disconnected(request.receive, tokenize_any(body, engine)))
+
+
+@inference.post("/decode", response_model=list[str], responses=_TEI_ERRORS,
+                summary="Token ids back to text (TEI's)")
+async def decode(body: TEIDecodeRequest, request: Request, engine: EngineDep) -> Response:
+    """TEI's `POST /decode`: `ids`, the embed route's token ids (POST /tokenize's `id`), one
+    sequence or a batch of them -> the text of each, as the tokenizer joins its pieces (lower case:
+    the model reads lower case). An id the tokenizer lacks is a 422 naming it."""
+    return json_response(await unless_disconnected(request.receive, tei_decode_result(body, engine)))
 
 
 @inference.post("/similarity", response_model=SimilarityResponse | list[float],

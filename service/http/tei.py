@@ -25,6 +25,7 @@ from service.common.errors import RequestTooLarge
 from service.http.handlers import check_model, cosines, prefix_size, token_count
 from service.http.tei_schemas import (
     CohereRerankRequest,
+    TEIDecodeRequest,
     TEIEmbedRequest,
     TEIEmbedSparseRequest,
     TEIPredictRequest,
@@ -113,6 +114,13 @@ async def tei_tokenize_result(body: TEITokenizeRequest, engine: Engine) -> list[
              for i, tok, (start, stop) in zip(item.ids, item.tokens, _offsets(text, item.tokens),
                                               strict=True)]
             for text, item in zip(texts, items, strict=True)]
+
+
+async def tei_decode_result(body: TEIDecodeRequest, engine: Engine) -> list[str]:
+    """TEI's POST /decode: the text of each id sequence (a single sequence too: a list of one)."""
+    ids = body.ids
+    sequences = ids if isinstance(ids[0], list) else [ids]
+    return await engine.decode(sequences, body.skip_special_tokens)  # type: ignore[arg-type]
 
 
 async def ranking(engine: Engine, query: str, texts: list[str], field: str, policy: str,

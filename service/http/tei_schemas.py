@@ -1,6 +1,6 @@
 """The request/response models of the other families' APIs served beside ours (pydantic v2):
 Hugging Face text-embeddings-inference's (TEI: `POST /`, `/embed`, `/rerank`, `/predict`,
-`/similarity`, `/tokenize`, as its docs/openapi.json states them) and Cohere's / Jina's rerank
+`/similarity`, `/tokenize`, `/decode`, as its docs/openapi.json states them) and Cohere's / Jina's rerank
 (`POST /v1/rerank`), and how a request is told to be TEI's.
 
 On the routes both families share (/embed, /similarity, /tokenize) the body's keys decide: one
@@ -25,7 +25,7 @@ from service.http.schemas import (
 )
 
 # Routes only TEI has: every request there is TEI's, whatever its body.
-TEI_PATHS = frozenset({"/", "/rerank", "/predict", "/embed_sparse"})
+TEI_PATHS = frozenset({"/", "/rerank", "/predict", "/embed_sparse", "/decode"})
 # Routes both families share: a body with `inputs` is TEI's.
 SHARED_PATHS = frozenset({"/embed", "/similarity", "/tokenize"})
 TOKEN_IDS_MESSAGE = (
@@ -129,6 +129,50 @@ class TEITokenizeRequest(BaseModel):
     prompt_name: str | None = Field(None, description="not supported: this model has no prompts")
 
     _check_prompt = field_validator("prompt_name")(_no_prompt)
+
+
+MAX_TOKEN_ID = 2**31 - 1  # TEI's ids are int32, as ours
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+# The shipped bundle's ids of "a man is playing the guitar" (tests/repo/test_shipped_bundle.py)
+DECODE_EXAMPLE = [7751, 7762, 7754, 7788, 7753, 7934]
+
+
+class TEIDecodeRequest(BaseModel):
+    """TEI's `POST /decode`: token ids (one sequence, or a batch of them) -> the text of each."""
+
+    model_config = _tei({"ids": DECODE_EXAMPLE})
+    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[
+        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)] = Field(
+        description="the embed route's token ids (POST /tokenize's `id`): one sequence, or a list of "
+        "them (up to max_client_batch_size)")
+    skip_special_tokens: bool = Field(True, description="leave out padding and the tokenizer's special "
+                                      "tokens")
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _check_ids(cls, value: object) -> object:
+        problem = ids_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("input_items", problem)
+        return value
+
+
+def ids_problem(value: object) -> str | None:
+    """What is wrong with TEI's decode `ids` (a sequence of token ids or a list of them), naming
+    the first offending item, in one line; None when nothing is."""
+    if not isinstance(value, list) or not value:
+        return "ids: a non-empty list of token ids, or a non-empty list of such lists"
+    nested = [isinstance(v, list) for v in value]
+    if any(nested) and not all(nested):
+        return "ids: token ids or lists of them, not both"
+    for i, seq in enumerate(value if all(nested) else [value]):
+        where = f"ids[{i}]" if all(nested) else "ids"
+        if not seq:
+            return f"{where}: an empty sequence; send at least one id"
+        bad = next((j for j, v in enumerate(seq) if type(v) is not int or not 0 <= v <= MAX_TOKEN_ID), None)
+        if bad is not None:
+            return f"{where}[{bad}]: {seq[bad]!r} is no token id (an integer from 0 to {MAX_TOKEN_ID})"
+    return None
 
 
 class TEIRerankRequest(BaseModel):
@@ -269,7 +313,7 @@ class CohereRerankResponse(BaseModel):
 
 
 # ---- telling the families apart ----
-TEI_MODELS = (TEIEmbedRequest, TEISimilarityRequest, TEITokenizeRequest, TEIRerankRequest,
+TEI_MODELS = (TEIEmbedRequest, TEISimilarityRequest, TEITokenizeRequest, TEIRerankRequest, TEIDecodeRequest,
               TEIPredictRequest, TEIEmbedSparseRequest)
 
 

@@ -396,4 +396,26 @@ class Engine:
 
         return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
 
+    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool, field: str = "ids"
+                     ) -> list[str]:
+        """The text of each id sequence, as the embed route's tokenizer decodes it (the ids
+        /tokenize gives); an id the tokenizer lacks is a 422 naming it."""
+        vocab = self.require_ready().tokenizer("embed")
+        if not sequences:
+            raise InvalidRequest(f"{field}: the list is empty")
+        if len(sequences) > self.settings.max_texts_per_request:
+            raise RequestTooLarge(f"{field}: {len(sequences)} sequences, at most "
+                                  f"{self.settings.max_texts_per_request} per request")
+
+        def run() -> list[str]:
+            texts = []
+            for i, ids in enumerate(sequences):
+                try:
+                    texts.append(vocab.decode(ids, skip_special_tokens))
+                except ValueError as exc:
+                    raise InvalidRequest(f"{field}[{i}]: {exc}") from None
+            return texts
+
+        return await asyncio.to_thread(run) if sum(map(len, sequences)) > _INLINE_TOKENS else run()
+
 

@@ -61,6 +61,19 @@ def test_shipped_encoder_serves_unit_vectors_as_its_card_says() -> None:
     assert np.linalg.norm(vectors[3]) <= 1.0 + 1e-5
 
 
+def test_the_decode_example_is_the_shipped_tokenizers_ids_of_its_text() -> None:
+    """POST /decode's documented example (and the body the live container test sends) decodes on
+    the shipped bundle to the text whose ids it is."""
+    pytest.importorskip("onnxruntime")
+    from disan.runtime.runtime import load_offline
+    from service.http.tei_schemas import DECODE_EXAMPLE
+
+    tokenizer = load_offline(BUNDLE).tokenizer("embed")
+    text = "a man is playing the guitar"
+    assert tokenizer.ids(tokenizer.tokens(text)) == DECODE_EXAMPLE
+    assert tokenizer.decode(DECODE_EXAMPLE) == text
+
+
 @pytest.mark.skipif(not (STAGED / "sst" / "sst5_test.jsonl.gz").is_file(), reason="staged data absent")
 def test_shipped_bundle_reproduces_its_sst5_test_accuracy() -> None:
     from disan.eval.evaluate import evaluate_task

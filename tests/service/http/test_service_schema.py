@@ -54,7 +54,7 @@ def test_the_generated_cases_cover_tei_and_rerank_routes():
     """The TEI and rerank routes are in the schema the cases above are generated from: each gets
     bad input as well as good, and must answer it with a 4xx, never a 5xx."""
     paths = schema.raw_schema["paths"]
-    for path in ("/", "/embed", "/embed_sparse", "/similarity", "/tokenize", "/rerank", "/predict",
+    for path in ("/", "/embed", "/embed_sparse", "/similarity", "/tokenize", "/decode", "/rerank", "/predict",
                  "/v1/rerank", "/v2/rerank"):
         assert "post" in paths[path], path
     body = paths["/similarity"]["post"]["requestBody"]["content"]["application/json"]["schema"]
