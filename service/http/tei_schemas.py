@@ -11,6 +11,7 @@ Like TEI, unknown fields in its bodies are ignored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
@@ -133,28 +134,17 @@ class TEITokenizeRequest(BaseModel):
 
 MAX_TOKEN_ID = 2**31 - 1  # TEI's ids are int32, as ours
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-# The shipped bundle's ids of "a man is playing the guitar" (tests/repo/test_shipped_bundle.py)
-DECODE_EXAMPLE = [7751, 7762, 7754, 7788, 7753, 7934]
 
 
-class TEIDecodeRequest(BaseModel):
-    """TEI's `POST /decode`: token ids (one sequence, or a batch of them) -> the text of each."""
-
-    model_config = _tei({"ids": DECODE_EXAMPLE})
-    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[
-        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)] = Field(
-        description="the embed route's token ids (POST /tokenize's `id`): one sequence, or a list of "
-        "them (up to max_client_batch_size)")
-    skip_special_tokens: bool = Field(True, description="leave out padding and the tokenizer's special "
-                                      "tokens")
-
-    @field_validator("ids", mode="before")
-    @classmethod
-    def _check_ids(cls, value: object) -> object:
-        problem = ids_problem(value)
+def _one_message(problem_of: Callable[[object], str | None]) -> Callable[[object], object]:
+    """A before-validator refusing a value with `problem_of`'s one line, which names every offending
+    item (service.common.errors passes an `input_items` error's message on as it is)."""
+    def check(value: object) -> object:
+        problem = problem_of(value)
         if problem is not None:
             raise PydanticCustomError("input_items", problem)
         return value
+    return check
 
 
 def ids_problem(value: object) -> str | None:
@@ -173,6 +163,49 @@ def ids_problem(value: object) -> str | None:
         if bad is not None:
             return f"{where}[{bad}]: {seq[bad]!r} is no token id (an integer from 0 to {MAX_TOKEN_ID})"
     return None
+
+
+def _sequence_problem(value: object, where: str) -> str | None:
+    """What is wrong with one TEI predict sequence given as a list: [text] or [text, text]."""
+    if not isinstance(value, list) or not 1 <= len(value) <= 2:
+        return f"{where}: a batch item is [text] or [text, text]"
+    if not all(isinstance(v, str) and v for v in value):
+        return f"{where}: texts must be non-empty strings"
+    return None
+
+
+def predict_problem(value: object) -> str | None:
+    """What is wrong with TEI's predict `inputs` (a text, a pair, or a batch of both), naming every
+    offending item; None when nothing is."""
+    if isinstance(value, str):
+        return "inputs: the empty string; send at least one character" if not value else None
+    if not isinstance(value, list) or not value:
+        return "inputs: a text, a pair [text, text], or a non-empty batch [[text], [text, text], ...]"
+    if all(isinstance(v, str) for v in value):
+        if len(value) > 2:
+            return (f"inputs: a list of strings is one text or a pair (got {len(value)} strings); send "
+                    "a batch as a list of lists: [[text], [text], ...]")
+        return _sequence_problem(value, "inputs")
+    problems = [p for i, v in enumerate(value) if (p := _sequence_problem(v, f"inputs[{i}]"))]
+    return "; ".join(problems) or None
+
+
+# The shipped bundle's ids of "a man is playing the guitar" (tests/repo/test_shipped_bundle.py)
+DECODE_EXAMPLE = [7751, 7762, 7754, 7788, 7753, 7934]
+
+
+class TEIDecodeRequest(BaseModel):
+    """TEI's `POST /decode`: token ids (one sequence, or a batch of them) -> the text of each."""
+
+    model_config = _tei({"ids": DECODE_EXAMPLE})
+    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[
+        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)] = Field(
+        description="the embed route's token ids (POST /tokenize's `id`): one sequence, or a list of "
+        "them (up to max_client_batch_size)")
+    skip_special_tokens: bool = Field(True, description="leave out padding and the tokenizer's special "
+                                      "tokens")
+
+    _check_ids = field_validator("ids", mode="before")(_one_message(ids_problem))
 
 
 class TEIRerankRequest(BaseModel):
@@ -206,38 +239,7 @@ class TEIPredictRequest(BaseModel):
     truncate: bool | None = Field(None, description=_TRUNCATE)
     truncation_direction: TruncationDirection = Field("right", description=_DIRECTION)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _check_inputs(cls, value: object) -> object:
-        problem = predict_problem(value)
-        if problem is not None:
-            raise PydanticCustomError("input_items", problem)
-        return value
-
-
-def _sequence_problem(value: object, where: str) -> str | None:
-    """What is wrong with one TEI predict sequence given as a list: [text] or [text, text]."""
-    if not isinstance(value, list) or not 1 <= len(value) <= 2:
-        return f"{where}: a batch item is [text] or [text, text]"
-    if not all(isinstance(v, str) and v for v in value):
-        return f"{where}: texts must be non-empty strings"
-    return None
-
-
-def predict_problem(value: object) -> str | None:
-    """What is wrong with TEI's predict `inputs` (a text, a pair, or a batch of both), naming every
-    offending item; None when nothing is."""
-    if isinstance(value, str):
-        return "inputs: the empty string; send at least one character" if not value else None
-    if not isinstance(value, list) or not value:
-        return "inputs: a text, a pair [text, text], or a non-empty batch [[text], [text, text], ...]"
-    if all(isinstance(v, str) for v in value):
-        if len(value) > 2:
-            return (f"inputs: a list of strings is one text or a pair (got {len(value)} strings); send "
-                    "a batch as a list of lists: [[text], [text], ...]")
-        return _sequence_problem(value, "inputs")
-    problems = [p for i, v in enumerate(value) if (p := _sequence_problem(v, f"inputs[{i}]"))]
-    return "; ".join(problems) or None
+    _check_inputs = field_validator("inputs", mode="before")(_one_message(predict_problem))
 
 
 class TEIRank(BaseModel):
