@@ -88,8 +88,9 @@ def grid(cache: WindowCache, maps: dict[float, np.ndarray], leads: Sequence[floa
             for lead in leads:
                 idx, scores = top_k(queries, unit_rows(cache.encode(dataset.docs, linear, lead)))
                 found = metrics(dataset.qrels, run_of(dataset, idx, scores))
-                report[folder.name][f"P {power}, lead {lead}"] = {k: round(v, 4) for k, v in found.items()}
-                log(f"{folder.name} P {power} lead {lead}: {report[folder.name][f'P {power}, lead {lead}']}")
+                cell = {k: round(v, 4) for k, v in found.items()}
+                report[folder.name][f"P {power}, lead {lead}"] = cell
+                log(f"{folder.name} P {power} lead {lead}: {cell}")
     if data is not None:
         report["sts"] = {f"P {p}": {k: round(v, 4) for k, v in
                                     sts_scores(lambda t, m=m: cache.encode(t, m, 2.0), data).items()}

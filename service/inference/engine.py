@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -187,13 +187,16 @@ class Engine:
 
         Locations in errors read ``{field}[i]{member}`` (``texts[0]``, ``pairs[2].premise``), the
         API's one notation."""
-        s = self.settings
-        limit = max_items or s.max_texts_per_request
-        if not texts:
+        self.check_count(texts, field, max_items)
+        check_chars(texts, field, member, self.settings.max_chars_per_text)
+
+    def check_count(self, items: Sequence[object], field: str, max_items: int | None = None) -> None:
+        """At least one item, at most `max_items` (default max_texts_per_request)."""
+        limit = max_items or self.settings.max_texts_per_request
+        if not items:
             raise InvalidRequest(f"{field}: the list is empty")
-        if len(texts) > limit:
-            raise RequestTooLarge(f"{field}: {len(texts)} items, at most {limit} per request")
-        check_chars(texts, field, member, s.max_chars_per_text)
+        if len(items) > limit:
+            raise RequestTooLarge(f"{field}: {len(items)} items, at most {limit} per request")
 
     def limits(self, policy: LongTextPolicy | str) -> Limits:
         """The long-text limits of a request under `policy` (service.inference.longtext; its
@@ -401,11 +404,7 @@ class Engine:
         """The text of each id sequence, as the embed route's tokenizer decodes it (the ids
         /tokenize gives); an id the tokenizer lacks is a 422 naming it."""
         vocab = self.require_ready().tokenizer("embed")
-        if not sequences:
-            raise InvalidRequest(f"{field}: the list is empty")
-        if len(sequences) > self.settings.max_texts_per_request:
-            raise RequestTooLarge(f"{field}: {len(sequences)} sequences, at most "
-                                  f"{self.settings.max_texts_per_request} per request")
+        self.check_count(sequences, field)
 
         def run() -> list[str]:
             texts = []
