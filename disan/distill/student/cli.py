@@ -24,6 +24,7 @@ _HELP = {
     "(the mean of its rows), before the head is fitted",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
     "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
+    "anchor_rows": "with --anchor 1 (no teacher read): the corpus rows the phase trains on",
     "whiten_targets": "distil the teacher's vectors through the --init head's whitening map "
     "(research.whiten_head), the coordinates that student serves",
     "data": "staged data folder (../shared/data) for --scored-weight and --sentiment-weight",

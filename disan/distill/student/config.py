@@ -57,6 +57,9 @@ class StudentConfig:
     # mixed, then normalised): 0 distils the teacher alone; above 0 the start holds what the
     # teacher would pull away (what it learned from labelled pairs and glosses) while the pairs teach
     anchor: float = 0.0
+    # with --anchor 1 the target is the start's own vector alone, so no teacher cache is read: the
+    # phase trains on the corpus's first this many rows (the corpus is shuffled), and its pairs
+    anchor_rows: int = 65536
     # distil the teacher's vectors through the --init head's whitening map (research.whiten_head),
     # the coordinates that student serves; without it a phase from a whitened head would pull the
     # head back to the teacher's own coordinates
@@ -88,6 +91,10 @@ class StudentConfig:
                              "own")
         if self.anchor > 0 and self.init is None:
             raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
+        if self.anchor >= 1.0 and self.whiten_targets:
+            raise ValueError("--anchor 1 reads no teacher: --whiten-targets has nothing to map")
+        if self.anchor_rows < 1:
+            raise ValueError(f"anchor_rows={self.anchor_rows}: at least 1")
         if self.whiten_targets and (self.init is None or self.rotate_teacher):
             raise ValueError("--whiten-targets maps the teacher's own vectors by the --init head's "
                              "whitening; give --init and --no-rotate-teacher")
@@ -97,3 +104,8 @@ class StudentConfig:
         """Its weights start from nothing (no --resume, no --init): only such a run reads the piece
         table's start (RUN/pieces.npy, or the teacher that makes it)."""
         return not self.resume and self.init is None
+
+    @property
+    def reads_teacher(self) -> bool:
+        """Whether any target holds the teacher's vectors (--anchor 1: the start's own alone)."""
+        return self.anchor < 1.0

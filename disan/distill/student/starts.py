@@ -80,10 +80,13 @@ def start_vectors(encoder: DiSANEncoder | None, rows: PieceRows, done: int, cfg:
     return vectors
 
 
-def anchored(target: np.ndarray, own: np.ndarray, share: float) -> np.ndarray:
-    """Unit targets `share` of the way from the teacher's direction to the start's own."""
+def anchored(target: np.ndarray | None, own: np.ndarray, share: float) -> np.ndarray:
+    """Unit targets `share` of the way from the teacher's direction to the start's own (the start's
+    own alone where no teacher was read)."""
     def unit(x: np.ndarray) -> np.ndarray:
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    if target is None:
+        return unit(own).astype(np.float32)
     return unit((1.0 - share) * unit(target) + share * unit(own)).astype(np.float32)
 
 

@@ -95,6 +95,27 @@ def evaluate(encoder: DiSANEncoder, rows: PieceRows, target: np.ndarray, val: np
     return out
 
 
+def teacher_targets(cfg: StudentConfig, corpus_rows: int,
+                    init: dict | None) -> tuple[np.ndarray | None, int]:
+    """The teacher's vectors of the corpus rows it has encoded, in the coordinates the run distils
+    into, and how many rows the run trains on. A phase held by its start alone (--anchor 1) reads
+    no cache: None, and the corpus's first --anchor-rows rows, whose targets the start gives."""
+    if not cfg.reads_teacher:
+        done, folder, target = min(corpus_rows, cfg.anchor_rows), cfg.corpus, None
+    else:
+        cache = TeacherCache.read(cfg.teacher or cfg.corpus / "teacher-mpnet")
+        done, folder = cache.done, cache.folder
+        target = np.asarray(cache.vectors()[:done], np.float32)
+    if done < cfg.val_rows + cfg.batch_size:
+        raise ValueError(f"{folder}: only {done} rows to train on; the student needs more than "
+                         f"{cfg.val_rows + cfg.batch_size}")
+    if target is not None and cfg.rotate_teacher:
+        target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
+    if cfg.whiten_targets:
+        target = whitened_targets(target, init, cfg.init)
+    return target, done
+
+
 def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
     vectors) is needed only when the piece table's start is not cached yet."""
@@ -103,17 +124,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     texts, info = read_corpus(cfg.corpus)
-    cache = TeacherCache.read(cfg.teacher or cfg.corpus / "teacher-mpnet")
-    done = cache.done
-    if done < cfg.val_rows + cfg.batch_size:
-        raise ValueError(f"{cache.folder}: only {done} rows encoded; the student needs more than "
-                         f"{cfg.val_rows + cfg.batch_size}")
-    target = np.asarray(cache.vectors()[:done], np.float32)
-    if cfg.rotate_teacher:
-        target = target @ principal_axes(target[cfg.val_rows:cfg.val_rows + 50_000]).T
     init = load_checkpoint(cfg.init) if cfg.init is not None else None
-    if cfg.whiten_targets:
-        target = whitened_targets(target, init, cfg.init)
+    target, done = teacher_targets(cfg, len(texts), init)
     tok = run_tokenizer(cfg, init)
     pairs = np.load(cfg.corpus / "pairs.npy")
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
@@ -182,8 +194,9 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     else:
         labels.probe(encoder)  # a fresh start without a fitted head: no step-0 evaluation to log it in
     # the map of --whiten-targets names the coordinates the student is trained in: a later phase
-    # from this student reads it
-    kept = {"whitening": init["whitening"]} if cfg.whiten_targets else {}
+    # from this student reads it (a phase held by its start alone stays in the start's coordinates)
+    keeps_map = cfg.whiten_targets or (not cfg.reads_teacher and "whitening" in init)
+    kept = {"whitening": init["whitening"]} if keeps_map else {}
     start, last = time.monotonic(), {}
     for step in range(first, cfg.steps + 1):
         batch = rng.choice(train_rows, cfg.batch_size, replace=False)

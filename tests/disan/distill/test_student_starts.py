@@ -242,3 +242,38 @@ def test_a_phase_from_a_whitened_unit_length_head_keeps_both(tiny, tmp_path) -> 
     with pytest.raises(ValueError, match="give --init and --no-rotate-teacher"):
         StudentConfig(**{**values, "rotate_teacher": True}, out=tmp_path, init=tmp_path / "white.pt",
                       whiten_targets=True)
+
+
+def test_a_phase_held_by_its_start_alone_reads_no_teacher(tiny, tmp_path) -> None:
+    """--anchor 1: every target is the start's own vector, so a corpus with no teacher cache trains
+    (on its first --anchor-rows rows and its pairs), and the start's whitening map is kept, since
+    the phase stays in the start's coordinates."""
+    import shutil
+
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,), batch_size=16, pairs_batch=8,
+                  steps=3, val_rows=16, eval_every=3, lr=3e-3, keep_prob=1.0)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(corpus=root / "corpus", out=tmp_path / "one", **values), teacher_encode=table)
+    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    start["whitening"] = {"mean": torch.zeros(16), "linear": torch.eye(16)}
+    write_checkpoint(tmp_path / "start.pt", start)
+    bare = tmp_path / "corpus"
+    shutil.copytree(root / "corpus", bare, ignore=shutil.ignore_patterns("teacher-mpnet"))
+
+    held = dict(corpus=bare, init=tmp_path / "start.pt", tune="blocks", **values)
+    with pytest.raises(ValueError, match="no teacher cache"):
+        train_student(StudentConfig(out=tmp_path / "half", anchor=0.5, **held))
+    last = train_student(StudentConfig(out=tmp_path / "own", anchor=1.0, anchor_rows=40, **held))
+    first = json.loads((tmp_path / "own" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["val_cosine"] == pytest.approx(1.0, abs=2e-3) and last["step"] == 3
+    assert len(np.load(tmp_path / "own" / "anchor.f16.npy")) == 40
+    after = load_checkpoint(tmp_path / "own" / "student.pt")
+    assert torch.equal(after["whitening"]["linear"], torch.eye(16))
+    assert not torch.equal(after["model_state"]["proj.weight"], start["model_state"]["proj.weight"])
+    with pytest.raises(ValueError, match="only 20 rows to train on"):
+        train_student(StudentConfig(out=tmp_path / "few", anchor=1.0, anchor_rows=20, **held))
+    with pytest.raises(ValueError, match="reads no teacher"):
+        StudentConfig(out=tmp_path / "w", anchor=1.0, whiten_targets=True, rotate_teacher=False, **held)
