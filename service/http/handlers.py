@@ -31,6 +31,7 @@ from service.http.schemas import (
 )
 from service.inference.engine import Engine
 from service.inference.longtext import OneText, Tokenized
+from service.inference.tokenizing import require_idf, sparse_of, tokenize_only
 
 
 def api_key_ok(engine: Engine, credentials: str | None) -> bool:
@@ -174,7 +175,7 @@ async def openai_embeddings_result(body: OpenAIEmbeddingsRequest, engine: Engine
 
 async def tokenize_result(body: TokenizeRequest, engine: Engine) -> dict[str, Any]:
     """POST /tokenize: the model's tokens and ids per text, and whether each fits max_tokens."""
-    items = await engine.tokenize_only(body.texts)
+    items = await tokenize_only(engine, body.texts)
     runtime = engine.require_ready()
     limit = runtime.max_tokens
     vocab = runtime.tokenizer("embed")
@@ -192,11 +193,11 @@ async def similarity_result(body: SimilarityRequest, engine: Engine) -> dict[str
     policy = long_text(body, engine)
     weight = body.hybrid or 0.0
     if weight:
-        engine.require_idf()  # 424 before any work
+        require_idf(engine)  # 424 before any work
 
     async def vectors(texts: list[str], field: str, member: str = "") -> tuple[np.ndarray, list, int]:
         vecs, items = await engine.embed(texts, True, policy, field, limit, member)
-        return vecs, await engine.sparse_of(items) if weight else [], token_count(items)
+        return vecs, await sparse_of(engine, items) if weight else [], token_count(items)
 
     def mixed(dense: np.ndarray, sparse: Callable[[], np.ndarray]) -> np.ndarray:
         return hybrid_scores(cosines(dense), weight, sparse)

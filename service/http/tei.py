@@ -36,6 +36,7 @@ from service.http.tei_schemas import (
 )
 from service.inference.engine import Engine
 from service.inference.longtext import TRUNCATE_LEFT, OneText, check_chars
+from service.inference.tokenizing import decode_ids, embed_sparse, require_idf, sparse_of, tokenize_only
 
 # What /info says about /rerank, /v1/rerank and /v2/rerank (and the docs).
 RERANK_METHOD = ("bi-encoder: each text's score is the cosine of the query's and the text's "
@@ -76,8 +77,8 @@ async def tei_embed_sparse_result(body: TEIEmbedSparseRequest, engine: Engine) -
     (disan.bundle.lexical); a 424 when the bundle has no lexical table, as TEI answers for a model
     that is not a sparse one."""
     texts, field = _texts(body.inputs)
-    vectors = await engine.embed_sparse(texts, tei_policy(engine, body.truncate, body.truncation_direction),
-                                        field)
+    policy = tei_policy(engine, body.truncate, body.truncation_direction)
+    vectors = await embed_sparse(engine, texts, policy, field)
     return [[{"index": i, "value": v} for i, v in zip(idx.tolist(), val.tolist(), strict=True)]
             for idx, val in vectors]
 
@@ -109,7 +110,7 @@ def _offsets(text: str, tokens: list[str]) -> list[tuple[int | None, int | None]
 async def tei_tokenize_result(body: TEITokenizeRequest, engine: Engine) -> list[list[dict[str, Any]]]:
     """TEI's POST /tokenize: per text, its tokens as TEI's SimpleToken objects."""
     texts, field = _texts(body.inputs)
-    items = await engine.tokenize_only(texts, field)
+    items = await tokenize_only(engine, texts, field)
     return [[{"id": i, "text": tok, "special": False, "start": start, "stop": stop}
              for i, tok, (start, stop) in zip(item.ids, item.tokens, _offsets(text, item.tokens),
                                               strict=True)]
@@ -120,7 +121,7 @@ async def tei_decode_result(body: TEIDecodeRequest, engine: Engine) -> list[str]
     """TEI's POST /decode: the text of each id sequence (a single sequence too: a list of one)."""
     ids = body.ids
     sequences = ids if isinstance(ids[0], list) else [ids]
-    return await engine.decode(sequences, body.skip_special_tokens)  # type: ignore[arg-type]
+    return await decode_ids(engine, sequences, body.skip_special_tokens)  # type: ignore[arg-type]
 
 
 async def ranking(engine: Engine, query: str, texts: list[str], field: str, policy: str,
@@ -130,10 +131,10 @@ async def ranking(engine: Engine, query: str, texts: list[str], field: str, poli
     vectors' (from the same tokens) at `hybrid`, or the server's rerank_hybrid when it is None."""
     weight = engine.settings.rerank_hybrid if hybrid is None else hybrid
     if weight:
-        engine.require_idf()  # 424 before any work
+        require_idf(engine)  # 424 before any work
     (q, q_items), (docs, d_items) = await engine.embed_together(
         [([query], OneText("query")), (texts, field)], policy)
-    sparse = await engine.sparse_of(q_items + d_items) if weight else []  # the query's, then the texts'
+    sparse = await sparse_of(engine, q_items + d_items) if weight else []  # the query's, then the texts'
     scores = hybrid_scores(cosines(docs @ q[0]), weight, lambda: sparse_dots(sparse[:1], sparse[1:])[0])
     return np.argsort(-scores, kind="stable"), scores, token_count(q_items) + token_count(d_items)
 

@@ -3,6 +3,7 @@
 HTTP-free: the handlers (service.http.handlers) call it. `Engine` owns the runtime, one
 `MicroBatcher` per graph and the ready state. Loading and warm-up
 run in the background so `/health` answers at once and `/ready` says 503 until the model is warm.
+The requests that run no graph (tokens, ids, sparse vectors) are `service.inference.tokenizing`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 # the predictions' shape and the normalisation are disan.Encoder's too: the same answers offline
-from disan.bundle.lexical import NO_TABLE, SparseVector, sparse_vector
+from disan.bundle.lexical import NO_TABLE
 from disan.runtime.encoder import normalized
 from disan.runtime.runtime import Runtime
 from disan.runtime.tasks import nli_steps, prediction, run_steps_async, sentiment_prediction
@@ -28,7 +29,6 @@ from service.common.batching_defaults import Batching, resolve_batching
 from service.common.errors import (
     InferenceError,
     InvalidRequest,
-    NoLexicalTable,
     NotReady,
     RequestTooLarge,
     ServiceError,
@@ -59,13 +59,11 @@ from service.settings import Settings
 
 log = logging.getLogger("disan.service")
 # Requests with more characters than this are tokenized in a thread so the loop stays responsive.
-_INLINE_CHARS = 20_000
-_INLINE_TOKENS = 4_000  # about as many tokens
+INLINE_CHARS = 20_000
+INLINE_TOKENS = 4_000  # about as many tokens
 # What /health and /ready say about a failed load: the reason (paths, onnxruntime's text) is logged,
 # never served to clients that may not even hold the API key.
 FAILED_DETAIL = "the model bundle failed to load; the reason is in the server log"
-
-
 
 
 class Engine:
@@ -233,7 +231,7 @@ class Engine:
                             max_items: int | None = None, member: str = "", route: str = "embed"
                             ) -> list[Tokenized]:
         """`prepare`, moved off the event loop when the request carries a lot of text."""
-        if sum(map(len, texts)) > _INLINE_CHARS:
+        if sum(map(len, texts)) > INLINE_CHARS:
             return await asyncio.to_thread(self.prepare, texts, policy, field, max_items, member, route)
         return self.prepare(texts, policy, field, max_items, member, route)
 
@@ -347,7 +345,6 @@ class Engine:
             results = [sentiment_prediction(row, labels) for row in probs]
         return results, sum(len(t.ids) for t in items)
 
-
     async def embed_together(self, groups: list[tuple[list[str], str]], policy: LongTextPolicy | str,
                              max_items: int | None = None) -> list[tuple[np.ndarray, list[Tokenized]]]:
         """Normalised vectors of several lists of texts (rerank's query and its texts), each list
@@ -362,59 +359,3 @@ class Engine:
             results.append((normalized(pool_embedding_rows(items, outs[start:start + rows])), items))
             start += rows
         return results
-
-    # ---- tokenizing alone (/tokenize) ----
-    def require_idf(self) -> np.ndarray:
-        """The bundle's IDF per embed token id, or NoLexicalTable (424): it serves no sparse vectors."""
-        idf = self.require_ready().idf
-        if idf is None:
-            raise NoLexicalTable(f"this bundle {NO_TABLE}, so it serves no sparse vectors")
-        return idf
-
-    async def embed_sparse(self, texts: list[str], policy: LongTextPolicy | str, field: str = "texts"
-                           ) -> list[SparseVector]:
-        """Per text its sparse lexical vector (disan.bundle.lexical; every window of a long text);
-        NoLexicalTable (424), before any work, when the bundle has no lexical table."""
-        self.require_idf()
-        return await self.sparse_of(await self.prepare_async(texts, policy, field))
-
-    async def sparse_of(self, items: list[Tokenized]) -> list[SparseVector]:
-        """The sparse lexical vectors of tokenized texts, from the ids the dense vectors read (off
-        the event loop when there are many)."""
-        idf = self.require_idf()
-
-        def run() -> list[SparseVector]:
-            return [sparse_vector(item.ids, idf) for item in items]
-
-        return await asyncio.to_thread(run) if sum(len(i.ids) for i in items) > _INLINE_TOKENS else run()
-
-    async def tokenize_only(self, texts: list[str], field: str = "texts") -> list[Tokenized]:
-        """Tokens and ids of each text, uncut (a text over max_tokens is reported, not refused)."""
-        vocab = self.require_ready().tokenizer("embed")
-        self.check_sizes(texts, field)
-
-        def run() -> list[Tokenized]:
-            return [Tokenized(tokens, ids, [ids]) for tokens in map(vocab.tokens, texts)
-                    for ids in [vocab.ids(tokens)]]
-
-        return await asyncio.to_thread(run) if sum(map(len, texts)) > _INLINE_CHARS else run()
-
-    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool, field: str = "ids"
-                     ) -> list[str]:
-        """The text of each id sequence, as the embed route's tokenizer decodes it (the ids
-        /tokenize gives); an id the tokenizer lacks is a 422 naming it."""
-        vocab = self.require_ready().tokenizer("embed")
-        self.check_count(sequences, field)
-
-        def run() -> list[str]:
-            texts = []
-            for i, ids in enumerate(sequences):
-                try:
-                    texts.append(vocab.decode(ids, skip_special_tokens))
-                except ValueError as exc:
-                    raise InvalidRequest(f"{field}[{i}]: {exc}") from None
-            return texts
-
-        return await asyncio.to_thread(run) if sum(map(len, sequences)) > _INLINE_TOKENS else run()
-
-
