@@ -55,8 +55,8 @@ async def tokenize_only(engine: Engine, texts: list[str], field: str = "texts") 
     return await asyncio.to_thread(run) if sum(map(len, texts)) > INLINE_CHARS else run()
 
 
-async def decode_ids(engine: Engine, sequences: list[list[int]], skip_special_tokens: bool, field: str = "ids"
-                 ) -> list[str]:
+async def decode_ids(engine: Engine, sequences: list[list[int]], skip_special_tokens: bool,
+                     field: str = "ids") -> list[str]:
     """The text of each id sequence, as the embed route's tokenizer decodes it (the ids /tokenize
     gives); an id the tokenizer lacks is a 422 naming it."""
     vocab = engine.require_ready().tokenizer("embed")

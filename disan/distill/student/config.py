@@ -91,7 +91,7 @@ class StudentConfig:
                              "own")
         if self.anchor > 0 and self.init is None:
             raise ValueError("--anchor mixes in the --init student's own vectors; give --init")
-        if self.anchor >= 1.0 and self.whiten_targets:
+        if not self.reads_teacher and self.whiten_targets:
             raise ValueError("--anchor 1 reads no teacher: --whiten-targets has nothing to map")
         if self.anchor_rows < 1:
             raise ValueError(f"anchor_rows={self.anchor_rows}: at least 1")
