@@ -14,10 +14,10 @@ Never a dev or test pair: the NLI triples leave out the held-out SNLI dev slice 
 selection uses, as the corpus does, and the sentiment phrases every evaluation text the corpus
 excludes (`disan.distill.corpus.build.eval_keys`, by exact match).
 
-`StudentLabels` gathers the scored pairs and the sentiment phrases for `disan distill student`
-(`--scored-weight`, `--sentiment-weight`): the signals the shipped word student learned in its last
-phases, which a phase from it keeps so that what the frozen-vector transfer tasks read (sentiment,
-relatedness) stays. Its head is not exported.
+`StudentLabels` gathers the scored pairs, the sentiment phrases and the NLI triples for `disan distill
+student` (`--scored-weight`, `--sentiment-weight`, `--nli-weight`): the signals the shipped word student
+learned in its last phases, which a phase from it keeps so that what the frozen-vector transfer tasks
+read (sentiment, relatedness, entailment) stays. Its head is not exported.
 """
 
 from __future__ import annotations
@@ -191,18 +191,19 @@ class SentimentPhrases:
 
 
 class StudentLabels:
-    """The labelled terms of one run, or none (`active` False) when both weights are 0."""
+    """The labelled terms of one run, or none (`active` False) when every weight is 0."""
 
     def __init__(self, cfg: StudentConfig, tok: PieceTokenizer, out_dim: int):
         self.cfg = cfg
         self.scored = ScoredPairs(cfg.data, tok) if cfg.scored_weight > 0 else None
+        self.nli = NLITriples(cfg.data, tok) if cfg.nli_weight > 0 else None
         self.phrases = SentimentPhrases(cfg.data, tok) if cfg.sentiment_weight > 0 else None
         self.head = (torch.nn.Linear(out_dim, SENTIMENT_CLASSES).to(cfg.device)
                      if self.phrases is not None else None)
 
     @property
     def active(self) -> bool:
-        return self.scored is not None or self.phrases is not None
+        return self.scored is not None or self.phrases is not None or self.nli is not None
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.head.parameters()) if self.head is not None else []
@@ -223,6 +224,11 @@ class StudentLabels:
             weighted = self.cfg.sentiment_weight * sentiment
             total = weighted if total is None else total + weighted
             parts["sentiment"] = sentiment.item()
+        if self.nli is not None:
+            nli = self.nli.loss(encoder, rng, size)
+            weighted = self.cfg.nli_weight * nli
+            total = weighted if total is None else total + weighted
+            parts["nli"] = nli.item()
         return total, parts
 
     def state(self) -> dict | None:

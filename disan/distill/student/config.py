@@ -68,6 +68,11 @@ class StudentConfig:
     data: Path | None = None
     scored_weight: float = 0.0  # STS-B and SICK train pairs' scores, MSE on the cosine
     sentiment_weight: float = 0.0  # SST-5 train phrases through a training-only head, probed first
+    # NLI train triples (premise, entailed, contradicting hypothesis): each premise must rank its
+    # entailed hypothesis first among the batch's hypotheses, as sentence-transformers' NLI models
+    # train; entailment is what the pair features of SICK-E read, and what query -> passage pairs
+    # alone do not teach
+    nli_weight: float = 0.0
     labels_batch: int = 32  # examples a step for each labelled term
     seed: int = 0
     device: str = "cpu"
@@ -82,10 +87,12 @@ class StudentConfig:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
-        if (self.scored_weight > 0 or self.sentiment_weight > 0) and self.data is None:
-            raise ValueError("--scored-weight and --sentiment-weight read the staged data; give --data")
-        if self.scored_weight < 0 or self.sentiment_weight < 0:
-            raise ValueError("--scored-weight and --sentiment-weight are weights: 0 or more")
+        weights = (self.scored_weight, self.sentiment_weight, self.nli_weight)
+        if any(w > 0 for w in weights) and self.data is None:
+            raise ValueError("--scored-weight, --sentiment-weight and --nli-weight read the staged data; "
+                             "give --data")
+        if any(w < 0 for w in weights):
+            raise ValueError("--scored-weight, --sentiment-weight and --nli-weight are weights: 0 or more")
         if self.static_start and not self.starts_fresh:
             raise ValueError("--static-start sets a new student's blocks; an --init or resumed one has its "
                              "own")

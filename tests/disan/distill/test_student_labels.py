@@ -1,5 +1,5 @@
-"""disan.distill.supervision.StudentLabels: the STS and sentiment labels a student phase may keep learning
-(--scored-weight, --sentiment-weight), beside its teacher and pairs."""
+"""disan.distill.supervision.StudentLabels: the STS, sentiment and NLI labels a student phase may keep
+learning (--scored-weight, --sentiment-weight, --nli-weight), beside its teacher and pairs."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def labelled(tmp_path, monkeypatch):
     right = [" ".join(rng.choice(WORDS, 4)) for _ in range(30)]
     scores = rng.uniform(size=30).astype(np.float32)
     monkeypatch.setattr(supervision, "train_pairs", lambda _data: (left, right, scores))
+    triples = [tuple(tuple(rng.choice(WORDS, 4)) for _ in range(3)) for _ in range(20)]
+    monkeypatch.setattr(supervision, "nli_triples", lambda _data: triples)
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     return tmp_path / "data"
 
@@ -71,12 +73,33 @@ def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(
     assert resumed["val_cosine"] == pytest.approx(whole["val_cosine"], abs=1e-4)
 
 
+def test_a_phase_learns_nli_triples_and_resumes_only_with_the_same_weight(tiny, labelled, tmp_path) -> None:
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
+                  batch_size=16, pairs_batch=8, steps=4, val_rows=16, eval_every=2, lr=1e-2,
+                  labels_batch=8)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = tmp_path / "one" / "student.pt"
+    phase = dict(values, init=start, data=labelled, nli_weight=1.0)
+    nli = train_student(StudentConfig(out=tmp_path / "nli", **phase))
+    assert nli["nli"] > 0.0 and "scored" not in nli
+    plain = train_student(StudentConfig(out=tmp_path / "plain", **dict(values, init=start)))
+    assert "nli" not in plain
+    a = load_checkpoint(tmp_path / "nli" / "student.pt")["model_state"]
+    b = load_checkpoint(tmp_path / "plain" / "student.pt")["model_state"]
+    assert not torch.equal(a["proj.weight"], b["proj.weight"])  # the triples moved the encoder
+    with pytest.raises(ValueError, match="other nli_weight"):
+        train_student(StudentConfig(out=tmp_path / "nli", resume=True, **dict(phase, nli_weight=0.5)))
+
+
 def test_labels_need_the_staged_data(tmp_path) -> None:
-    for weights in ({"scored_weight": 1.0}, {"sentiment_weight": 0.5}):
+    for weights in ({"scored_weight": 1.0}, {"sentiment_weight": 0.5}, {"nli_weight": 0.5}):
         with pytest.raises(ValueError, match="give --data"):
             StudentConfig(corpus=tmp_path, out=tmp_path, **weights)
-    with pytest.raises(ValueError, match="0 or more"):
-        StudentConfig(corpus=tmp_path, out=tmp_path, data=tmp_path, scored_weight=-1.0)
+    for weights in ({"scored_weight": -1.0}, {"nli_weight": -0.5}):
+        with pytest.raises(ValueError, match="0 or more"):
+            StudentConfig(corpus=tmp_path, out=tmp_path, data=tmp_path, **weights)
 
 
 def test_a_fresh_run_without_a_fitted_head_still_probes_the_sentiment_head(tiny, labelled, tmp_path,
