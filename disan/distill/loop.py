@@ -149,6 +149,22 @@ def checkpoint_encoder(path: Path):
     return lambda texts: encode_texts(encoder, vocab, texts)
 
 
+def checkpoint_rows(path: Path) -> tuple[Callable[[list[list[int]]], np.ndarray], object]:
+    """(token id rows -> a checkpoint's sentence vectors, its tokenizer): rows already cut to a
+    window, as a bundle's graph reads them, through the checkpoint's encoder in eval mode."""
+    model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
+    encoder = getattr(model, "encoder", model).eval()
+
+    @torch.no_grad()
+    def run(rows: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(rows), encoder.out_dim), dtype=np.float32)
+        for b in sorted_batches([len(r) for r in rows], 256):
+            out[b] = encoder(*_batch(rows, b, device_of(encoder))).cpu().numpy()
+        return out
+
+    return run, vocab
+
+
 @torch.no_grad()
 def _val_cosine(student: Student, rows, target, idx: np.ndarray) -> float:
     student.eval()

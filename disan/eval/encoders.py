@@ -1,6 +1,7 @@
 """The encoders `disan eval --retrieval` scores, each texts -> L2-normalised vectors: the bundle's
-through `disan.Encoder` (long texts in windows, and its sparse vectors for `--hybrid`), and the
-baselines a user would pick instead (`--baselines minilm,mpnet,wordllama`), loaded offline.
+through `disan.Encoder` (long texts in windows, and its sparse vectors for `--hybrid`), a checkpoint
+as that bundle would serve it (`--checkpoint`), and the baselines a user would pick instead
+(`--baselines minilm,mpnet,wordllama`), loaded offline.
 TORCH-FREE: each model's packages load when its factory is called.
 """
 
@@ -51,6 +52,34 @@ def disan_encoders(bundle: Path, variant: str = "auto", keep_sparse: bool = Fals
         return vectors
 
     return encode, (sparse if has_table else None)
+
+
+def checkpoint_windows(checkpoint: Path, bundle: Path) -> Encode:
+    """Texts -> normalised vectors of an encoder checkpoint (a student before export) as `bundle`
+    serves its own: the bundle's tokenizer, windows and first-window weight, the checkpoint's weights
+    in place of the bundle's graph. A phase from the bundle's recovered encoder reads its tokenizer;
+    a checkpoint that reads another is refused, since its ids would be read as other tokens."""
+    from disan.distill.loop import checkpoint_rows  # torch (`train` extra): only --checkpoint needs it
+    from disan.runtime.encoder import Encoder, normalized  # onnxruntime: the bundle's tokenizer and windows
+    from disan.text.windowing import EMBEDDING_LEAD
+
+    run, tokenizer = checkpoint_rows(checkpoint)
+    encoder = Encoder(bundle, long_texts="window")
+    served = encoder.runtime.tokenizer("embed")
+    pieces = hasattr(tokenizer, "to_str") and hasattr(served, "to_str")  # a piece tokenizer: its JSON
+    same = tokenizer.to_str() == served.to_str() if pieces else tokenizer == served
+    if not same:
+        raise ValueError(f"{checkpoint} reads another tokenizer than {bundle}'s embed route; give the bundle "
+                         "its phase started from (--bundle)")
+
+    def encode(texts: list[str]) -> np.ndarray:
+        parts = []
+        for i in range(0, len(texts), ENCODE_CHUNK):
+            prepared = encoder.prepare(texts[i:i + ENCODE_CHUNK])
+            parts.append(normalized(encoder.pool(prepared, run(prepared.rows), EMBEDDING_LEAD)))
+        return np.concatenate(parts) if parts else run([])
+
+    return encode
 
 
 def disan_encoder(bundle: Path, variant: str = "auto") -> Encode:

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--sts: comma list (minilm, mpnet, wordllama) or ''")
     parser.add_argument("--checkpoint", type=Path, nargs="*", default=[],
                         help="--sts, --transfer: checkpoints instead of --bundle: a student (best.pt), "
-                             "or an NLI or sentiment model, whose encoder is read")
+                             "or an NLI or sentiment model, whose encoder is read; --retrieval: students "
+                             "that read --bundle's tokenizer, run through its windows")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"),
                         help="a data file, or the staged data directory (the task's test file is used)")
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")

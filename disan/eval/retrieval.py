@@ -35,7 +35,7 @@ import numpy as np
 from disan.bundle.dimensions import bundle_projection, shorten
 from disan.bundle.lexical import NO_TABLE, Postings
 from disan.data.readers import open_text
-from disan.eval.encoders import BASELINES, Encode, baseline_keys, disan_encoders
+from disan.eval.encoders import BASELINES, Encode, baseline_keys, checkpoint_windows, disan_encoders
 from disan.eval.hybrid import Sparse, hybrid_top_k
 from disan.optional import require
 
@@ -262,11 +262,12 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
 
 def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[str] = (),
              variant: str = "auto", log: Callable[[str], None] = print,
-             dimensions: Sequence[int] = (), hybrid: Sequence[float] = ()) -> dict:
-    """The report: every set's counts, and per model (the bundle, then each baseline) per set
-    its metrics (the bundle's `hybrid` scores too). All sets are read and all models loaded before
-    any model runs, so a bad folder or a missing package fails at once, not after an hour of
-    embedding."""
+             dimensions: Sequence[int] = (), hybrid: Sequence[float] = (),
+             checkpoints: Sequence[Path] = ()) -> dict:
+    """The report: every set's counts, and per model (the bundle, or each checkpoint as the bundle
+    would serve it, then each baseline) per set its metrics (the bundle's `hybrid` scores too). All
+    sets are read and all models loaded before any model runs, so a bad folder or a missing package
+    fails at once, not after an hour of embedding."""
     sets = [load_set(Path(f)) for f in folders]
     require("pytrec_eval", "eval")  # before the long embedding passes, not after them
     names = [s.name for s in sets]
@@ -276,7 +277,13 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
     models: list[tuple[str, Callable[[], Encode]]] = []
     projections: dict[str, np.ndarray | None] = {}
     sparse: dict[str, Sparse] = {}
-    if bundle is not None:
+    if checkpoints and (bundle is None or hybrid):
+        raise ValueError("--checkpoint is scored through a bundle's tokenizer and windows (--bundle), "
+                         "without --hybrid")
+    for path in checkpoints:
+        models.append((f"DiSAN checkpoint ({path})", lambda path=path: checkpoint_windows(path, bundle)))
+        projections[models[-1][0]] = None  # --dimensions: the checkpoint's own prefixes
+    if bundle is not None and not checkpoints:
         label = f"DiSAN ({bundle})"
         dense, sparse_of = disan_encoders(bundle, variant, keep_sparse=bool(hybrid))
         if hybrid and sparse_of is None:
@@ -318,12 +325,12 @@ def format_table(report: dict) -> str:
 
 def run_retrieval(args: argparse.Namespace) -> int:
     """`disan eval --retrieval DIR [DIR ...]`: table on stdout, JSON report in --report."""
-    if getattr(args, "checkpoint", None):
-        raise ValueError("--retrieval scores a bundle (--bundle), not --checkpoint")
+    checkpoints = getattr(args, "checkpoint", None) or ()
     report = evaluate(args.retrieval, args.bundle, baseline_keys(args.baselines), args.variant,
                       dimensions=getattr(args, "dimensions", None) or (),
-                      hybrid=getattr(args, "hybrid", None) or ())
+                      hybrid=getattr(args, "hybrid", None) or (), checkpoints=checkpoints)
     report["bundle"], report["variant"] = str(args.bundle), args.variant
+    report["checkpoints"] = [str(p) for p in checkpoints]
     print(format_table(report))
     out = args.report or Path("runs") / "eval_retrieval.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """The encoders `disan eval --retrieval` scores (disan.eval.encoders): the bundle's vectors from
-windows over the whole text, and the static baseline read offline from its wheel."""
+windows over the whole text, a checkpoint through the bundle's windows, and the static baseline read
+offline from its wheel."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_tiny_checkpoint
 
-from disan.eval.encoders import disan_encoder, wordllama_encoder
+from disan.eval.encoders import checkpoint_windows, disan_encoder, wordllama_encoder
 from disan.optional import MissingDependency
+from disan.text.tokenizer import Vocab
 
 
 def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
@@ -26,6 +29,23 @@ def test_disan_vectors_come_from_windows_not_truncation(tiny_bundle: Path):
     cut_vec = truncated.encode([long_text], normalize=True)
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.linalg.norm(got[0] - cut_vec[0]) > 1e-3  # the windows see the whole text
+
+
+def test_a_checkpoint_scores_as_the_bundle_made_from_it_serves(tiny_bundle: Path, tiny_checkpoints,
+                                                               tmp_path: Path):
+    """`disan eval --retrieval --checkpoint`: the checkpoint's weights through the bundle's tokenizer,
+    windows and first-window weight give the bundle's own vectors (its fp32 graph); a checkpoint that
+    reads another vocabulary is refused, not scored as if its ids were the bundle's."""
+    pytest.importorskip("torch")
+    long_text = "the children are walking in the rain . " * 15 + "a dog is running in the park . " * 15
+    texts = [long_text, "a dog", ""]
+    # the bundle was exported without --embed: /embed serves the NLI model's encoder
+    got = checkpoint_windows(tiny_checkpoints.nli, tiny_bundle)(texts)
+    np.testing.assert_allclose(got, disan_encoder(tiny_bundle, "fp32")(texts), atol=1e-5)
+    assert checkpoint_windows(tiny_checkpoints.nli, tiny_bundle)([]).shape == (0, got.shape[1])
+    other = make_tiny_checkpoint(tmp_path / "other.pt", "encoder", Vocab(["zebra", "dog"]), [], seed=3)
+    with pytest.raises(ValueError, match="reads another tokenizer"):
+        checkpoint_windows(other, tiny_bundle)
 
 
 def test_the_static_baseline_reads_its_weights_from_the_wheel_offline(monkeypatch) -> None:

@@ -210,6 +210,25 @@ def test_cli_prints_the_table_and_writes_the_report(tiny_bundle: Path, tmp_path:
     assert format_table(report) in stdout
 
 
+def test_cli_scores_a_checkpoint_through_the_bundles_windows(tiny_bundle: Path, tiny_checkpoints,
+                                                             tmp_path: Path, capsys):
+    """`--checkpoint`: a student before export, scored as the bundle would serve it, in place of the
+    bundle's own row (disan.eval.encoders.checkpoint_windows)."""
+    needs_pytrec_eval()
+    pytest.importorskip("torch")
+    a = beir_folder(tmp_path / "alpha", "beir", gz=False)
+    out = tmp_path / "report.json"
+    code = main(["eval", "--retrieval", str(a), "--bundle", str(tiny_bundle), "--checkpoint",
+                 str(tiny_checkpoints.nli), "--baselines", "", "--report", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert list(report["models"]) == [f"DiSAN checkpoint ({tiny_checkpoints.nli})"]
+    assert report["checkpoints"] == [str(tiny_checkpoints.nli)]
+    code = main(["eval", "--retrieval", str(a), "--bundle", str(tiny_bundle), "--checkpoint",
+                 str(tiny_checkpoints.nli), "--hybrid", "0.5"])
+    assert code == 2 and "without --hybrid" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("make", "flags", "message"), [
     ("no-queries", [], "no queries (queries.jsonl or queries.jsonl.gz)"),
     ("no-folder", [], "no such folder"),
