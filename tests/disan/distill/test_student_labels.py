@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,16 +42,20 @@ def labelled(tmp_path, monkeypatch):
     return tmp_path / "data"
 
 
-def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(tiny, labelled,
-                                                                                  tmp_path) -> None:
+def trained_start(tiny, tmp_path: Path, steps: int) -> tuple[dict, Path]:
+    """(the tiny run's flags, a student trained with them) for a labelled phase to start from."""
     root, path = tiny
     values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
-                  batch_size=16, pairs_batch=8, steps=6, val_rows=16, eval_every=3, lr=1e-2,
+                  batch_size=16, pairs_batch=8, steps=steps, val_rows=16, eval_every=steps // 2, lr=1e-2,
                   labels_batch=8)
     table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
     train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    start = tmp_path / "one" / "student.pt"
+    return values, tmp_path / "one" / "student.pt"
 
+
+def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(tiny, labelled,
+                                                                                  tmp_path) -> None:
+    values, start = trained_start(tiny, tmp_path, steps=6)
     phase = dict(values, init=start, data=labelled, scored_weight=1.0, sentiment_weight=2.0)
     whole = train_student(StudentConfig(out=tmp_path / "labels", **phase))
     rows = [json.loads(line) for line in (tmp_path / "labels" / "metrics.jsonl").read_text().splitlines()]
@@ -74,13 +79,7 @@ def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(
 
 
 def test_a_phase_learns_nli_triples_and_resumes_only_with_the_same_weight(tiny, labelled, tmp_path) -> None:
-    root, path = tiny
-    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16, 8),
-                  batch_size=16, pairs_batch=8, steps=4, val_rows=16, eval_every=2, lr=1e-2,
-                  labels_batch=8)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    start = tmp_path / "one" / "student.pt"
+    values, start = trained_start(tiny, tmp_path, steps=4)
     phase = dict(values, init=start, data=labelled, nli_weight=1.0)
     nli = train_student(StudentConfig(out=tmp_path / "nli", **phase))
     assert nli["nli"] > 0.0 and "scored" not in nli
