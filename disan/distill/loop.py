@@ -52,6 +52,7 @@ from disan.distill.supervision import batch_tensors as _batch
 from disan.distill.whitening import TeacherWhitening
 from disan.model import DiSANConfig, DiSANEncoder
 from disan.runtime.batching import length_batches, sorted_batches
+from disan.text.pieces import AnyTokenizer
 from disan.text.tokenizer import Vocab, tokenize
 from disan.train import word_vectors as E
 from disan.train.checkpoint import (
@@ -149,7 +150,7 @@ def checkpoint_encoder(path: Path):
     return lambda texts: encode_texts(encoder, vocab, texts)
 
 
-def checkpoint_rows(path: Path) -> tuple[Callable[[list[list[int]]], np.ndarray], object]:
+def checkpoint_rows(path: Path) -> tuple[Callable[[list[list[int]]], np.ndarray], AnyTokenizer]:
     """(token id rows -> a checkpoint's sentence vectors, its tokenizer): rows already cut to a
     window, as a bundle's graph reads them, through the checkpoint's encoder in eval mode."""
     model, vocab, _ = model_from_checkpoint(load_checkpoint(path))

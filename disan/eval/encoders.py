@@ -14,6 +14,7 @@ import numpy as np
 
 from disan.eval.hybrid import Sparse
 from disan.optional import MissingDependency, require
+from disan.text.windowing import EMBEDDING_LEAD
 
 ENCODE_CHUNK = 10_000  # texts tokenized and embedded at a time (bounds the token rows held)
 Encode = Callable[[list[str]], np.ndarray]
@@ -61,7 +62,6 @@ def checkpoint_windows(checkpoint: Path, bundle: Path) -> Encode:
     a checkpoint that reads another is refused, since its ids would be read as other tokens."""
     from disan.distill.loop import checkpoint_rows  # torch (`train` extra): only --checkpoint needs it
     from disan.runtime.encoder import Encoder, normalized  # onnxruntime: the bundle's tokenizer and windows
-    from disan.text.windowing import EMBEDDING_LEAD
 
     run, tokenizer = checkpoint_rows(checkpoint)
     encoder = Encoder(bundle, long_texts="window")
