@@ -129,16 +129,20 @@ def distill_loss(pred: torch.Tensor, target: torch.Tensor, contrastive: float, t
 
 
 @torch.no_grad()
-def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.ndarray:
-    """Served vectors of raw texts, in order (eval mode; training mode restored)."""
+def encode_rows(encoder: DiSANEncoder, rows: list[list[int]]) -> np.ndarray:
+    """Served vectors of token id rows, in order (eval mode; training mode restored)."""
     was = encoder.training
     encoder.eval()
-    rows = [vocab.text_ids(t, MAX_TOKENS) or [0] for t in texts]
     out = np.zeros((len(rows), encoder.out_dim), dtype=np.float32)
     for b in sorted_batches([len(r) for r in rows], 256):
         out[b] = encoder(*_batch(rows, b, device_of(encoder))).cpu().numpy()
     encoder.train(was)
     return out
+
+
+def encode_texts(encoder: DiSANEncoder, vocab: Vocab, texts: list[str]) -> np.ndarray:
+    """Served vectors of raw texts, in order, each cut to MAX_TOKENS (`encode_rows`)."""
+    return encode_rows(encoder, [vocab.text_ids(t, MAX_TOKENS) or [0] for t in texts])
 
 
 def checkpoint_encoder(path: Path):
@@ -154,16 +158,8 @@ def checkpoint_rows(path: Path) -> tuple[Callable[[list[list[int]]], np.ndarray]
     """(token id rows -> a checkpoint's sentence vectors, its tokenizer): rows already cut to a
     window, as a bundle's graph reads them, through the checkpoint's encoder in eval mode."""
     model, vocab, _ = model_from_checkpoint(load_checkpoint(path))
-    encoder = getattr(model, "encoder", model).eval()
-
-    @torch.no_grad()
-    def run(rows: list[list[int]]) -> np.ndarray:
-        out = np.zeros((len(rows), encoder.out_dim), dtype=np.float32)
-        for b in sorted_batches([len(r) for r in rows], 256):
-            out[b] = encoder(*_batch(rows, b, device_of(encoder))).cpu().numpy()
-        return out
-
-    return run, vocab
+    encoder = getattr(model, "encoder", model)
+    return (lambda rows: encode_rows(encoder, rows)), vocab
 
 
 @torch.no_grad()

@@ -280,9 +280,8 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
     if checkpoints and (bundle is None or hybrid):
         raise ValueError("--checkpoint is scored through a bundle's tokenizer and windows (--bundle), "
                          "without --hybrid")
-    for path in checkpoints:
+    for path in checkpoints:  # no projection: --dimensions cuts a checkpoint's own prefixes
         models.append((f"DiSAN checkpoint ({path})", lambda path=path: checkpoint_windows(path, bundle)))
-        projections[models[-1][0]] = None  # --dimensions: the checkpoint's own prefixes
     if bundle is not None and not checkpoints:
         label = f"DiSAN ({bundle})"
         dense, sparse_of = disan_encoders(bundle, variant, keep_sparse=bool(hybrid))

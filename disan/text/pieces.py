@@ -55,6 +55,12 @@ class PieceTokenizer:
     def __contains__(self, piece: str) -> bool:
         return self._tok.token_to_id(piece) is not None
 
+    def __eq__(self, other: object) -> bool:
+        """Same tokenizer.json, so the same ids for every text (as `Vocab` compares its words)."""
+        return isinstance(other, PieceTokenizer) and self.to_str() == other.to_str()
+
+    __hash__ = None  # equal by content, which may change under a hash: not a dict key, as `Vocab` is not
+
     @property
     def unk_id(self) -> int:
         """The model id an empty text reads as (every row needs one position)."""
