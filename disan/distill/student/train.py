@@ -116,6 +116,18 @@ def teacher_targets(cfg: StudentConfig, corpus_rows: int,
     return target, done
 
 
+def chosen_relations(pairs: np.ndarray, relations: list[str], wanted: tuple[str, ...], corpus: object
+                     ) -> np.ndarray:
+    """The pairs of the `wanted` relations (all where none is named). A name the corpus lacks is an
+    error, not a run that trains on fewer pairs, or on none, than it was asked to."""
+    if not wanted:
+        return pairs
+    missing = [r for r in wanted if r not in relations]
+    if missing:
+        raise ValueError(f"--relations {' '.join(missing)}: {corpus} has no such pairs (it has: "
+                         f"{', '.join(relations) or 'none'})")
+    return pairs[np.isin(pairs[:, 2], [relations.index(r) for r in wanted])]
+
 def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
     vectors) is needed only when the piece table's start is not cached yet."""
@@ -124,17 +136,15 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     texts, info = read_corpus(cfg.corpus)
+    pairs = chosen_relations(np.load(cfg.corpus / "pairs.npy"), list(info.get("relations", {})),
+                             cfg.relations, cfg.corpus)
     init = load_checkpoint(cfg.init) if cfg.init is not None else None
     target, done = teacher_targets(cfg, len(texts), init)
     tok = run_tokenizer(cfg, init)
-    pairs = np.load(cfg.corpus / "pairs.npy")
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
     needed[:done] = True
     needed[pairs[:, :2].ravel()] = True
     rows = PieceRows(tok, [t if keep else "" for t, keep in zip(texts, needed, strict=True)], cfg.max_pieces)
-    relations = list(info.get("relations", {}))
-    if cfg.relations:
-        pairs = pairs[np.isin(pairs[:, 2], [relations.index(r) for r in cfg.relations if r in relations])]
     pairs = pairs[rng.permutation(len(pairs))]
     held = min(512, len(pairs) // 5)
     val_pairs, pairs = pairs[:held], pairs[held:]

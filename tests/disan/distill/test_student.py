@@ -77,6 +77,14 @@ def test_a_student_trains_and_carries_its_tokenizer(tiny, tmp_path) -> None:
     assert [json.loads(x)["step"] for x in lines] == [0, 20, 40]  # the fitted start, then each evaluation
 
 
+def test_a_relation_the_corpus_lacks_is_refused_before_any_training(tiny, tmp_path) -> None:
+    root, path = tiny
+    cfg = StudentConfig(corpus=root / "corpus", out=tmp_path / "s", tokenizer=path, embed_dim=8, d_h=8,
+                        proj_dim=16, dims=(16,), steps=1, relations=("heading", "cloze"))
+    with pytest.raises(ValueError, match=r"--relations cloze: .* has no such pairs \(it has: heading\)"):
+        train_student(cfg)
+    assert not (tmp_path / "s").exists()
+
 def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     import argparse
 
