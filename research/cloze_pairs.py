@@ -60,9 +60,9 @@ def add_cloze_pairs(corpus: Path, out: Path, seed: int = 0, limit: int = 10**9) 
     out.mkdir(parents=True, exist_ok=True)
     body = "".join(t + "\n" for t in texts + new_texts).encode("utf-8")
     (out / "sentences.txt").write_bytes(body)
-    np.save(out / "kinds.npy", np.concatenate([kinds, np.asarray(new_kinds, np.uint8)]))
-    np.save(out / "pairs.npy", np.concatenate([pairs, table]).astype(np.int32))
     all_kinds = np.concatenate([kinds, np.asarray(new_kinds, np.uint8)])
+    np.save(out / "kinds.npy", all_kinds)
+    np.save(out / "pairs.npy", np.concatenate([pairs, table]).astype(np.int32))
     info.update(sentences=len(texts) + len(new_texts), sha256=hashlib.sha256(body).hexdigest(),
                 pairs=int(len(pairs) + len(table)),
                 kinds={k: int((all_kinds == i).sum()) for i, k in enumerate(info["kinds"])},

@@ -128,6 +128,7 @@ def chosen_relations(pairs: np.ndarray, relations: list[str], wanted: tuple[str,
                          f"{', '.join(relations) or 'none'})")
     return pairs[np.isin(pairs[:, 2], [relations.index(r) for r in wanted])]
 
+
 def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
     vectors) is needed only when the piece table's start is not cached yet."""
