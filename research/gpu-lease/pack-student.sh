@@ -11,7 +11,9 @@
 #     PIECES.npy  the token table's start (`disan distill student` writes RUN/pieces.npy on its
 #                 first run: the teacher's vector of each piece alone, PCA-reduced), sent in fp16
 #                 so the GPU spends no time on it; `-` for none (the device computes it)
-#     DATA_DIR    staged data (default ../shared/data): the dev sets the run is checked on
+#     DATA_DIR    staged data (default ../shared/data): the dev sets the run is checked on and
+#                 what --scored-weight, --sentiment-weight and --nli-weight read (about 6 MB);
+#                 the device's ARGS name it --data KIT/data
 #
 # Writes .gpurun/q00, q01, ... and .gpurun/run.sh (= research/gpu-lease/device.sh), as pack.sh.
 set -euo pipefail
@@ -26,14 +28,16 @@ for f in corpus.json sentences.txt kinds.npy pairs.npy; do
   [ -f "$corpus/$f" ] || { echo "$corpus/$f: missing (a corpus from \`disan distill corpus\`?)"; exit 2; }
 done
 [ "$pieces" = - ] || [ -f "$pieces" ] || { echo "$pieces: missing"; exit 2; }
+staged=$(staged_files)  # apart from the loop, so that a failure stops here
+for rel in $staged; do
+  [ -f "$data/$rel" ] || { echo "$data/$rel: missing (staged data the student reads)"; exit 2; }
+done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data/stsb" "$kit/data/senteval/SICK" "$kit/data/sts-other"
+kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data"
 add_teacher "$kit/cache"
 cp "$corpus/corpus.json" "$corpus/sentences.txt" "$corpus/kinds.npy" "$corpus/pairs.npy" "$kit/corpus/"
 # pieces.npy whatever the file was called: the device's steps look for that name
 [ "$pieces" = - ] || add_cache_file "$pieces" "$kit/cache" pieces.npy
 [ "$init" = - ] || python3 -m research slim "$init" "$kit/init.pt"
-cp "$data"/stsb/dev.jsonl.gz "$kit/data/stsb/"
-cp "$data"/senteval/SICK/sick_dev.jsonl.gz "$kit/data/senteval/SICK/"
-cp "$data"/sts-other/dev.jsonl.gz "$kit/data/sts-other/"
+add_staged_files "$data" "$kit/data"
 split_kit "$work"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 from conftest import LEASE_SCRIPTS as SCRIPTS
 from conftest import REPO as ROOT
 from conftest import stub_machine
+
+from disan.distill import supervision
+from disan.text.tokenizer import Vocab
+
+DATA = ROOT.parent / "shared" / "data"
 
 
 def test_the_student_packer_names_a_missing_corpus_file_before_any_work(tmp_path: Path, bash: str) -> None:
@@ -144,3 +150,46 @@ def test_the_student_kit_carries_its_piece_table_as_pieces_npy_whatever_its_name
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["pieces.npy"]
     carried = np.load(tmp_path / "cache" / "pieces.npy")
     assert carried.dtype == np.float16 and np.array_equal(carried, table)
+
+
+def test_the_student_kit_carries_every_staged_file_the_label_terms_read(tmp_path: Path, bash: str) -> None:
+    """`--data KIT/data --scored-weight 0.5 --sentiment-weight 1` on a lease: the kit held only the
+    three STS dev sets, so a phase with the labels stopped at its first read of a training set."""
+    data, kit = tmp_path / "staged", tmp_path / "kit" / "data"
+    for rel in [*supervision.staged_files(), "unread/other.jsonl.gz"]:
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_text(rel)
+    line = [s for s in SCRIPTS[3].read_text().splitlines() if s.startswith("add_staged_files")]
+    assert len(line) == 1, line
+    script = f'. {SCRIPTS[4]}; data={data}; kit={kit.parent}; mkdir -p {kit}; {line[0]}'
+    got = subprocess.run([bash, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}, check=False)
+    assert got.returncode == 0, got.stdout + got.stderr
+    carried = sorted(str(p.relative_to(kit)) for p in kit.rglob("*") if p.is_file())
+    assert carried == sorted(supervision.staged_files())
+    assert all((kit / rel).read_text() == rel for rel in carried)
+
+
+@pytest.mark.skipif(not (DATA / "stsb" / "train.jsonl.gz").is_file(), reason="staged data not here")
+def test_the_label_terms_read_nothing_beyond_the_staged_files(tmp_path: Path) -> None:
+    """A data folder holding only `staged_files` is enough for the three label terms."""
+    for rel in supervision.staged_files():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / rel, tmp_path / rel)
+    vocab = Vocab("a the film good".split())
+    assert len(supervision.ScoredPairs(tmp_path, vocab).scores) > 1000
+    assert len(supervision.NLITriples(tmp_path, vocab)) > 1000
+    assert len(supervision.SentimentPhrases(tmp_path, vocab)) > 1000
+
+
+def test_the_student_packer_names_a_missing_staged_file_before_any_work(tmp_path: Path, bash: str) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("corpus.json", "sentences.txt", "kinds.npy", "pairs.npy"):
+        (corpus / name).write_text("x")
+    data = tmp_path / "staged"
+    got = subprocess.run([bash, str(SCRIPTS[3]), str(corpus), "-", str(data)], capture_output=True, text=True,
+                         cwd=ROOT, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}, check=False)
+    first = supervision.staged_files()[0]
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert got.stdout.strip() == f"{data}/{first}: missing (staged data the student reads)", got.stdout
