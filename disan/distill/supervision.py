@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
-from disan.data.sts import STS_TRAIN_SETS, train_pairs
+from disan.data.sts import STS_SETS, STS_TRAIN_SETS, train_pairs
 from disan.distill.corpus.build import EVAL_FILES, RETRIEVAL_SETS, eval_keys, key
 from disan.model import DiSANEncoder
 from disan.optional import require
@@ -46,14 +46,16 @@ MAX_TOKENS = 64
 
 
 def staged_files() -> list[str]:
-    """Every staged file, relative to --data, that the label terms read: the scored pairs', the NLI
-    triples' and the sentiment phrases' training sets, and the evaluation texts the phrases are kept
-    apart from (`eval_keys`). A run on another machine (a GPU lease's kit) needs all of them."""
+    """Every staged file, relative to --data, that a student run reads: the STS dev sets it is checked
+    on, the scored pairs', NLI triples' and sentiment phrases' training sets, and the evaluation texts
+    the phrases are kept apart from (`eval_keys`). A run on another machine (a GPU lease's kit) needs
+    all of them."""
+    checks = [spec[0] for spec in STS_SETS.values()]
     training = ([spec[0] for spec in STS_TRAIN_SETS.values()] + RECIPES["nli"]["train"]
                 + RECIPES["sst5"]["train"])
     evaluation = [rel for rel, _ in EVAL_FILES] + [f"{rel}/{name}" for rel in RETRIEVAL_SETS
                                                     for name in ("corpus.jsonl.gz", "queries.jsonl.gz")]
-    return list(dict.fromkeys(training + evaluation))
+    return list(dict.fromkeys(checks + training + evaluation))
 
 
 def batch_tensors(rows: list[list[int]], idx,
