@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
 from disan.data.sts import STS_SETS, STS_TRAIN_SETS, train_pairs
-from disan.distill.corpus.build import EVAL_FILES, RETRIEVAL_SETS, eval_keys, key
+from disan.distill.corpus.build import EVAL_FILES, RETRIEVAL_FILES, RETRIEVAL_SETS, eval_keys, key
 from disan.model import DiSANEncoder
 from disan.optional import require
 from disan.runtime.batching import sorted_batches
@@ -54,7 +54,7 @@ def staged_files() -> list[str]:
     training = ([spec[0] for spec in STS_TRAIN_SETS.values()] + RECIPES["nli"]["train"]
                 + RECIPES["sst5"]["train"])
     evaluation = [rel for rel, _ in EVAL_FILES] + [f"{rel}/{name}" for rel in RETRIEVAL_SETS
-                                                    for name in ("corpus.jsonl.gz", "queries.jsonl.gz")]
+                                                    for name in RETRIEVAL_FILES]
     return list(dict.fromkeys(checks + training + evaluation))
 
 

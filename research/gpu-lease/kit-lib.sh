@@ -21,9 +21,13 @@ staged_files() {  # the staged files, relative to the data folder, that a studen
   python3 -c 'from disan.distill.supervision import staged_files; print(*staged_files(), sep="\n")'
 }
 
-add_staged_files() {  # staged data folder $1 -> the kit's data folder $2, every file staged_files names
+add_staged_files() {  # staged data folder $1 -> the kit's data folder $2, every file staged_files names;
+  # all of them checked first, so a missing one stops the packer before any copy (exit 2)
   local rel list
-  list=$(staged_files)  # apart from the loop, so that a failure stops the packer
+  list=$(staged_files)  # apart from the loops, so that a failure stops the packer
+  for rel in $list; do
+    [ -f "$1/$rel" ] || { echo "$1/$rel: missing (staged data the student reads)"; exit 2; }
+  done
   for rel in $list; do mkdir -p "$2/$(dirname "$rel")"; cp "$1/$rel" "$2/$rel"; done
 }
 

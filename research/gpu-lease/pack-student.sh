@@ -28,16 +28,12 @@ for f in corpus.json sentences.txt kinds.npy pairs.npy; do
   [ -f "$corpus/$f" ] || { echo "$corpus/$f: missing (a corpus from \`disan distill corpus\`?)"; exit 2; }
 done
 [ "$pieces" = - ] || [ -f "$pieces" ] || { echo "$pieces: missing"; exit 2; }
-staged=$(staged_files)  # apart from the loop, so that a failure stops here
-for rel in $staged; do
-  [ -f "$data/$rel" ] || { echo "$data/$rel: missing (staged data the student reads)"; exit 2; }
-done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 kit=$work/kit; mkdir -p "$kit/corpus" "$kit/cache" "$kit/data"
+add_staged_files "$data" "$kit/data"  # first: it stops on a missing file before the slow steps
 add_teacher "$kit/cache"
 cp "$corpus/corpus.json" "$corpus/sentences.txt" "$corpus/kinds.npy" "$corpus/pairs.npy" "$kit/corpus/"
 # pieces.npy whatever the file was called: the device's steps look for that name
 [ "$pieces" = - ] || add_cache_file "$pieces" "$kit/cache" pieces.npy
 [ "$init" = - ] || python3 -m research slim "$init" "$kit/init.pt"
-add_staged_files "$data" "$kit/data"
 split_kit "$work"

@@ -49,6 +49,7 @@ EVAL_FILES = [
 ]
 # The staged retrieval dev sets (BEIR layout): queries and documents, each document also by sentence.
 RETRIEVAL_SETS = ["retrieval/scifact", "retrieval/cranfield"]
+RETRIEVAL_FILES = ("corpus.jsonl.gz", "queries.jsonl.gz")
 SENTENCE, PASSAGE, QUERY = 0, 1, 2
 KINDS = ("sentence", "passage", "query")
 _PLURAL = ("sentences", "passages", "queries")
@@ -90,7 +91,7 @@ def eval_keys(data: Path) -> set[str]:
         for row in read_jsonl(path):
             keys.update(key(row[f]) for f in fields)
     for rel in RETRIEVAL_SETS:
-        for name in ("corpus.jsonl.gz", "queries.jsonl.gz"):
+        for name in RETRIEVAL_FILES:
             path = data / rel / name
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: evaluation file missing, so the exclusion would be "

@@ -85,6 +85,7 @@ def test_a_relation_the_corpus_lacks_is_refused_before_any_training(tiny, tmp_pa
         train_student(cfg)
     assert not (tmp_path / "s").exists()
 
+
 def test_the_cli_builds_the_config_from_its_flags(tmp_path) -> None:
     import argparse
 
