@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from disan.bundle.manifest import NLI_LABELS
 from disan.data.readers import holdout_split, read_examples, read_jsonl
 from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
 from disan.data.sts import STS_SETS, STS_TRAIN_SETS, train_pairs
@@ -100,17 +101,27 @@ def cosent_loss(cos: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) ->
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff]), dim=0)
 
 
+def nli_examples(data: Path, skip: tuple[str, ...] = ()) -> list:
+    """The NLI training files' examples (`RECIPES["nli"]["train"]`, less the files in `skip`), the
+    held-out SNLI dev slice left out."""
+    holdout = (data / RECIPES["nli"]["holdout_from"]).resolve()
+    examples = []
+    for rel in RECIPES["nli"]["train"]:
+        if rel in skip:
+            continue
+        _, read = read_examples(data / rel)
+        if (data / rel).resolve() == holdout:
+            read, _ = holdout_split(read, HOLDOUT_SIZE, HOLDOUT_SEED)
+        examples += read
+    return examples
+
+
 def nli_triples(data: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
     """(premise, entailed hypothesis, contradicting hypothesis) token triples from the NLI training
     files, every premise with at least one of each; the held-out SNLI dev slice is left out."""
-    holdout = (data / RECIPES["nli"]["holdout_from"]).resolve()
     by_premise: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = {}
-    for rel in RECIPES["nli"]["train"]:
-        _, examples = read_examples(data / rel)
-        if (data / rel).resolve() == holdout:
-            examples, _ = holdout_split(examples, HOLDOUT_SIZE, HOLDOUT_SEED)
-        for ex in examples:
-            by_premise.setdefault(ex.texts[0], {}).setdefault(ex.label, []).append(ex.texts[1])
+    for ex in nli_examples(data):
+        by_premise.setdefault(ex.texts[0], {}).setdefault(ex.label, []).append(ex.texts[1])
     return [(premise, pos, neg) for premise, hyps in by_premise.items()
             for pos, neg in zip(hyps.get("entailment", []), hyps.get("contradiction", []), strict=False)]
 
@@ -163,17 +174,10 @@ class SentimentPhrases:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _served(self, encoder: DiSANEncoder, idx) -> torch.Tensor:
-        """What the head reads: the normalised served vectors of rows[idx], scaled to unit size per
-        coordinate, as a probe's standardised features are, so a head starting small reaches
-        useful logits at a distillation phase's low learning rate."""
-        served = F.normalize(encoder(*batch_tensors(self.rows, idx, device_of(encoder))), dim=-1)
-        return served * served.shape[-1] ** 0.5
-
     def loss(self, encoder: DiSANEncoder, head: torch.nn.Linear, rng: np.random.Generator,
              size: int) -> torch.Tensor:
         idx = rng.integers(0, len(self), size=max(size, 2))
-        return F.cross_entropy(head(self._served(encoder, idx)), self.labels[idx].to(device_of(encoder)))
+        return F.cross_entropy(head(served(encoder, self.rows, idx)), self.labels[idx].to(device_of(encoder)))
 
     def probe(self, encoder: DiSANEncoder, head: torch.nn.Linear, batch: int = 256) -> float:
         """Set `head` to the logistic regression fitted on the frozen encoder's vectors of every
@@ -181,26 +185,80 @@ class SentimentPhrases:
         a random head first moves the encoder to suit that head; probing first, then fine-tuning
         (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features") starts the phase at a
         head that already reads the vector."""
-        linear_model = require("sklearn.linear_model", "train")
-        batches = sorted_batches([len(r) for r in self.rows], batch)  # like lengths pad little
-        training = encoder.training
-        encoder.eval()  # no dropout: the vectors the start serves
-        with torch.no_grad():
-            x = torch.cat([self._served(encoder, idx) for idx in batches]).cpu().numpy()
-        encoder.train(training)
-        y = self.labels.numpy()[np.concatenate(batches)]
-        fit = linear_model.LogisticRegression(max_iter=1000).fit(x, y)
-        # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
-        # a logit far below the others.
-        coef = fit.coef_ if len(fit.classes_) > 2 else np.vstack([np.zeros_like(fit.coef_), fit.coef_])
-        bias = fit.intercept_ if len(fit.classes_) > 2 else np.array([0.0, fit.intercept_[0]])
-        weight = np.zeros((head.out_features, x.shape[1]), dtype=np.float32)
-        offset = np.full(head.out_features, bias.min() - 20.0, dtype=np.float32)
-        weight[fit.classes_], offset[fit.classes_] = coef, bias
-        with torch.no_grad():
-            head.weight.copy_(torch.from_numpy(weight))
-            head.bias.copy_(torch.from_numpy(offset))
-        return float(fit.score(x, y))
+        return probe_head(encoder, head, [len(r) for r in self.rows], batch,
+                          lambda idx: served(encoder, self.rows, idx), self.labels)
+
+
+NLI_CLASSES = len(NLI_LABELS)
+
+
+class NLIClasses:
+    """NLI training pairs as ids with their three labels, read by a training-only linear head on
+    [u, v, |u - v|, u * v] of the served vectors (sentence-transformers' SoftmaxLoss): the features
+    SICK-E's and the SNLI probe's regressions read, which ranking pairs alone wear away. SICK train
+    is left out: the SICK-E transfer task fits its classifier on it."""
+
+    skipped = ("senteval/SICK/sick_train.jsonl.gz",)
+
+    def __init__(self, data: Path, vocab: Vocab):
+        examples = nli_examples(data, skip=self.skipped)
+        if not examples:
+            raise ValueError(f"{data}: no NLI training pairs found")
+        self.left = [vocab.token_ids(ex.texts[0], MAX_TOKENS) or [1] for ex in examples]
+        self.right = [vocab.token_ids(ex.texts[1], MAX_TOKENS) or [1] for ex in examples]
+        self.labels = torch.tensor([NLI_LABELS.index(ex.label) for ex in examples])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def features(self, encoder: DiSANEncoder, idx) -> torch.Tensor:
+        u, v = served(encoder, self.left, idx), served(encoder, self.right, idx)
+        return torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
+
+    def loss(self, encoder: DiSANEncoder, head: torch.nn.Linear, rng: np.random.Generator,
+             size: int) -> torch.Tensor:
+        idx = rng.integers(0, len(self), size=max(size, 2))
+        return F.cross_entropy(head(self.features(encoder, idx)), self.labels[idx].to(device_of(encoder)))
+
+    def probe(self, encoder: DiSANEncoder, head: torch.nn.Linear, batch: int = 256) -> float:
+        """Set `head` to the logistic regression on the frozen encoder's pair features (as
+        `SentimentPhrases.probe`); returns its training accuracy."""
+        lengths = [max(len(a), len(b)) for a, b in zip(self.left, self.right, strict=True)]
+        return probe_head(encoder, head, lengths, batch, lambda idx: self.features(encoder, idx), self.labels)
+
+
+def served(encoder: DiSANEncoder, rows: list[list[int]], idx) -> torch.Tensor:
+    """What a training-only head reads: the normalised served vectors of rows[idx], scaled to unit
+    size per coordinate, as a probe's standardised features are, so a head starting small reaches
+    useful logits at a distillation phase's low learning rate."""
+    vectors = F.normalize(encoder(*batch_tensors(rows, idx, device_of(encoder))), dim=-1)
+    return vectors * vectors.shape[-1] ** 0.5
+
+
+def probe_head(encoder: DiSANEncoder, head: torch.nn.Linear, lengths: list[int], batch: int,
+               features, labels: torch.Tensor) -> float:
+    """Set `head` to the logistic regression fitted on `features(idx)` of every example (the frozen
+    encoder, no dropout), and return its training accuracy."""
+    linear_model = require("sklearn.linear_model", "train")
+    batches = sorted_batches(lengths, batch)  # like lengths pad little
+    training = encoder.training
+    encoder.eval()  # no dropout: the vectors the start serves
+    with torch.no_grad():
+        x = torch.cat([features(idx) for idx in batches]).cpu().numpy()
+    encoder.train(training)
+    y = labels.numpy()[np.concatenate(batches)]
+    fit = linear_model.LogisticRegression(max_iter=1000).fit(x, y)
+    # sklearn keeps one row per class it saw (one row in all for two); a class never seen gets
+    # a logit far below the others.
+    coef = fit.coef_ if len(fit.classes_) > 2 else np.vstack([np.zeros_like(fit.coef_), fit.coef_])
+    bias = fit.intercept_ if len(fit.classes_) > 2 else np.array([0.0, fit.intercept_[0]])
+    weight = np.zeros((head.out_features, x.shape[1]), dtype=np.float32)
+    offset = np.full(head.out_features, bias.min() - 20.0, dtype=np.float32)
+    weight[fit.classes_], offset[fit.classes_] = coef, bias
+    with torch.no_grad():
+        head.weight.copy_(torch.from_numpy(weight))
+        head.bias.copy_(torch.from_numpy(offset))
+    return float(fit.score(x, y))
 
 
 class StudentLabels:
@@ -211,42 +269,55 @@ class StudentLabels:
         self.scored = ScoredPairs(cfg.data, tok) if cfg.scored_weight > 0 else None
         self.nli = NLITriples(cfg.data, tok) if cfg.nli_weight > 0 else None
         self.phrases = SentimentPhrases(cfg.data, tok) if cfg.sentiment_weight > 0 else None
-        self.head = (torch.nn.Linear(out_dim, SENTIMENT_CLASSES).to(cfg.device)
-                     if self.phrases is not None else None)
+        self.pairs = NLIClasses(cfg.data, tok) if cfg.nli_classes_weight > 0 else None
+        self.heads = torch.nn.ModuleDict()  # training-only: none is exported
+        if self.phrases is not None:
+            self.heads["sentiment"] = torch.nn.Linear(out_dim, SENTIMENT_CLASSES)
+        if self.pairs is not None:
+            self.heads["nli_classes"] = torch.nn.Linear(4 * out_dim, NLI_CLASSES)
+        self.heads.to(cfg.device)
 
     @property
     def active(self) -> bool:
-        return self.scored is not None or self.phrases is not None or self.nli is not None
+        return any(term is not None for term in (self.scored, self.phrases, self.nli, self.pairs))
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        return list(self.head.parameters()) if self.head is not None else []
+        return list(self.heads.parameters())
 
-    def probe(self, encoder: DiSANEncoder) -> float | None:
-        """Fit the sentiment head on the start's frozen vectors (a new run, not a resumed one);
-        returns its training accuracy."""
-        return self.phrases.probe(encoder, self.head) if self.phrases is not None else None
+    def probe(self, encoder: DiSANEncoder) -> dict[str, float]:
+        """Fit each head on the start's frozen vectors (a new run, not a resumed one); returns their
+        training accuracies by head."""
+        fitted = {}
+        if self.phrases is not None:
+            fitted["sentiment_probe"] = self.phrases.probe(encoder, self.heads["sentiment"])
+        if self.pairs is not None:
+            fitted["nli_classes_probe"] = self.pairs.probe(encoder, self.heads["nli_classes"])
+        return fitted
 
     def loss(self, encoder: DiSANEncoder, rng: np.random.Generator) -> tuple[torch.Tensor | None, dict]:
         """The weighted sum of the labelled terms on one batch each, and the terms."""
-        total, parts, size = None, {}, self.cfg.labels_batch
+        terms, size = {}, self.cfg.labels_batch
         if self.scored is not None:
-            scored = self.scored.loss(encoder, rng, size, kind="mse")
-            total, parts["scored"] = self.cfg.scored_weight * scored, scored.item()
+            terms["scored"] = (self.cfg.scored_weight, self.scored.loss(encoder, rng, size, kind="mse"))
         if self.phrases is not None:
-            sentiment = self.phrases.loss(encoder, self.head, rng, size)
-            weighted = self.cfg.sentiment_weight * sentiment
-            total = weighted if total is None else total + weighted
-            parts["sentiment"] = sentiment.item()
+            terms["sentiment"] = (self.cfg.sentiment_weight,
+                                  self.phrases.loss(encoder, self.heads["sentiment"], rng, size))
         if self.nli is not None:
-            nli = self.nli.loss(encoder, rng, size)
-            weighted = self.cfg.nli_weight * nli
-            total = weighted if total is None else total + weighted
-            parts["nli"] = nli.item()
-        return total, parts
+            terms["nli"] = (self.cfg.nli_weight, self.nli.loss(encoder, rng, size))
+        if self.pairs is not None:
+            terms["nli_classes"] = (self.cfg.nli_classes_weight,
+                                    self.pairs.loss(encoder, self.heads["nli_classes"], rng, size))
+        if not terms:
+            return None, {}
+        total = sum(weight * loss for weight, loss in terms.values())
+        return total, {name: loss.item() for name, (_, loss) in terms.items()}
 
     def state(self) -> dict | None:
-        return self.head.state_dict() if self.head is not None else None
+        return self.heads.state_dict() if len(self.heads) else None
 
     def load_state(self, state: dict | None) -> None:
-        if self.head is not None and state is not None:
-            self.head.load_state_dict(state)
+        if state is None or not len(self.heads):
+            return
+        if "weight" in state:  # a state written when the sentiment head was the only one
+            state = {f"sentiment.{k}": v for k, v in state.items()}
+        self.heads.load_state_dict(state)

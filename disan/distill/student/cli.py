@@ -27,11 +27,14 @@ _HELP = {
     "anchor_rows": "with --anchor 1 (no teacher read): the corpus rows the phase trains on",
     "whiten_targets": "distil the teacher's vectors through the --init head's whitening map "
     "(research.whiten_head), the coordinates that student serves",
-    "data": "staged data folder (../shared/data) for --scored-weight, --sentiment-weight and --nli-weight",
+    "data": "staged data folder (../shared/data) for the labelled terms (--scored-weight, "
+    "--sentiment-weight, --nli-weight, --nli-classes-weight)",
     "scored_weight": "weight of the STS-B and SICK train pairs' scores (MSE on the cosine)",
     "sentiment_weight": "weight of the SST-5 train phrases' labels (a training-only head, probed first)",
     "nli_weight": "weight of the NLI train triples (premise -> its entailed hypothesis, in-batch ranking "
     "with the contradicting ones as hard negatives)",
+    "nli_classes_weight": "weight of the NLI train pairs' three classes (a training-only head on [u, v, "
+    "|u - v|, u * v], probed first; SICK train left out: SICK-E fits on it)",
 }
 
 

@@ -73,6 +73,9 @@ class StudentConfig:
     # train; entailment is what the pair features of SICK-E read, and what query -> passage pairs
     # alone do not teach
     nli_weight: float = 0.0
+    # NLI train pairs' three classes through a training-only head on [u, v, |u - v|, u * v]
+    # (SoftmaxLoss): what SICK-E's classifier reads, which ranking pairs alone wear away
+    nli_classes_weight: float = 0.0
     labels_batch: int = 32  # examples a step for each labelled term
     seed: int = 0
     device: str = "cpu"
@@ -87,12 +90,12 @@ class StudentConfig:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
-        weights = (self.scored_weight, self.sentiment_weight, self.nli_weight)
+        weights = (self.scored_weight, self.sentiment_weight, self.nli_weight, self.nli_classes_weight)
+        names = "--scored-weight, --sentiment-weight, --nli-weight and --nli-classes-weight"
         if any(w > 0 for w in weights) and self.data is None:
-            raise ValueError("--scored-weight, --sentiment-weight and --nli-weight read the staged data; "
-                             "give --data")
+            raise ValueError(f"{names} read the staged data; give --data")
         if any(w < 0 for w in weights):
-            raise ValueError("--scored-weight, --sentiment-weight and --nli-weight are weights: 0 or more")
+            raise ValueError(f"{names} are weights: 0 or more")
         if self.static_start and not self.starts_fresh:
             raise ValueError("--static-start sets a new student's blocks; an --init or resumed one has its "
                              "own")

@@ -199,7 +199,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             fit_head(encoder, rows, target, train_rows[:cfg.fit_head_rows], cfg)
         probed = labels.probe(encoder)
         start_metrics = {"step": 0, **evaluate(encoder, rows, target, val, val_pairs, cfg)}
-        start_metrics |= {"sentiment_probe": round(probed, 4)} if probed is not None else {}
+        start_metrics |= {name: round(accuracy, 4) for name, accuracy in probed.items()}
         log.write(json.dumps(start_metrics) + "\n")
         print(json.dumps(start_metrics), flush=True)
     else:

@@ -1,5 +1,6 @@
 """disan.distill.supervision.StudentLabels: the STS, sentiment and NLI labels a student phase may keep
-learning (--scored-weight, --sentiment-weight, --nli-weight), beside its teacher and pairs."""
+learning (--scored-weight, --sentiment-weight, --nli-weight, --nli-classes-weight), beside its teacher
+and pairs."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ pytest.importorskip("sklearn", reason="the sentiment head's probe: pip install '
 
 from student_tiny import WORDS, tiny_fixture  # noqa: E402, F401  (the `tiny` fixture)
 
+from disan.data.readers import Example  # noqa: E402
 from disan.data.recipes import RECIPES  # noqa: E402
 from disan.distill import supervision  # noqa: E402
 from disan.distill.student.config import StudentConfig  # noqa: E402
 from disan.distill.student.train import train_student  # noqa: E402
+from disan.text.pieces import PieceTokenizer  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 
 
@@ -38,6 +41,9 @@ def labelled(tmp_path, monkeypatch):
     monkeypatch.setattr(supervision, "train_pairs", lambda _data: (left, right, scores))
     triples = [tuple(tuple(rng.choice(WORDS, 4)) for _ in range(3)) for _ in range(20)]
     monkeypatch.setattr(supervision, "nli_triples", lambda _data: triples)
+    examples = [Example((tuple(rng.choice(WORDS, 4)), tuple(rng.choice(WORDS, 4))), label, "x:1")
+                for label in ("entailment", "neutral", "contradiction") for _ in range(10)]
+    monkeypatch.setattr(supervision, "nli_examples", lambda _data, skip=(): examples)
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     return tmp_path / "data"
 
@@ -71,7 +77,7 @@ def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(
     # a resumed run takes its head back from state.pt and ends where one run ends
     train_student(StudentConfig(out=tmp_path / "two", **dict(phase, max_minutes=0.0)))
     state = torch.load(tmp_path / "two" / "state.pt", weights_only=False)
-    assert state["labels_head"]["weight"].shape == (supervision.SENTIMENT_CLASSES, 16)
+    assert state["labels_head"]["sentiment.weight"].shape == (supervision.SENTIMENT_CLASSES, 16)
     with pytest.raises(ValueError, match="other sentiment_weight"):
         train_student(StudentConfig(out=tmp_path / "two", resume=True, **dict(phase, sentiment_weight=1.0)))
     resumed = train_student(StudentConfig(out=tmp_path / "two", resume=True, **phase))
@@ -92,11 +98,43 @@ def test_a_phase_learns_nli_triples_and_resumes_only_with_the_same_weight(tiny, 
         train_student(StudentConfig(out=tmp_path / "nli", resume=True, **dict(phase, nli_weight=0.5)))
 
 
+def test_a_phase_learns_the_nli_classes_beside_the_sentiment_and_resumes_with_both_heads(tiny, labelled,
+                                                                                         tmp_path) -> None:
+    values, start = trained_start(tiny, tmp_path, steps=4)
+    phase = dict(values, init=start, data=labelled, sentiment_weight=1.0, nli_classes_weight=1.0)
+    whole = train_student(StudentConfig(out=tmp_path / "classes", **phase))
+    rows = [json.loads(line) for line in (tmp_path / "classes" / "metrics.jsonl").read_text().splitlines()]
+    assert 0.0 <= rows[0]["nli_classes_probe"] <= 1.0 and 0.0 <= rows[0]["sentiment_probe"] <= 1.0
+    assert whole["nli_classes"] > 0.0 and "nli" not in whole
+    train_student(StudentConfig(out=tmp_path / "plain", **dict(values, init=start, data=labelled,
+                                                               sentiment_weight=1.0)))
+    a = load_checkpoint(tmp_path / "classes" / "student.pt")["model_state"]
+    b = load_checkpoint(tmp_path / "plain" / "student.pt")["model_state"]
+    assert not torch.equal(a["proj.weight"], b["proj.weight"])  # the classes moved the encoder
+    assert not any("nli_classes" in k for k in a)  # the training-only head is not in the student
+    state = torch.load(tmp_path / "classes" / "state.pt", weights_only=False)
+    assert state["labels_head"]["nli_classes.weight"].shape == (supervision.NLI_CLASSES, 4 * 16)
+    with pytest.raises(ValueError, match="other nli_classes_weight"):
+        train_student(StudentConfig(out=tmp_path / "classes", resume=True,
+                                    **dict(phase, nli_classes_weight=0.5)))
+
+
+def test_a_state_from_before_the_nli_classes_gives_its_sentiment_head_back(tiny, labelled, tmp_path) -> None:
+    root, path = tiny
+    cfg = StudentConfig(corpus=root / "corpus", out=tmp_path, tokenizer=path, data=labelled,
+                        sentiment_weight=1.0)
+    labels = supervision.StudentLabels(cfg, PieceTokenizer.from_file(path), out_dim=16)
+    old = {"weight": torch.ones(supervision.SENTIMENT_CLASSES, 16), "bias": torch.zeros(5)}
+    labels.load_state(old)  # the sentiment head's own state_dict, as state.pt held it
+    assert torch.equal(labels.heads["sentiment"].weight, old["weight"])
+
+
 def test_labels_need_the_staged_data(tmp_path) -> None:
-    for weights in ({"scored_weight": 1.0}, {"sentiment_weight": 0.5}, {"nli_weight": 0.5}):
+    for weights in ({"scored_weight": 1.0}, {"sentiment_weight": 0.5}, {"nli_weight": 0.5},
+                    {"nli_classes_weight": 0.5}):
         with pytest.raises(ValueError, match="give --data"):
             StudentConfig(corpus=tmp_path, out=tmp_path, **weights)
-    for weights in ({"scored_weight": -1.0}, {"nli_weight": -0.5}):
+    for weights in ({"scored_weight": -1.0}, {"nli_weight": -0.5}, {"nli_classes_weight": -0.1}):
         with pytest.raises(ValueError, match="0 or more"):
             StudentConfig(corpus=tmp_path, out=tmp_path, data=tmp_path, **weights)
 

@@ -1,4 +1,5 @@
-"""disan.distill.supervision: the labelled losses a distilled student may add (CoSENT, NLI triples)."""
+"""disan.distill.supervision: the labelled losses a distilled student may add (CoSENT, NLI triples, NLI
+classes)."""
 
 from __future__ import annotations
 
@@ -144,3 +145,39 @@ def test_no_sentiment_phrases_is_named(tmp_path: Path, monkeypatch) -> None:
     data = _phrases(tmp_path, [("good", 3), ("very good", 4)])
     with pytest.raises(ValueError, match="no SST-5 training phrases"):
         supervision.SentimentPhrases(data, Vocab(["good"]))
+
+
+@pytest.mark.skipif(not (DATA / RECIPES["nli"]["holdout_from"]).is_file(), reason="staged data not here")
+def test_nli_classes_leave_out_sick_train() -> None:
+    from disan.data.readers import read_examples
+    from disan.text.tokenizer import Vocab
+
+    every = supervision.nli_examples(DATA)
+    kept = supervision.NLIClasses(DATA, Vocab(["a", "man"]))
+    _, sick = read_examples(DATA / "senteval/SICK/sick_train.jsonl.gz")
+    assert len(kept) == len(every) - len(sick) > 1000  # the SICK-E transfer task fits on SICK train
+    assert set(kept.labels.tolist()) == {0, 1, 2}
+
+
+def test_nli_head_reads_the_pair_features_and_is_probed_first(monkeypatch) -> None:
+    from disan.data.readers import Example
+    from disan.text.tokenizer import Vocab
+
+    hypotheses = {"entailment": "a good film", "neutral": "a long film", "contradiction": "a bad film"}
+    examples = [Example((("a", "good", "film"), tuple(text.split())), label, "x:1")
+                for label, text in hypotheses.items()] * 8
+    monkeypatch.setattr(supervision, "nli_examples", lambda _data, skip=(): examples)
+    pairs = supervision.NLIClasses(Path("."), Vocab("a good long bad film".split()))
+    torch.manual_seed(0)
+    encoder = _MeanEncoder(8, 16).train()
+    head = torch.nn.Linear(4 * 16, supervision.NLI_CLASSES)
+    rng = np.random.default_rng(0)
+    encoder.drop.p = 0.0
+    at_random = float(pairs.loss(encoder, head, rng, 16))
+    encoder.drop.p = 0.5
+    accuracy = pairs.probe(encoder, head)
+    encoder.drop.p = 0.0
+    probed = float(pairs.loss(encoder, head, rng, 16))
+    assert accuracy == 1.0 and encoder.training  # read without dropout; the mode is given back
+    assert probed < 0.5 * at_random
+    assert pairs.labels.tolist()[:3] == [0, 1, 2]  # the manifest's NLI label order
