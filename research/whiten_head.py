@@ -9,6 +9,10 @@ scaled by singular value^-P, keeping the first k: the served vector is then k wi
 the directions a linear head over 2*d_h can have), and the graphs change only in the head's width.
 
     python -m research.whiten_head --checkpoint R/embed.pt --corpus CORPUS --power 0.5 --out W.pt
+
+A checkpoint whose head already ends in a normalisation (a whitened, served one) is whitened again
+on its vectors before that normalisation: its own principal axes at the new power, on top of the
+old (`--unit-length` keeps the normalisation).
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     encoder = getattr(model, "encoder", model)
     if encoder.proj is None:
         parser.error(f"{args.checkpoint}: no head (proj) to fold the whitening into")
-    if encoder.cfg.unit_length:  # its vectors are no longer a linear map of the blocks' output
-        parser.error(f"{args.checkpoint}: its head ends in a normalisation (unit_length); whiten the "
-                     "checkpoint it was made from")
+    # a head that ends in a normalisation is whitened again on its vectors before it (the same cosines):
+    # those are the linear map of the blocks' output that the fold below rewrites
+    encoder.cfg.unit_length = False
     texts, _ = read_corpus(args.corpus)
     chosen = np.random.default_rng(args.seed).choice(len(texts), min(args.rows, len(texts)), replace=False)
     with torch.no_grad():

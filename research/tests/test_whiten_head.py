@@ -68,34 +68,53 @@ def test_at_half_power_the_loudest_direction_leads_by_the_square_root_of_its_lea
     assert half[0] / half[-1] == pytest.approx(np.sqrt(raw[0] / raw[-1]), rel=1e-3)
 
 
-def test_a_head_that_ends_in_a_normalisation_is_refused(tmp_path) -> None:
-    """Its vectors are no linear map of the blocks' output, so a whitening folded into its head would
-    not serve what was fitted: one line of error before any corpus is read."""
-    path = make_tiny_checkpoint(tmp_path / "unit.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12,
+def test_a_head_that_ends_in_a_normalisation_is_whitened_on_its_vectors_before_it(tmp_path) -> None:
+    """The same fold as for that head without the normalisation (the same cosines): fitted on the
+    linear map of the blocks' output, not on unit vectors, and the normalisation kept."""
+    import torch
+
+    from disan.train.checkpoint import load_checkpoint, write_checkpoint
+
+    unit = make_tiny_checkpoint(tmp_path / "unit.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12,
                                 unit_length=True)
-    with pytest.raises(SystemExit) as caught:
-        main(["--checkpoint", str(path), "--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "w.pt")])
-    assert caught.value.code == 2 and not (tmp_path / "w.pt").exists()
+    payload = load_checkpoint(unit)
+    payload["config"]["unit_length"] = False
+    write_checkpoint(tmp_path / "plain.pt", payload)
+    corpus = tiny_corpus(tmp_path)
+    for name in ("unit", "plain"):
+        main(["--checkpoint", str(tmp_path / f"{name}.pt"), "--corpus", str(corpus), "--power", "0.5",
+              "--dims", "6", "--keep-width", "--unit-length", "--out", str(tmp_path / f"w-{name}.pt")])
+    again, plain = load_checkpoint(tmp_path / "w-unit.pt"), load_checkpoint(tmp_path / "w-plain.pt")
+    assert again["config"]["unit_length"] and again["config"]["proj_dim"] == 12
+    for key in ("proj.weight", "proj.bias"):
+        torch.testing.assert_close(again["model_state"][key], plain["model_state"][key])
 
 
-def test_the_checkpoint_carries_the_map_it_folded(tmp_path) -> None:
-    """`whitening` (mean, linear) sends the old head's vector to the new head's: what `disan distill
-    student --whiten-targets` applies to the teacher's vectors."""
+def tiny_corpus(tmp_path):
+    """A `disan distill corpus` folder of WORDS' runs."""
     import hashlib
     import json
 
-    import torch
-
-    from disan.distill.loop import encode_texts
-    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
-
-    path = make_tiny_checkpoint(tmp_path / "e.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12)
     texts = [" ".join(WORDS[i:i + 3 + i % 4]) for i in range(len(WORDS) - 6)]
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     body = ("\n".join(texts) + "\n").encode()
     (corpus / "sentences.txt").write_bytes(body)
     (corpus / "corpus.json").write_text(json.dumps({"sha256": hashlib.sha256(body).hexdigest()}))
+    return corpus
+
+
+def test_the_checkpoint_carries_the_map_it_folded(tmp_path) -> None:
+    """`whitening` (mean, linear) sends the old head's vector to the new head's: what `disan distill
+    student --whiten-targets` applies to the teacher's vectors."""
+    import torch
+
+    from disan.distill.loop import encode_texts
+    from disan.train.checkpoint import load_checkpoint, model_from_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path / "e.pt", "encoder", Vocab(WORDS), [], seed=3, proj_dim=12)
+    corpus = tiny_corpus(tmp_path)
+    texts = (corpus / "sentences.txt").read_text().splitlines()
     main(["--checkpoint", str(path), "--corpus", str(corpus), "--power", "0.5", "--dims", "6", "--keep-width",
           "--out", str(tmp_path / "w.pt")])
     before, vocab, _ = model_from_checkpoint(load_checkpoint(path))
