@@ -17,7 +17,7 @@ add_cache_file() {  # $1 into the kit's cache folder $2, as $3 (default: its own
 }
 
 staged_files() {  # the staged files, relative to the data folder, that a student's dev checks and label
-  # terms (--scored-weight, --sentiment-weight, --nli-weight) read
+  # terms (--scored-weight, --sentiment-weight, --nli-weight, --nli-classes-weight) read
   python3 -c 'from disan.distill.supervision import staged_files; print(*staged_files(), sep="\n")'
 }
 

@@ -12,7 +12,7 @@
 #                 first run: the teacher's vector of each piece alone, PCA-reduced), sent in fp16
 #                 so the GPU spends no time on it; `-` for none (the device computes it)
 #     DATA_DIR    staged data (default ../shared/data): the dev sets the run is checked on and
-#                 what --scored-weight, --sentiment-weight and --nli-weight read (about 6 MB);
+#                 what the label terms (--scored-weight ... --nli-classes-weight) read (about 6 MB);
 #                 the device's ARGS name it --data KIT/data
 #
 # Writes .gpurun/q00, q01, ... and .gpurun/run.sh (= research/gpu-lease/device.sh), as pack.sh.

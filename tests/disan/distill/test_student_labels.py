@@ -59,12 +59,17 @@ def trained_start(tiny, tmp_path: Path, steps: int) -> tuple[dict, Path]:
     return values, tmp_path / "one" / "student.pt"
 
 
+def logged(run: Path) -> list[dict]:
+    """The rows of RUN/metrics.jsonl, the start's first."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_a_phase_learns_the_labels_beside_its_teacher_and_resumes_with_its_head(tiny, labelled,
                                                                                   tmp_path) -> None:
     values, start = trained_start(tiny, tmp_path, steps=6)
     phase = dict(values, init=start, data=labelled, scored_weight=1.0, sentiment_weight=2.0)
     whole = train_student(StudentConfig(out=tmp_path / "labels", **phase))
-    rows = [json.loads(line) for line in (tmp_path / "labels" / "metrics.jsonl").read_text().splitlines()]
+    rows = logged(tmp_path / "labels")
     assert 0.0 <= rows[0]["sentiment_probe"] <= 1.0  # the head was probed on the start's vectors
     assert {"scored", "sentiment"} <= set(whole)
     plain = train_student(StudentConfig(out=tmp_path / "plain", **dict(values, init=start)))
@@ -103,7 +108,7 @@ def test_a_phase_learns_the_nli_classes_beside_the_sentiment_and_resumes_with_bo
     values, start = trained_start(tiny, tmp_path, steps=4)
     phase = dict(values, init=start, data=labelled, sentiment_weight=1.0, nli_classes_weight=1.0)
     whole = train_student(StudentConfig(out=tmp_path / "classes", **phase))
-    rows = [json.loads(line) for line in (tmp_path / "classes" / "metrics.jsonl").read_text().splitlines()]
+    rows = logged(tmp_path / "classes")
     assert 0.0 <= rows[0]["nli_classes_probe"] <= 1.0 and 0.0 <= rows[0]["sentiment_probe"] <= 1.0
     assert whole["nli_classes"] > 0.0 and "nli" not in whole
     train_student(StudentConfig(out=tmp_path / "plain", **dict(values, init=start, data=labelled,

@@ -113,6 +113,18 @@ class _MeanEncoder(torch.nn.Module):
         return self.drop(self.embed(ids)).mean(1)
 
 
+def around_the_probe(term, encoder: _MeanEncoder, head: torch.nn.Linear) -> tuple[float, float, float]:
+    """(the loss at the random head, the probe's accuracy, the loss at the probed head), each loss read
+    without dropout and the probe run with it on (it must turn it off itself)."""
+    rng = np.random.default_rng(0)
+    encoder.drop.p = 0.0
+    at_random = float(term.loss(encoder, head, rng, 16))
+    encoder.drop.p = 0.5
+    accuracy = term.probe(encoder, head)
+    encoder.drop.p = 0.0
+    return at_random, accuracy, float(term.loss(encoder, head, rng, 16))
+
+
 @pytest.mark.parametrize("labels", [(4, 0), (4, 0, 2)])
 def test_probe_starts_the_head_where_it_reads_the_vector(tmp_path: Path, monkeypatch, labels) -> None:
     from disan.text.tokenizer import Vocab
@@ -124,13 +136,7 @@ def test_probe_starts_the_head_where_it_reads_the_vector(tmp_path: Path, monkeyp
     torch.manual_seed(0)
     encoder = _MeanEncoder(8, 16).train()
     head = torch.nn.Linear(16, supervision.SENTIMENT_CLASSES)
-    rng = np.random.default_rng(0)
-    encoder.drop.p = 0.0
-    at_random = float(phrases.loss(encoder, head, rng, 16))
-    encoder.drop.p = 0.5
-    accuracy = phrases.probe(encoder, head)
-    encoder.drop.p = 0.0
-    probed = float(phrases.loss(encoder, head, rng, 16))
+    at_random, accuracy, probed = around_the_probe(phrases, encoder, head)
     assert accuracy == 1.0 and encoder.training  # read without dropout; the mode is given back
     assert at_random > 1.0 and probed < 0.5 * at_random
     with torch.no_grad():  # a class no phrase has is never the head's answer
@@ -171,13 +177,7 @@ def test_nli_head_reads_the_pair_features_and_is_probed_first(monkeypatch) -> No
     torch.manual_seed(0)
     encoder = _MeanEncoder(8, 16).train()
     head = torch.nn.Linear(4 * 16, supervision.NLI_CLASSES)
-    rng = np.random.default_rng(0)
-    encoder.drop.p = 0.0
-    at_random = float(pairs.loss(encoder, head, rng, 16))
-    encoder.drop.p = 0.5
-    accuracy = pairs.probe(encoder, head)
-    encoder.drop.p = 0.0
-    probed = float(pairs.loss(encoder, head, rng, 16))
+    at_random, accuracy, probed = around_the_probe(pairs, encoder, head)
     assert accuracy == 1.0 and encoder.training  # read without dropout; the mode is given back
     assert probed < 0.5 * at_random
     assert pairs.labels.tolist()[:3] == [0, 1, 2]  # the manifest's NLI label order
