@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from disan.bundle.manifest import NLI_LABELS
+from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
 from disan.text.tokenizer import Vocab, tokenize
 
 
@@ -306,3 +307,18 @@ def holdout_split(examples: list[Example], size: int, seed: int) -> tuple[list[E
         raise ValueError(f"{examples[0].where.rsplit(':', 1)[0]}: too few examples to hold out {size}")
     return ([ex for i, ex in enumerate(examples) if i not in held],
             [ex for i, ex in enumerate(examples) if i in held])
+
+
+def nli_training_examples(data: Path, skip: tuple[str, ...] = ()) -> list[Example]:
+    """The NLI recipe's training examples (`RECIPES["nli"]["train"]` under the staged `data` folder,
+    less the files in `skip`), without the held-out SNLI dev slice `disan train --recipe nli` selects
+    on."""
+    examples = []
+    for rel in RECIPES["nli"]["train"]:
+        if rel in skip:
+            continue
+        _, read = read_examples(data / rel)
+        if rel == RECIPES["nli"]["holdout_from"]:
+            read, _ = holdout_split(read, HOLDOUT_SIZE, HOLDOUT_SEED)
+        examples += read
+    return examples

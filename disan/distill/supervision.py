@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from disan.bundle.manifest import NLI_LABELS
-from disan.data.readers import holdout_split, read_examples, read_jsonl
-from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, PAIR_LOSSES, RECIPES
+from disan.data.readers import nli_training_examples, read_jsonl
+from disan.data.recipes import PAIR_LOSSES, RECIPES
 from disan.data.sts import STS_SETS, STS_TRAIN_SETS, train_pairs
 from disan.distill.corpus.build import EVAL_FILES, RETRIEVAL_FILES, RETRIEVAL_SETS, eval_keys, key
 from disan.model import DiSANEncoder
@@ -101,26 +101,11 @@ def cosent_loss(cos: torch.Tensor, scores: torch.Tensor, scale: float = 20.0) ->
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff]), dim=0)
 
 
-def nli_examples(data: Path, skip: tuple[str, ...] = ()) -> list:
-    """The NLI training files' examples (`RECIPES["nli"]["train"]`, less the files in `skip`), the
-    held-out SNLI dev slice left out."""
-    holdout = (data / RECIPES["nli"]["holdout_from"]).resolve()
-    examples = []
-    for rel in RECIPES["nli"]["train"]:
-        if rel in skip:
-            continue
-        _, read = read_examples(data / rel)
-        if (data / rel).resolve() == holdout:
-            read, _ = holdout_split(read, HOLDOUT_SIZE, HOLDOUT_SEED)
-        examples += read
-    return examples
-
-
 def nli_triples(data: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
     """(premise, entailed hypothesis, contradicting hypothesis) token triples from the NLI training
     files, every premise with at least one of each; the held-out SNLI dev slice is left out."""
     by_premise: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = {}
-    for ex in nli_examples(data):
+    for ex in nli_training_examples(data):
         by_premise.setdefault(ex.texts[0], {}).setdefault(ex.label, []).append(ex.texts[1])
     return [(premise, pos, neg) for premise, hyps in by_premise.items()
             for pos, neg in zip(hyps.get("entailment", []), hyps.get("contradiction", []), strict=False)]
@@ -201,7 +186,7 @@ class NLIClasses:
     skipped = ("senteval/SICK/sick_train.jsonl.gz",)
 
     def __init__(self, data: Path, vocab: Vocab):
-        examples = nli_examples(data, skip=self.skipped)
+        examples = nli_training_examples(data, skip=self.skipped)
         if not examples:
             raise ValueError(f"{data}: no NLI training pairs found")
         self.left = [vocab.token_ids(ex.texts[0], MAX_TOKENS) or [1] for ex in examples]
@@ -269,17 +254,17 @@ class StudentLabels:
         self.scored = ScoredPairs(cfg.data, tok) if cfg.scored_weight > 0 else None
         self.nli = NLITriples(cfg.data, tok) if cfg.nli_weight > 0 else None
         self.phrases = SentimentPhrases(cfg.data, tok) if cfg.sentiment_weight > 0 else None
-        self.pairs = NLIClasses(cfg.data, tok) if cfg.nli_classes_weight > 0 else None
+        self.nli_classes = NLIClasses(cfg.data, tok) if cfg.nli_classes_weight > 0 else None
         self.heads = torch.nn.ModuleDict()  # training-only: none is exported
         if self.phrases is not None:
             self.heads["sentiment"] = torch.nn.Linear(out_dim, SENTIMENT_CLASSES)
-        if self.pairs is not None:
+        if self.nli_classes is not None:
             self.heads["nli_classes"] = torch.nn.Linear(4 * out_dim, NLI_CLASSES)
         self.heads.to(cfg.device)
 
     @property
     def active(self) -> bool:
-        return any(term is not None for term in (self.scored, self.phrases, self.nli, self.pairs))
+        return any(term is not None for term in (self.scored, self.phrases, self.nli, self.nli_classes))
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return list(self.heads.parameters())
@@ -290,8 +275,8 @@ class StudentLabels:
         fitted = {}
         if self.phrases is not None:
             fitted["sentiment_probe"] = self.phrases.probe(encoder, self.heads["sentiment"])
-        if self.pairs is not None:
-            fitted["nli_classes_probe"] = self.pairs.probe(encoder, self.heads["nli_classes"])
+        if self.nli_classes is not None:
+            fitted["nli_classes_probe"] = self.nli_classes.probe(encoder, self.heads["nli_classes"])
         return fitted
 
     def loss(self, encoder: DiSANEncoder, rng: np.random.Generator) -> tuple[torch.Tensor | None, dict]:
@@ -304,9 +289,9 @@ class StudentLabels:
                                   self.phrases.loss(encoder, self.heads["sentiment"], rng, size))
         if self.nli is not None:
             terms["nli"] = (self.cfg.nli_weight, self.nli.loss(encoder, rng, size))
-        if self.pairs is not None:
+        if self.nli_classes is not None:
             terms["nli_classes"] = (self.cfg.nli_classes_weight,
-                                    self.pairs.loss(encoder, self.heads["nli_classes"], rng, size))
+                                    self.nli_classes.loss(encoder, self.heads["nli_classes"], rng, size))
         if not terms:
             return None, {}
         total = sum(weight * loss for weight, loss in terms.values())

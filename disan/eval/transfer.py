@@ -35,8 +35,8 @@ from sklearn.model_selection import StratifiedKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
-from disan.data.readers import holdout_split, read_examples, read_jsonl
-from disan.data.recipes import HOLDOUT_SEED, HOLDOUT_SIZE, RECIPES
+from disan.data.readers import nli_training_examples, read_examples, read_jsonl
+from disan.data.recipes import RECIPES
 from disan.eval.encoders import wordllama_encoder
 from disan.runtime.encoder import Encoder as TextEncoder
 from disan.runtime.runtime import load_offline
@@ -208,14 +208,8 @@ def task_probes(encode: Encoder, data_root: Path, protocol: str = "fixed", seed:
     _, test = read_examples(data_root / "sst/sst5_test.jsonl.gz")
     clf = classifier(protocol, seed).fit(encode(texts(train, 0)), [ex.label for ex in train])
     scores["SST-5 test"] = 100 * float(clf.score(encode(texts(test, 0)), [ex.label for ex in test]))
-    recipe = RECIPES["nli"]
-    pairs = []
-    for rel in recipe["train"]:
-        _, ex = read_examples(data_root / rel)
-        if rel == recipe["holdout_from"]:  # drop the held-out slice `disan train --recipe nli` selects on
-            ex, _ = holdout_split(ex, HOLDOUT_SIZE, HOLDOUT_SEED)
-        pairs += ex
-    _, test = read_examples(data_root / recipe["test"])
+    pairs = nli_training_examples(data_root)
+    _, test = read_examples(data_root / RECIPES["nli"]["test"])
 
     def features(examples) -> np.ndarray:
         u, v = encode(texts(examples, 0)), encode(texts(examples, 1))

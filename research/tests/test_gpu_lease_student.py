@@ -172,7 +172,7 @@ def test_the_student_kit_carries_every_staged_file_the_label_terms_read(tmp_path
 
 @pytest.mark.skipif(not (DATA / "stsb" / "train.jsonl.gz").is_file(), reason="staged data not here")
 def test_the_label_terms_read_nothing_beyond_the_staged_files(tmp_path: Path) -> None:
-    """A data folder holding only `staged_files` is enough for the three label terms."""
+    """A data folder holding only `staged_files` is enough for the four label terms."""
     for rel in supervision.staged_files():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(DATA / rel, tmp_path / rel)
@@ -180,6 +180,7 @@ def test_the_label_terms_read_nothing_beyond_the_staged_files(tmp_path: Path) ->
     assert len(supervision.ScoredPairs(tmp_path, vocab).scores) > 1000
     assert len(supervision.NLITriples(tmp_path, vocab)) > 1000
     assert len(supervision.SentimentPhrases(tmp_path, vocab)) > 1000
+    assert len(supervision.NLIClasses(tmp_path, vocab)) > 1000
 
 
 def test_the_student_packer_names_a_missing_staged_file_before_any_work(tmp_path: Path, bash: str) -> None:

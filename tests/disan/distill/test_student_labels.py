@@ -43,7 +43,7 @@ def labelled(tmp_path, monkeypatch):
     monkeypatch.setattr(supervision, "nli_triples", lambda _data: triples)
     examples = [Example((tuple(rng.choice(WORDS, 4)), tuple(rng.choice(WORDS, 4))), label, "x:1")
                 for label in ("entailment", "neutral", "contradiction") for _ in range(10)]
-    monkeypatch.setattr(supervision, "nli_examples", lambda _data, skip=(): examples)
+    monkeypatch.setattr(supervision, "nli_training_examples", lambda _data, skip=(): examples)
     monkeypatch.setattr(supervision, "eval_keys", lambda _data: set())
     return tmp_path / "data"
 

@@ -155,10 +155,10 @@ def test_no_sentiment_phrases_is_named(tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.skipif(not (DATA / RECIPES["nli"]["holdout_from"]).is_file(), reason="staged data not here")
 def test_nli_classes_leave_out_sick_train() -> None:
-    from disan.data.readers import read_examples
+    from disan.data.readers import nli_training_examples, read_examples
     from disan.text.tokenizer import Vocab
 
-    every = supervision.nli_examples(DATA)
+    every = nli_training_examples(DATA)
     kept = supervision.NLIClasses(DATA, Vocab(["a", "man"]))
     _, sick = read_examples(DATA / "senteval/SICK/sick_train.jsonl.gz")
     assert len(kept) == len(every) - len(sick) > 1000  # the SICK-E transfer task fits on SICK train
@@ -172,7 +172,7 @@ def test_nli_head_reads_the_pair_features_and_is_probed_first(monkeypatch) -> No
     hypotheses = {"entailment": "a good film", "neutral": "a long film", "contradiction": "a bad film"}
     examples = [Example((("a", "good", "film"), tuple(text.split())), label, "x:1")
                 for label, text in hypotheses.items()] * 8
-    monkeypatch.setattr(supervision, "nli_examples", lambda _data, skip=(): examples)
+    monkeypatch.setattr(supervision, "nli_training_examples", lambda _data, skip=(): examples)
     pairs = supervision.NLIClasses(Path("."), Vocab("a good long bad film".split()))
     torch.manual_seed(0)
     encoder = _MeanEncoder(8, 16).train()
