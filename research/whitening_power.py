@@ -47,9 +47,19 @@ def spectrum_between(before: np.ndarray, after: np.ndarray, power: float
     return ratios[order], vectors[:, kept][:, order].T
 
 
-def map_at(ratios: np.ndarray, axes: np.ndarray, power: float) -> np.ndarray:
-    """[D, D]: the whitening at `power` in the head's own axes (research.whiten_head --keep-width)."""
-    return (axes.T * ratios ** -power) @ axes
+def map_at(ratios: np.ndarray, axes: np.ndarray, power: float, floor: float = 0.0, ceiling: float = 1.0
+           ) -> np.ndarray:
+    """[D, D]: the whitening at `power` in the head's own axes (research.whiten_head --keep-width).
+    The ratios are clipped to [floor, ceiling] first: axes under the floor are raised no further
+    than one at the floor (the quiet tail keeps its own shape), axes over the ceiling all scale as
+    one at the ceiling (the loud top keeps its own shape, only what is under it is raised)."""
+    return (axes.T * np.clip(ratios, floor, ceiling) ** -power) @ axes
+
+
+def label(power: float, floor: float = 0.0, ceiling: float = 1.0) -> str:
+    """A grid cell's name: "P 0.5", with ", floor 0.1" or ", ceiling 0.3" where the ratios are clipped."""
+    clips = (f", floor {floor}" if floor else "") + (f", ceiling {ceiling}" if ceiling < 1 else "")
+    return f"P {power}{clips}"
 
 
 class WindowCache:
@@ -73,32 +83,32 @@ class WindowCache:
         return pool([item for item, _ in got], rows, lead)
 
 
-def grid(cache: WindowCache, maps: dict[float, np.ndarray], leads: Sequence[float], folders: Sequence[Path],
+def grid(cache: WindowCache, maps: dict[str, np.ndarray], leads: Sequence[float], folders: Sequence[Path],
          data: Path | None, transfer: bool, log: Callable[[str], None] = print) -> dict:
-    """{set: {"P p, lead l": metrics}} for retrieval, {"sts"|"transfer": {"P p": scores}} (queries,
-    STS and transfer texts pooled with lead 2, as served)."""
+    """{set: {"NAME, lead l": metrics}} for retrieval, {"sts"|"transfer": {NAME: scores}} for each
+    map's NAME (queries, STS and transfer texts pooled with lead 2, as served)."""
     from disan.eval.transfer import evaluate_encoder  # scikit-learn (`train`)
 
     report: dict = {}
     for folder in folders:
         dataset = load_set(folder)
         report[folder.name] = {}
-        for power, linear in maps.items():
+        for name, linear in maps.items():
             queries = unit_rows(cache.encode(dataset.queries, linear, 2.0))
             for lead in leads:
                 idx, scores = top_k(queries, unit_rows(cache.encode(dataset.docs, linear, lead)))
                 found = metrics(dataset.qrels, run_of(dataset, idx, scores))
                 cell = {k: round(v, 4) for k, v in found.items()}
-                report[folder.name][f"P {power}, lead {lead}"] = cell
-                log(f"{folder.name} P {power} lead {lead}: {cell}")
+                report[folder.name][f"{name}, lead {lead}"] = cell
+                log(f"{folder.name} {name}, lead {lead}: {cell}")
     if data is not None:
-        report["sts"] = {f"P {p}": {k: round(v, 4) for k, v in
-                                    sts_scores(lambda t, m=m: cache.encode(t, m, 2.0), data).items()}
-                         for p, m in maps.items()}
+        report["sts"] = {name: {k: round(v, 4) for k, v in
+                                sts_scores(lambda t, m=m: cache.encode(t, m, 2.0), data).items()}
+                         for name, m in maps.items()}
         log(f"sts: {report['sts']}")
         if transfer:
-            report["transfer"] = {f"P {p}": evaluate_encoder(lambda t, m=m: cache.encode(t, m, 2.0),
-                                                             data / "senteval") for p, m in maps.items()}
+            report["transfer"] = {name: evaluate_encoder(lambda t, m=m: cache.encode(t, m, 2.0),
+                                                         data / "senteval") for name, m in maps.items()}
             log(f"transfer: {report['transfer']}")
     return report
 
@@ -110,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=Path, required=True, help="the whitened encoder")
     parser.add_argument("--power", type=float, required=True, help="the power --after was whitened at")
     parser.add_argument("--powers", type=float, nargs="+", default=[0.25, 0.5])
+    parser.add_argument("--floors", type=float, nargs="+", default=[0.0],
+                        help="s / s0 below which an axis is raised no further (0: every axis, as "
+                             "research.whiten_head does); each power is scored at each floor")
+    parser.add_argument("--ceilings", type=float, nargs="+", default=[1.0],
+                        help="s / s0 above which every axis scales as one at it (1: none); each power "
+                             "and floor is scored at each ceiling")
     parser.add_argument("--leads", type=float, nargs="+", default=[2.0])
     parser.add_argument("--retrieval", type=Path, nargs="*", default=[], help="BEIR-layout folders")
     parser.add_argument("--data", type=Path, default=None, help="the staged data: STS sets (and transfer)")
@@ -123,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios, axes = spectrum_between(before, after, args.power)
     print(f"{len(ratios)} axes, s / s0 from 1 to {ratios[-1]:.3g}; "
           f"reproduced within {np.abs(map_at(ratios, axes, args.power) @ before - after).max():.2g}")
-    maps = {p: map_at(ratios, axes, p) for p in args.powers}
+    maps = {label(p, f, c): map_at(ratios, axes, p, f, c)
+            for p in args.powers for f in args.floors for c in args.ceilings}
     cache = WindowCache(Encoder(args.bundle, threads=args.threads))
     report = grid(cache, maps, args.leads, args.retrieval, args.data, args.transfer)
     if args.out:

@@ -20,7 +20,13 @@ from disan.text.tokenizer import Vocab  # noqa: E402
 from disan.train.checkpoint import load_checkpoint  # noqa: E402
 from research.whiten_head import main as whiten_head  # noqa: E402
 from research.whiten_head import whitening  # noqa: E402
-from research.whitening_power import WindowCache, head_matrix, map_at, spectrum_between  # noqa: E402
+from research.whitening_power import (  # noqa: E402
+    WindowCache,
+    head_matrix,
+    label,
+    map_at,
+    spectrum_between,
+)
 
 
 def keep_width(served: np.ndarray, power: float, k: int) -> np.ndarray:
@@ -38,6 +44,32 @@ def test_the_map_at_any_power_is_read_back_from_the_heads() -> None:
     assert len(ratios) == 5 and ratios[0] == pytest.approx(1.0) and np.all(np.diff(ratios) < 0)
     for power in (0.25, 0.5, 1.0):
         np.testing.assert_allclose(map_at(ratios, axes, power), keep_width(served, power, 5), atol=1e-8)
+
+
+
+def test_a_floor_holds_the_quiet_axes_at_its_scale() -> None:
+    """Axes under the floor are raised as one at the floor (the same factor, their order kept); the
+    ones above it as before; a floor under the smallest ratio is the plain power."""
+    rng = np.random.default_rng(1)
+    axes = np.linalg.qr(rng.normal(size=(6, 6)))[0].T
+    ratios = np.array([1.0, 0.5, 0.2, 0.1, 0.05, 0.01])
+    held = axes @ map_at(ratios, axes, 0.5, floor=0.1) @ axes.T  # the map in its own axes: diagonal
+    np.testing.assert_allclose(np.diag(held), [1.0, 0.5 ** -0.5, 0.2 ** -0.5, 0.1 ** -0.5, 0.1 ** -0.5,
+                                               0.1 ** -0.5])
+    np.testing.assert_allclose(held, np.diag(np.diag(held)), atol=1e-12)
+    np.testing.assert_allclose(map_at(ratios, axes, 0.5, floor=0.005), map_at(ratios, axes, 0.5))
+    assert label(0.5, 0.0) == "P 0.5" and label(0.5, 0.1) == "P 0.5, floor 0.1"
+
+
+def test_a_ceiling_raises_only_what_is_under_it() -> None:
+    """Axes over the ceiling all scale as one at it, so among themselves they keep their shape."""
+    rng = np.random.default_rng(2)
+    axes = np.linalg.qr(rng.normal(size=(5, 5)))[0].T
+    ratios = np.array([1.0, 0.5, 0.2, 0.1, 0.05])
+    held = axes @ map_at(ratios, axes, 0.5, ceiling=0.2) @ axes.T
+    np.testing.assert_allclose(np.diag(held), [0.2 ** -0.5] * 3 + [0.1 ** -0.5, 0.05 ** -0.5])
+    assert label(0.5, 0.0, 0.2) == "P 0.5, ceiling 0.2"
+    assert label(0.5, 0.1, 0.2) == "P 0.5, floor 0.1, ceiling 0.2"
 
 
 def test_the_grid_scores_what_the_whitened_bundle_serves(tmp_path: Path, tiny_checkpoints) -> None:
