@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retrieval", type=Path, nargs="+", metavar="DIR",
                         help="retrieval (nDCG@10, MRR@10, R@100; disan.eval.retrieval) on folders in BEIR's "
                              "layout: corpus.jsonl, queries.jsonl, qrels/test.tsv, gzipped or not")
+    parser.add_argument("--split", default="test",
+                        help="--retrieval: whose judgements are read, qrels/SPLIT.tsv (BEIR's MS MARCO: dev)")
     parser.add_argument("--baselines", default=None,
                         help="comma list or '': --transfer (default glove,minilm), --retrieval "
                              "(minilm,mpnet,wordllama; default none)")

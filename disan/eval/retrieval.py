@@ -6,7 +6,8 @@
 A folder holds a corpus (`corpus.jsonl`: `_id`, `title`, `text`), queries (`queries.jsonl`: `_id`,
 `text`) and judgements (`qrels/test.tsv`: query id, document id, integer gain; a header line
 `query-id corpus-id score` or none), each plain or gzipped (`corpus.jsonl.gz`, ...); a flat
-`qrels.tsv[.gz]` beside them is read as well (the staged dev sets' layout). As BEIR does, only
+`qrels.tsv[.gz]` beside them is read as the test split (the staged dev sets' layout). `--split dev`
+reads `qrels/dev.tsv` instead (BEIR's MS MARCO has no test split). As BEIR does, only
 the queries that have judgements are run, and a document is `title + " " + text`.
 
 Every model is scored the same way: documents and queries embedded and L2-normalised, documents
@@ -48,7 +49,8 @@ COLUMNS = {"ndcg@10": "nDCG@10", "mrr@10": "MRR@10", "recall@100": "R@100"}
 # the files of a folder, first match wins: BEIR's names, plain or gzipped, then the flat qrels
 CORPUS_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
 QUERY_FILES = ("queries.jsonl", "queries.jsonl.gz")
-QRELS_FILES = ("qrels/{split}.tsv", "qrels/{split}.tsv.gz", "qrels.tsv", "qrels.tsv.gz")
+QRELS_FILES = ("qrels/{split}.tsv", "qrels/{split}.tsv.gz")
+FLAT_QRELS = ("qrels.tsv", "qrels.tsv.gz")  # a folder's only judgements: read as the test split
 SCORE_CELLS = 1 << 24  # query x document scores computed at a time (64 MB of float32)
 
 
@@ -80,6 +82,13 @@ def find_file(folder: Path, names: Sequence[str], what: str) -> Path:
         if (folder / name).is_file():
             return folder / name
     raise ValueError(f"{folder}: no {what} ({' or '.join(names)})")
+
+
+def qrels_splits(folder: Path) -> list[str]:
+    """The splits whose judgements `folder/qrels/` holds (`dev` for qrels/dev.tsv[.gz]), sorted."""
+    found = {f.name.removesuffix(".gz").removesuffix(".tsv") for f in (folder / "qrels").glob("*.tsv*")
+             if f.name.endswith((".tsv", ".tsv.gz"))}
+    return sorted(found)
 
 
 def read_jsonl_rows(path: Path) -> list[tuple[str, dict]]:
@@ -137,8 +146,13 @@ def load_set(folder: Path, split: str = "test", name: str | None = None) -> Retr
         raise ValueError(f"{folder}: no such folder (a BEIR-layout folder: corpus.jsonl, queries.jsonl, "
                          "qrels/test.tsv)")
     paths = {"corpus": find_file(folder, CORPUS_FILES, "corpus"),
-             "queries": find_file(folder, QUERY_FILES, "queries"),
-             "qrels": find_file(folder, [n.format(split=split) for n in QRELS_FILES], "qrels")}
+             "queries": find_file(folder, QUERY_FILES, "queries")}
+    try:
+        names = [n.format(split=split) for n in QRELS_FILES] + list(FLAT_QRELS if split == "test" else ())
+        paths["qrels"] = find_file(folder, names, "qrels")
+    except ValueError as exc:
+        others = [f"--split {name}" for name in qrels_splits(folder) if name != split]
+        raise ValueError(f"{exc}; it has {', '.join(others)}" if others else str(exc)) from None
     qrels = read_qrels(paths["qrels"])
     doc_ids, docs, seen = [], [], set()
     for did, row in read_jsonl_rows(paths["corpus"]):
@@ -263,12 +277,12 @@ def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
 def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[str] = (),
              variant: str = "auto", log: Callable[[str], None] = print,
              dimensions: Sequence[int] = (), hybrid: Sequence[float] = (),
-             checkpoints: Sequence[Path] = ()) -> dict:
+             checkpoints: Sequence[Path] = (), split: str = "test") -> dict:
     """The report: every set's counts, and per model (the bundle, or each checkpoint as the bundle
     would serve it, then each baseline) per set its metrics (the bundle's `hybrid` scores too). All
     sets are read and all models loaded before any model runs, so a bad folder or a missing package
     fails at once, not after an hour of embedding."""
-    sets = [load_set(Path(f)) for f in folders]
+    sets = [load_set(Path(f), split) for f in folders]
     require("pytrec_eval", "eval")  # before the long embedding passes, not after them
     names = [s.name for s in sets]
     for s in sets:
@@ -293,7 +307,7 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
             sparse[label] = sparse_of
     models += [BASELINES[key] for key in baselines]
     encoders = [(label, make()) for label, make in models]  # a missing package fails before any run
-    report: dict = {"top_k": TOP_K, "measures": {k: m for k, (m, _, _) in MEASURES.items()},
+    report: dict = {"top_k": TOP_K, "split": split, "measures": {k: m for k, (m, _, _) in MEASURES.items()},
                     "sets": {s.name: s.summary() for s in sets}, "models": {}}
     for label, encode in encoders:
         report["models"][label] = {}
@@ -327,7 +341,8 @@ def run_retrieval(args: argparse.Namespace) -> int:
     checkpoints = getattr(args, "checkpoint", None) or ()
     report = evaluate(args.retrieval, args.bundle, baseline_keys(args.baselines), args.variant,
                       dimensions=getattr(args, "dimensions", None) or (),
-                      hybrid=getattr(args, "hybrid", None) or (), checkpoints=checkpoints)
+                      hybrid=getattr(args, "hybrid", None) or (), checkpoints=checkpoints,
+                      split=getattr(args, "split", "test"))
     report["bundle"], report["variant"] = str(args.bundle), args.variant
     report["checkpoints"] = [str(p) for p in checkpoints]
     print(format_table(report))

@@ -78,6 +78,28 @@ def test_load_reads_both_layouts_plain_or_gzipped(tmp_path: Path, layout: str, g
     assert s.summary()["qrels"] == 4 and s.judged_missing == 0
 
 
+def test_a_split_reads_its_own_judgements(tmp_path: Path):
+    """`split`: qrels/SPLIT.tsv; the flat qrels.tsv stands only for the test split."""
+    folder = beir_folder(tmp_path / "set")
+    (folder / "qrels" / "dev.tsv.gz").write_bytes(gzip.compress(b"q2\td2\t1\n"))
+    dev = load_set(folder, "dev")
+    assert dev.files["qrels"] == "qrels/dev.tsv.gz"
+    assert dev.qrels == {"q2": {"d2": 1}} and dev.query_ids == ["q2"] and dev.unjudged_queries == 3
+    assert load_set(folder).qrels["q1"] == {"d1": 1}  # test, as before
+    flat = beir_folder(tmp_path / "flat", "flat")
+    assert load_set(flat).files["qrels"] == "qrels.tsv"
+    with pytest.raises(ValueError, match=r"no qrels \(qrels/dev.tsv or qrels/dev.tsv.gz\)$"):
+        load_set(flat, "dev")
+
+
+def test_a_missing_split_names_the_ones_the_folder_has(tmp_path: Path):
+    folder = beir_folder(tmp_path / "set")
+    (folder / "qrels" / "test.tsv").rename(folder / "qrels" / "dev.tsv")
+    (folder / "qrels" / "train.tsv.gz").write_bytes(gzip.compress(b"q1\td1\t1\n"))
+    others = r"; it has --split dev, --split train$"
+    with pytest.raises(ValueError, match=r"no qrels \(qrels/test.tsv .*\)" + others):
+        load_set(folder)
+
 def test_qrels_errors_name_the_line(tmp_path: Path):
     bad = tmp_path / "test.tsv"
     bad.write_text("q1\td1\t1\nq1\td2\tyes\n")
@@ -210,6 +232,19 @@ def test_cli_prints_the_table_and_writes_the_report(tiny_bundle: Path, tmp_path:
     assert format_table(report) in stdout
 
 
+def test_cli_scores_the_split_it_is_given(tiny_bundle: Path, tmp_path: Path):
+    needs_pytrec_eval()
+    folder = beir_folder(tmp_path / "set")
+    (folder / "qrels" / "test.tsv").rename(folder / "qrels" / "dev.tsv")
+    out = tmp_path / "report.json"
+    code = main(["eval", "--retrieval", str(folder), "--bundle", str(tiny_bundle), "--baselines", "",
+                 "--split", "dev", "--report", str(out)])
+    report = json.loads(out.read_text())
+    summary = report["sets"]["set"]
+    assert code == 0 and report["split"] == "dev"
+    assert summary["files"]["qrels"] == "qrels/dev.tsv" and summary["queries"] == 3
+
+
 def test_cli_scores_a_checkpoint_through_the_bundles_windows(tiny_bundle: Path, tiny_checkpoints,
                                                              tmp_path: Path, capsys):
     """`--checkpoint`: a student before export, scored as the bundle would serve it, in place of the
@@ -232,6 +267,7 @@ def test_cli_scores_a_checkpoint_through_the_bundles_windows(tiny_bundle: Path, 
 @pytest.mark.parametrize(("make", "flags", "message"), [
     ("no-queries", [], "no queries (queries.jsonl or queries.jsonl.gz)"),
     ("no-folder", [], "no such folder"),
+    ("dev-only", [], "; it has --split dev"),
     ("ok", ["--baselines", "minilm,glove"], "unknown --baselines entry 'glove' for --retrieval"),
 ])
 def test_cli_errors_are_one_line(tmp_path: Path, capsys, make: str, flags: list[str], message: str):
@@ -240,6 +276,8 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys, make: str, flags: list[
         beir_folder(folder)
     if make == "no-queries":
         (folder / "queries.jsonl").unlink()
+    if make == "dev-only":  # BEIR's MS MARCO: judgements for dev and train, none for test
+        (folder / "qrels" / "test.tsv").rename(folder / "qrels" / "dev.tsv")
     code = main(["eval", "--retrieval", str(folder), "--bundle", str(tmp_path / "no-bundle"), *flags])
     err = capsys.readouterr().err
     assert code == 2
