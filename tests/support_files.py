@@ -100,3 +100,34 @@ def write_awkward_corpus(path: Path, texts: list[str]) -> tuple[list[str], list[
     path.write_bytes(bytes(out))
     flags = ["--column", "text"] + (["--id-column", "key"] if fmt == "csv" else [])
     return flags, rows
+
+
+SENTEVAL_WORDS = ["good", "bad", "fine", "awful", "what", "who", "where", "cat", "dog", "runs"]
+
+
+def write_senteval_tree(root: Path) -> Path:
+    """A tiny `senteval/` tree in the staged layout: MR, CR, SUBJ, MPQA (60 texts each, the label in
+    the first word), TREC (60 train, 30 test: the question word), SICK (60 train, 30 dev pairs)."""
+    rng = random.Random(0)
+
+    def write(path: Path, rows: list[dict]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def text(signal: str) -> str:
+        return " ".join([signal] + [rng.choice(SENTEVAL_WORDS[7:]) for _ in range(3)])
+
+    for name in ("MR/mr", "CR/cr", "SUBJ/subj", "MPQA/mpqa"):
+        write(root / f"{name}.jsonl.gz", [{"text": text("good" if i % 2 else "bad"), "label": i % 2}
+                                          for i in range(60)])
+    for split, n in (("train", 60), ("test", 30)):
+        write(root / f"TREC/trec_{split}.jsonl.gz",
+              [{"text": text(["what", "who", "where"][i % 3]), "label": ["DESC", "HUM", "LOC"][i % 3]}
+               for i in range(n)])
+    labels = ["entailment", "neutral", "contradiction"]
+    for split, n in (("train", 60), ("dev", 30)):
+        write(root / f"SICK/sick_{split}.jsonl.gz",
+              [{"sentence_a": text("fine"), "sentence_b": text(["fine", "dog", "awful"][i % 3]),
+                "relatedness": [5.0, 3.0, 1.0][i % 3], "entailment": labels[i % 3]} for i in range(n)])
+    return root

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -12,41 +9,18 @@ import pytest
 
 pytest.importorskip("sklearn")
 
+from support_files import SENTEVAL_WORDS, write_senteval_tree  # noqa: E402
+
 from disan.eval.transfer import bar_chart, evaluate_encoder, markdown_table  # noqa: E402
-
-WORDS = ["good", "bad", "fine", "awful", "what", "who", "where", "cat", "dog", "runs"]
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def bag_of_words(texts: list[str]) -> np.ndarray:
-    return np.array([[t.split().count(w) for w in WORDS] for t in texts], dtype=np.float32)
+    return np.array([[t.split().count(w) for w in SENTEVAL_WORDS] for t in texts], dtype=np.float32)
 
 
 @pytest.fixture
 def senteval(tmp_path: Path) -> Path:
-    rng = random.Random(0)
-
-    def text(signal: str) -> str:
-        return " ".join([signal] + [rng.choice(WORDS[7:]) for _ in range(3)])
-
-    for name in ("MR/mr", "CR/cr", "SUBJ/subj", "MPQA/mpqa"):
-        _write(tmp_path / f"{name}.jsonl.gz", [{"text": text("good" if i % 2 else "bad"), "label": i % 2}
-                                               for i in range(60)])
-    for split, n in (("train", 60), ("test", 30)):
-        _write(tmp_path / f"TREC/trec_{split}.jsonl.gz",
-               [{"text": text(["what", "who", "where"][i % 3]), "label": ["DESC", "HUM", "LOC"][i % 3]}
-                for i in range(n)])
-    labels = ["entailment", "neutral", "contradiction"]
-    for split, n in (("train", 60), ("dev", 30)):
-        _write(tmp_path / f"SICK/sick_{split}.jsonl.gz",
-               [{"sentence_a": text("fine"), "sentence_b": text(["fine", "dog", "awful"][i % 3]),
-                 "relatedness": [5.0, 3.0, 1.0][i % 3], "entailment": labels[i % 3]} for i in range(n)])
-    return tmp_path
+    return write_senteval_tree(tmp_path)
 
 
 def test_protocol_scores_a_separable_encoder_high(senteval: Path, tmp_path: Path) -> None:
@@ -132,7 +106,7 @@ def test_transfer_of_a_checkpoint_scores_its_vectors(senteval: Path, tmp_path: P
     from disan.text.tokenizer import Vocab
     from disan.train.checkpoint import save_checkpoint
 
-    vocab = Vocab(WORDS)
+    vocab = Vocab(SENTEVAL_WORDS)
     torch.manual_seed(0)
     encoder = DiSANEncoder(DiSANConfig(vocab_size=len(vocab), embed_dim=8, d_h=4, task="encoder"))
     save_checkpoint(tmp_path / "student.pt", encoder, vocab, [])
