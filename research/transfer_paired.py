@@ -27,7 +27,8 @@ import numpy as np
 from scipy.stats import binomtest
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-from disan.eval.transfer import CLASSIFICATION, _read, classifier
+from disan.data.readers import read_jsonl
+from disan.eval.transfer import CLASSIFICATION, classifier
 from disan.runtime.encoder import Encoder
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -38,17 +39,17 @@ def item_scores(encode: Encode, senteval: Path, seeds: Sequence[int]) -> dict:
     for the cross-validated tasks}: whether each item was classified right."""
     out: dict = {}
     for name, rel in CLASSIFICATION.items():
-        rows = _read(senteval / rel)
+        rows = read_jsonl(senteval / rel)
         x, y = encode([r["text"] for r in rows]), np.array([r["label"] for r in rows])
         out[name] = {"right": {}}
         for seed in seeds:
             folds = StratifiedKFold(n_splits=10, shuffle=True, random_state=seed)
             out[name]["right"][seed] = cross_val_predict(classifier("fixed", seed), x, y, cv=folds) == y
-    train, test = _read(senteval / "TREC/trec_train.jsonl.gz"), _read(senteval / "TREC/trec_test.jsonl.gz")
+    train, test = (read_jsonl(senteval / f"TREC/trec_{split}.jsonl.gz") for split in ("train", "test"))
     clf = classifier().fit(encode([r["text"] for r in train]), [r["label"] for r in train])
     labels = np.array([r["label"] for r in test])
     out["TREC"] = {"right": clf.predict(encode([r["text"] for r in test])) == labels}
-    pairs = {s: _read(senteval / f"SICK/sick_{s}.jsonl.gz") for s in ("train", "dev")}
+    pairs = {s: read_jsonl(senteval / f"SICK/sick_{s}.jsonl.gz") for s in ("train", "dev")}
     feats = {}
     for split, rows in pairs.items():
         u, v = encode([r["sentence_a"] for r in rows]), encode([r["sentence_b"] for r in rows])
