@@ -99,13 +99,21 @@ def sentence_transformer(source: str) -> Encode:
 def wordllama_encoder() -> Encode:
     """Texts -> normalised vectors of WordLlama 256-d (`l2_supercat`): a static embedding, each
     text the mean of its token vectors, with no context; the floor a contextual encoder must beat.
-    Read offline from the wheel, which carries the weights and the tokenizer."""
+    Read offline from the wheel, which carries the weights and the tokenizer. A text without tokens
+    (an empty one) gets the zero vector."""
     wordllama = require("wordllama", "wordllama")
     # The wheel keeps its tokenizer under tokenizers/, where load() looks only in a cache folder
     # (its own folder holds weights/ and tokenizers/ as a cache would); it never downloads here.
     model = wordllama.WordLlama.load(dim=256, cache_dir=Path(wordllama.__file__).parent,
                                      disable_download=True)
-    return lambda texts: np.asarray(model.embed(list(texts), norm=True), np.float32)
+
+    def encode(texts: list[str]) -> np.ndarray:
+        # a text without tokens sums to zero, which the normalisation turns into NaN: zeros instead
+        with np.errstate(invalid="ignore", divide="ignore"):
+            vectors = np.asarray(model.embed(list(texts), norm=True), np.float32)
+        return np.nan_to_num(vectors, nan=0.0)
+
+    return encode
 
 
 # --baselines key -> (row label, encoder factory)

@@ -66,6 +66,15 @@ def test_the_static_baseline_reads_its_weights_from_the_wheel_offline(monkeypatc
     assert v[0] @ v[2] > v[0] @ v[1]
 
 
+def test_the_static_baseline_gives_a_text_without_tokens_the_zero_vector() -> None:
+    """WordLlama normalises a zero sum to NaN (Cranfield has two empty documents); a NaN row would
+    score NaN against every query, so such a text gets zeros: it is never ranked above a real match."""
+    pytest.importorskip("wordllama", reason="wordllama is not installed (pip install '.[wordllama]')")
+    v = wordllama_encoder()(["", "a cat sat on the mat"])
+    assert np.isfinite(v).all()
+    assert not v[0].any() and np.linalg.norm(v[1]) == pytest.approx(1, abs=1e-5)
+
+
 def test_a_missing_static_baseline_names_its_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "wordllama", None)  # as if not installed
     with pytest.raises(MissingDependency) as missing:
