@@ -63,9 +63,7 @@ def compare(sets: Sequence[RetrievalSet], encoders: dict[str, Encode], reference
 def main(argv: list[str] | None = None) -> int:
     # torch checkpoints and onnxruntime: only the command needs them, not the statistics
     from disan.eval.encoders import wordllama_encoder
-    from disan.runtime.encoder import Encoder
-    from disan.train.checkpoint import load_checkpoint
-    from research.whitening_power import WindowCache, head_matrix, label, map_at, spectrum_between
+    from research.whitening_power import label, power_encoders
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True, help="the bundle before the whitening")
@@ -78,11 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    before, after = (head_matrix(load_checkpoint(p)["model_state"]) for p in (args.before, args.after))
-    ratios, axes = spectrum_between(before, after, args.power)
-    cache = WindowCache(Encoder(args.bundle, threads=args.threads))
-    encoders: dict[str, Encode] = {label(p): (lambda t, m=map_at(ratios, axes, p): cache.encode(t, m, 2.0))
-                                   for p in args.powers}
+    encoders = power_encoders(args.bundle, args.before, args.after, args.power, args.powers, args.threads)
     if args.wordllama:
         encoders["WordLlama 256-d"] = wordllama_encoder()
     report = compare([load_set(f) for f in args.retrieval], encoders, label(args.powers[0]))

@@ -95,14 +95,9 @@ def candidates(args: argparse.Namespace) -> dict[str, Encode]:
     """Label -> encoder: the bundle as served, or its vectors whitened at each of --powers."""
     if args.before is None:
         return {str(args.bundle): Encoder(args.bundle, threads=args.threads).encode}
-    # torch checkpoints: only the read-back needs them
-    from disan.train.checkpoint import load_checkpoint
-    from research.whitening_power import WindowCache, head_matrix, label, map_at, spectrum_between
+    from research.whitening_power import power_encoders  # torch checkpoints: only the read-back needs them
 
-    before, after = (head_matrix(load_checkpoint(p)["model_state"]) for p in (args.before, args.after))
-    ratios, axes = spectrum_between(before, after, args.power)
-    cache = WindowCache(Encoder(args.bundle, threads=args.threads))
-    return {label(p): (lambda t, m=map_at(ratios, axes, p): cache.encode(t, m, 2.0)) for p in args.powers}
+    return power_encoders(args.bundle, args.before, args.after, args.power, args.powers, args.threads)
 
 
 def main(argv: list[str] | None = None) -> int:

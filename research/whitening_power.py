@@ -83,6 +83,17 @@ class WindowCache:
         return pool([item for item, _ in got], rows, lead)
 
 
+def power_encoders(bundle: Path, before: Path, after: Path, power: float, powers: Sequence[float],
+                   threads: int = 0) -> dict[str, Callable[[list[str]], np.ndarray]]:
+    """{"P p": texts -> vectors} of `bundle` (the one before the whitening) whitened at each of
+    `powers`, read back from the encoders `before` and `after` (whitened at `power`), windows
+    pooled with lead 2 as served; one pass of the bundle serves them all."""
+    heads = (head_matrix(load_checkpoint(p)["model_state"]) for p in (before, after))
+    ratios, axes = spectrum_between(*heads, power)
+    cache = WindowCache(Encoder(bundle, threads=threads))
+    return {label(p): (lambda t, m=map_at(ratios, axes, p): cache.encode(t, m, 2.0)) for p in powers}
+
+
 def grid(cache: WindowCache, maps: dict[str, np.ndarray], leads: Sequence[float], folders: Sequence[Path],
          data: Path | None, transfer: bool, log: Callable[[str], None] = print) -> dict:
     """{set: {"NAME, lead l": metrics}} for retrieval, {"sts"|"transfer": {NAME: scores}} for each

@@ -25,6 +25,7 @@ from research.whitening_power import (  # noqa: E402
     head_matrix,
     label,
     map_at,
+    power_encoders,
     spectrum_between,
 )
 
@@ -95,5 +96,8 @@ def test_the_grid_scores_what_the_whitened_bundle_serves(tmp_path: Path, tiny_ch
     served = Encoder(bundles["after"]).encode(texts)
     mapped = WindowCache(Encoder(bundles["before"])).encode(texts, map_at(ratios, axes, 0.25), 2.0)
     np.testing.assert_allclose(mapped, served, atol=2e-4)
+    by_power = power_encoders(bundles["before"], before, after, 0.25, [0.25, 0.5])  # the paired tools' way
+    assert list(by_power) == ["P 0.25", "P 0.5"]
+    np.testing.assert_allclose(by_power["P 0.25"](texts), served, atol=2e-4)
     other = WindowCache(Encoder(bundles["before"])).encode(texts, map_at(ratios, axes, 0.5), 2.0)
     assert np.abs(other - served).max() > 1e-2  # another power serves other vectors
