@@ -11,6 +11,10 @@ unit length as a `--unit-length` head serves them, then pooled as the embed rout
     python -m model_export.recover BEFORE R0 && python -m model_export.recover AFTER R1
     python -m research.whitening_power --bundle BEFORE --before R0/embed.pt --after R1/embed.pt \
         --power 0.25 --powers 0.25 0.3 0.5 --leads 2 3 --data $D --transfer --out grid.json
+
+`--write P OUT` writes the encoder whitened at power P instead (the --after checkpoint with its head
+folded again from --before's, and the map for `disan distill student --whiten-targets`), ready for
+`disan export`: a chosen power becomes a bundle without the corpus the first whitening was fitted on.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from disan.data.sts import sts_scores
 from disan.eval.retrieval import load_set, metrics, run_of, top_k, unit_rows
 from disan.runtime.encoder import Encoder
 from disan.text.prepare import pool
-from disan.train.checkpoint import load_checkpoint
+from disan.train.checkpoint import load_checkpoint, write_checkpoint
 
 
 def head_matrix(state: dict) -> np.ndarray:
@@ -124,6 +129,24 @@ def grid(cache: WindowCache, maps: dict[str, np.ndarray], leads: Sequence[float]
     return report
 
 
+def write_at(before: Path, after: Path, power: float, new_power: float, out: Path) -> float:
+    """`after` (a checkpoint whitened at `power`) with its head whitened at `new_power` instead, from
+    `before`'s head, written to `out`; returns how closely the read-back reproduced `after`'s head."""
+    payload, heads = load_checkpoint(after), [head_matrix(load_checkpoint(before)["model_state"])]
+    heads.append(head_matrix(payload["model_state"]))
+    ratios, axes = spectrum_between(*heads, power)
+    error = float(np.abs(map_at(ratios, axes, power) @ heads[0] - heads[1]).max())
+    linear = map_at(ratios, axes, new_power)
+    folded, state = linear @ heads[0], payload["model_state"]
+    state["proj.weight"] = torch.from_numpy(folded[:, :-1].copy()).to(state["proj.weight"].dtype)
+    state["proj.bias"] = torch.from_numpy(folded[:, -1].copy()).to(state["proj.bias"].dtype)
+    payload["whitened"] = {"from": before.name, "power": new_power, "read_back_from": after.name,
+                           "read_back_power": power, "keep_width": True, "unit_length": True}
+    payload["whitening"] = {"mean": torch.zeros(len(linear)), "linear": torch.from_numpy(linear).float()}
+    write_checkpoint(out, payload)
+    return error
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True, help="the bundle before the whitening")
@@ -143,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transfer", action="store_true", help="also the transfer tasks (needs --data)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="the report as JSON")
+    parser.add_argument("--write", nargs=2, metavar=("P", "OUT"), default=None,
+                        help="write the encoder whitened at power P to OUT instead of scoring")
     args = parser.parse_args(argv)
+    if args.write:
+        error = write_at(args.before, args.after, args.power, float(args.write[0]), Path(args.write[1]))
+        print(f"{args.write[1]}: head whitened at power {args.write[0]} (the read-back reproduced "
+              f"--after within {error:.2g})")
+        return 0
     before, after = (head_matrix(load_checkpoint(p)["model_state"]) for p in (args.before, args.after))
     if before.shape[1] != after.shape[1]:
         parser.error(f"{args.after}: its head does not read the same {before.shape[1] - 1} inputs")

@@ -28,6 +28,7 @@ from research.whitening_power import (  # noqa: E402
     power_encoders,
     spectrum_between,
 )
+from research.whitening_power import main as whitening_power  # noqa: E402
 
 
 def keep_width(served: np.ndarray, power: float, k: int) -> np.ndarray:
@@ -101,3 +102,11 @@ def test_the_grid_scores_what_the_whitened_bundle_serves(tmp_path: Path, tiny_ch
     np.testing.assert_allclose(by_power["P 0.25"](texts), served, atol=2e-4)
     other = WindowCache(Encoder(bundles["before"])).encode(texts, map_at(ratios, axes, 0.5), 2.0)
     assert np.abs(other - served).max() > 1e-2  # another power serves other vectors
+    # --write: the grid's other power as a checkpoint, exported, serves the vectors the grid scored
+    written = tmp_path / "at-0.5.pt"
+    assert whitening_power(["--bundle", str(bundles["before"]), "--before", str(before), "--after",
+                            str(after), "--power", "0.25", "--write", "0.5", str(written)]) == 0
+    assert load_checkpoint(written)["whitened"]["power"] == 0.5
+    build_bundle(ExportConfig(tiny_checkpoints.nli, tiny_checkpoints.sentiment, tmp_path / "at-0.5",
+                              embed=written, max_len=16, sets=("cpu",)), log=lambda *_: None)
+    np.testing.assert_allclose(Encoder(tmp_path / "at-0.5").encode(texts), other, atol=2e-4)
