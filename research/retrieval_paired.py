@@ -63,14 +63,10 @@ def compare(sets: Sequence[RetrievalSet], encoders: dict[str, Encode], reference
 def main(argv: list[str] | None = None) -> int:
     # torch checkpoints and onnxruntime: only the command needs them, not the statistics
     from disan.eval.encoders import wordllama_encoder
-    from research.whitening_power import label, power_encoders
+    from research.whitening_power import add_read_back_arguments, label, power_encoders
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="the bundle before the whitening")
-    parser.add_argument("--before", type=Path, required=True, help="its encoder (model_export.recover)")
-    parser.add_argument("--after", type=Path, required=True, help="the whitened encoder")
-    parser.add_argument("--power", type=float, required=True, help="the power --after was whitened at")
-    parser.add_argument("--powers", type=float, nargs="+", required=True, help="the first is the reference")
+    add_read_back_arguments(parser, "the first is the reference", required=True)
     parser.add_argument("--retrieval", type=Path, nargs="+", required=True, help="BEIR-layout folders")
     parser.add_argument("--wordllama", action="store_true", help="WordLlama 256-d as a candidate too")
     parser.add_argument("--threads", type=int, default=0)

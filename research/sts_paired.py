@@ -78,14 +78,11 @@ def compare(data: Path, encoders: dict[str, Encode], reference: str, sets: Seque
 
 
 def main(argv: list[str] | None = None) -> int:
-    from research.whitening_power import label, power_encoders  # torch checkpoints: the command only
+    # torch checkpoints: the command only
+    from research.whitening_power import add_read_back_arguments, label, power_encoders
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="the bundle before the whitening")
-    parser.add_argument("--before", type=Path, required=True, help="its encoder (model_export.recover)")
-    parser.add_argument("--after", type=Path, required=True, help="the whitened encoder")
-    parser.add_argument("--power", type=float, required=True, help="the power --after was whitened at")
-    parser.add_argument("--powers", type=float, nargs="+", required=True, help="the first is the reference")
+    add_read_back_arguments(parser, "the first is the reference", required=True)
     parser.add_argument("--data", type=Path, required=True, help="the staged data")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=0)

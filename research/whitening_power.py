@@ -147,13 +147,20 @@ def write_at(before: Path, after: Path, power: float, new_power: float, out: Pat
     return error
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_read_back_arguments(parser: argparse.ArgumentParser, powers_help: str, **powers: object) -> None:
+    """The flags every tool that reads a whitening back takes: the bundle before it, the encoders
+    before and after it, the power it was made at, and the powers to score (`powers`: their default
+    or `required=True`)."""
     parser.add_argument("--bundle", type=Path, required=True, help="the bundle before the whitening")
     parser.add_argument("--before", type=Path, required=True, help="its encoder (model_export.recover)")
     parser.add_argument("--after", type=Path, required=True, help="the whitened encoder")
     parser.add_argument("--power", type=float, required=True, help="the power --after was whitened at")
-    parser.add_argument("--powers", type=float, nargs="+", default=[0.25, 0.5])
+    parser.add_argument("--powers", type=float, nargs="+", help=powers_help, **powers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_read_back_arguments(parser, "the powers scored", default=[0.25, 0.5])
     parser.add_argument("--floors", type=float, nargs="+", default=[0.0],
                         help="s / s0 below which an axis is raised no further (0: every axis, as "
                              "research.whiten_head does); each power is scored at each floor")
