@@ -129,22 +129,16 @@ def grid(cache: WindowCache, maps: dict[str, np.ndarray], leads: Sequence[float]
     return report
 
 
-def write_at(before: Path, after: Path, power: float, new_power: float, out: Path) -> float:
-    """`after` (a checkpoint whitened at `power`) with its head whitened at `new_power` instead, from
-    `before`'s head, written to `out`; returns how closely the read-back reproduced `after`'s head."""
-    payload, heads = load_checkpoint(after), [head_matrix(load_checkpoint(before)["model_state"])]
-    heads.append(head_matrix(payload["model_state"]))
-    ratios, axes = spectrum_between(*heads, power)
-    error = float(np.abs(map_at(ratios, axes, power) @ heads[0] - heads[1]).max())
-    linear = map_at(ratios, axes, new_power)
-    folded, state = linear @ heads[0], payload["model_state"]
+def write_at(after: Path, before_head: np.ndarray, linear: np.ndarray, provenance: dict, out: Path) -> None:
+    """The checkpoint `after` with its head replaced by `linear` @ `before_head` (head_matrix of the
+    encoder before the whitening) and `linear` as its whitening map, written to `out`."""
+    payload = load_checkpoint(after)
+    folded, state = linear @ before_head, payload["model_state"]
     state["proj.weight"] = torch.from_numpy(folded[:, :-1].copy()).to(state["proj.weight"].dtype)
     state["proj.bias"] = torch.from_numpy(folded[:, -1].copy()).to(state["proj.bias"].dtype)
-    payload["whitened"] = {"from": before.name, "power": new_power, "read_back_from": after.name,
-                           "read_back_power": power, "keep_width": True, "unit_length": True}
+    payload["whitened"] = {**provenance, "keep_width": True, "unit_length": True}
     payload["whitening"] = {"mean": torch.zeros(len(linear)), "linear": torch.from_numpy(linear).float()}
     write_checkpoint(out, payload)
-    return error
 
 
 def add_read_back_arguments(parser: argparse.ArgumentParser, powers_help: str, **powers: object) -> None:
@@ -176,17 +170,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", nargs=2, metavar=("P", "OUT"), default=None,
                         help="write the encoder whitened at power P to OUT instead of scoring")
     args = parser.parse_args(argv)
-    if args.write:
-        error = write_at(args.before, args.after, args.power, float(args.write[0]), Path(args.write[1]))
-        print(f"{args.write[1]}: head whitened at power {args.write[0]} (the read-back reproduced "
-              f"--after within {error:.2g})")
-        return 0
+    try:
+        write_power = None if args.write is None else float(args.write[0])
+    except ValueError:
+        parser.error(f"--write {args.write[0]}: a power (a number) expected")
     before, after = (head_matrix(load_checkpoint(p)["model_state"]) for p in (args.before, args.after))
     if before.shape[1] != after.shape[1]:
         parser.error(f"{args.after}: its head does not read the same {before.shape[1] - 1} inputs")
     ratios, axes = spectrum_between(before, after, args.power)
     print(f"{len(ratios)} axes, s / s0 from 1 to {ratios[-1]:.3g}; "
           f"reproduced within {np.abs(map_at(ratios, axes, args.power) @ before - after).max():.2g}")
+    if write_power is not None:
+        provenance = {"from": args.before.name, "power": write_power, "read_back_from": args.after.name,
+                      "read_back_power": args.power}
+        write_at(args.after, before, map_at(ratios, axes, write_power), provenance, Path(args.write[1]))
+        print(f"{args.write[1]}: head whitened at power {write_power}")
+        return 0
     maps = {label(p, f, c): map_at(ratios, axes, p, f, c)
             for p in args.powers for f in args.floors for c in args.ceilings}
     cache = WindowCache(Encoder(args.bundle, threads=args.threads))

@@ -74,6 +74,14 @@ def test_a_ceiling_raises_only_what_is_under_it() -> None:
     assert label(0.5, 0.1, 0.2) == "P 0.5, floor 0.1, ceiling 0.2"
 
 
+
+def test_write_names_a_power_that_is_not_a_number(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        whitening_power(["--bundle", str(tmp_path), "--before", "b.pt", "--after", "a.pt", "--power", "0.25",
+                         "--write", "half", str(tmp_path / "out.pt")])
+    assert stop.value.code == 2 and "--write half: a power (a number) expected" in capsys.readouterr().err
+    assert not (tmp_path / "out.pt").exists()
+
 def test_the_grid_scores_what_the_whitened_bundle_serves(tmp_path: Path, tiny_checkpoints) -> None:
     """The bundle before, its window vectors mapped at the power read back, equal the bundle whose
     head was whitened at that power (at unit length), a windowed text included."""
