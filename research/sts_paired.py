@@ -20,16 +20,15 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import rankdata
 
-from disan.data.readers import read_jsonl
-from disan.data.sts import STS_SETS, SUBSET_FIELDS, read_pairs
+from disan.data.sts import STS_SETS, SUBSET_FIELDS, pair_cosines, read_pairs, subsets_of
 
 Encode = Callable[[list[str]], np.ndarray]
 
 
 def cosines(encode: Encode, left: list[str], right: list[str]) -> np.ndarray:
+    """Each pair's cosine, both sides embedded in one call (as `disan eval --sts` embeds them)."""
     vecs = np.asarray(encode(left + right), dtype=np.float64)
-    vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
-    return (vecs[: len(left)] * vecs[len(left):]).sum(1)
+    return pair_cosines(vecs[: len(left)], vecs[len(left):])
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -68,9 +67,7 @@ def compare(data: Path, encoders: dict[str, Encode], reference: str, sets: Seque
         left, right, gold = read_pairs(data, name)
         groups = np.zeros(len(gold), int)
         if name in SUBSET_FIELDS:
-            rows = read_jsonl(data / STS_SETS[name][0])
-            groups = np.unique([" ".join(str(r[f]) for f in SUBSET_FIELDS[name]) for r in rows],
-                               return_inverse=True)[1]
+            groups = np.unique(subsets_of(data, name), return_inverse=True)[1]
         cos = {label: cosines(encode, left, right) for label, encode in encoders.items()}
         report[name] = {label: paired_bootstrap(gold, cos[reference], c, groups, rounds)
                         for label, c in cos.items() if label != reference}

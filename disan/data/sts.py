@@ -59,12 +59,23 @@ def train_pairs(data: Path) -> tuple[list[str], list[str], np.ndarray]:
     return left, right, np.concatenate(scores).astype(np.float32)
 
 
+def pair_cosines(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `left` with the same row of `right` (a zero row: 0)."""
+    left = left / np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-12)
+    right = right / np.maximum(np.linalg.norm(right, axis=1, keepdims=True), 1e-12)
+    return (left * right).sum(axis=1)
+
+
 def cosine_spearman(left: np.ndarray, right: np.ndarray, gold: np.ndarray) -> float:
     from scipy.stats import spearmanr  # optional (`train` extra, with scikit-learn)
 
-    left = left / np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-12)
-    right = right / np.maximum(np.linalg.norm(right, axis=1, keepdims=True), 1e-12)
-    return float(spearmanr((left * right).sum(axis=1), gold).statistic)
+    return float(spearmanr(pair_cosines(left, right), gold).statistic)
+
+
+def subsets_of(data: Path, name: str) -> np.ndarray:
+    """Each pair's subset ("2012 OnWN") of a set in `SUBSET_FIELDS`, in the file's order."""
+    rows = read_jsonl(data / STS_SETS[name][0])
+    return np.array([" ".join(str(r[f]) for f in SUBSET_FIELDS[name]) for r in rows])
 
 
 def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None,
@@ -81,8 +92,7 @@ def sts_scores(encode: Encoder, data: Path, sets: list[str] | None = None,
         vecs = np.asarray(encode(a + b), dtype=np.float32)
         left, right = vecs[: len(a)], vecs[len(a):]
         if name in SUBSET_FIELDS:
-            rows = read_jsonl(data / STS_SETS[name][0])
-            subsets = np.array([" ".join(str(r[f]) for f in SUBSET_FIELDS[name]) for r in rows])
+            subsets = subsets_of(data, name)
             each = {f"{name}: {sub}": cosine_spearman(left[subsets == sub], right[subsets == sub],
                                                       gold[subsets == sub]) for sub in sorted(set(subsets))}
             scores[name] = float(np.mean(list(each.values())))
