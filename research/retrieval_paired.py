@@ -20,19 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.eval.retrieval import RetrievalSet, cut, load_set, run_of, top_k, unit_rows
-from disan.optional import require
+from disan.eval.retrieval import RetrievalSet, load_set, per_query, run_of, top_k, unit_rows
 
 Encode = Callable[[list[str]], np.ndarray]
 
 
 def per_query_ndcg(dataset: RetrievalSet, encode: Encode) -> np.ndarray:
     """nDCG@10 of each judged query, in the order of `dataset.qrels` (a query with nothing found: 0)."""
-    pytrec_eval = require("pytrec_eval", "eval")
     idx, scores = top_k(unit_rows(encode(dataset.queries)), unit_rows(encode(dataset.docs)))
-    run = cut(run_of(dataset, idx, scores), 100)
-    found = pytrec_eval.RelevanceEvaluator(dataset.qrels, {"ndcg_cut.10"}).evaluate(run)
-    return np.array([found.get(q, {}).get("ndcg_cut_10", 0.0) for q in dataset.qrels])
+    return np.array(per_query(dataset.qrels, run_of(dataset, idx, scores), "ndcg@10"))
 
 
 def paired(reference: np.ndarray, candidate: np.ndarray, rounds: int = 10_000, seed: int = 0) -> dict:

@@ -227,15 +227,18 @@ def cut(run: dict[str, dict[str, float]], depth: int) -> dict[str, dict[str, flo
             for q, docs in run.items()}
 
 
-def metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, float]:
-    """nDCG@10, MRR@10, recall@100 (`MEASURES`) from pytrec_eval: the mean over the judged queries
-    (a judged query missing from `run` counts 0, as trec_eval -c)."""
+def per_query(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]], key: str) -> list[float]:
+    """The `MEASURES[key]` value of each judged query, in the order of `qrels`, from pytrec_eval (a
+    judged query missing from `run` counts 0, as trec_eval -c)."""
     pytrec_eval = require("pytrec_eval", "eval")
-    out = {}
-    for key, (measure, result_key, depth) in MEASURES.items():
-        per_query = pytrec_eval.RelevanceEvaluator(qrels, {measure}).evaluate(cut(run, depth))
-        out[key] = float(sum(per_query.get(q, {}).get(result_key, 0.0) for q in qrels) / len(qrels))
-    return out
+    measure, result_key, depth = MEASURES[key]
+    found = pytrec_eval.RelevanceEvaluator(qrels, {measure}).evaluate(cut(run, depth))
+    return [found.get(q, {}).get(result_key, 0.0) for q in qrels]
+
+
+def metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, float]:
+    """nDCG@10, MRR@10, recall@100 (`MEASURES`): the mean over the judged queries of `per_query`."""
+    return {key: float(sum(per_query(qrels, run, key)) / len(qrels)) for key in MEASURES}
 
 
 def evaluate_set(dataset: RetrievalSet, encode: Encode, k: int = TOP_K,
