@@ -8,7 +8,8 @@ and an unchanged graph file says nothing about the weight bytes it points at.
 
 So each route's graph is fingerprinted as it computes: the graph with every external initializer
 replaced by the sha256 of the bytes it reads, plus the manifest's description of the graph, the
-vocabulary file and `max_len` (how texts become ids). A route is `same` when every graph set and
+vocabulary file's content (its JSON in one canonical form: a vocabulary written compact or indented
+reads texts the same) and `max_len` (how texts become ids). A route is `same` when every graph set and
 variant both bundles carry has the same fingerprint: the same graph and weights read through the
 same tokenizer, so the same outputs on the same provider. `changed` is conservative: a re-export
 that only renames nodes is reported as changed. Endpoints by route (`disan.bundle.manifest` ROUTES):
@@ -70,13 +71,29 @@ def graph_fingerprint(path: Path, digests: dict[tuple[str, int, int], str] | Non
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
-def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> dict[str, dict[str, str]]:
+def reading_digest(path: Path) -> str:
+    """sha256 of how a tokenizer file (`vocab.json`, `tokenizer.json`) turns text into ids: its JSON
+    with sorted keys and no spaces, so a vocabulary written again in another layout (export writes
+    it compact since 2026-12-06) fingerprints the same; a file that is not JSON, by its bytes."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return sha256_file(path)
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None,
+                       vocab_as_bytes: bool = False) -> dict[str, dict[str, str]]:
     """route -> {"set/variant": fingerprint} of the graph each route is served by, in every graph
     set and variant of the bundle (routes whose graph the bundle lacks are left out). `disan
     export` records them as the manifest's `route_fingerprints` (what `/info` reports for the
-    graphs in use); `compare` recomputes them from the files, trusting no manifest."""
+    graphs in use); `compare` recomputes them from the files, trusting no manifest.
+    `vocab_as_bytes`: the rule of bundles exported before 2026-12-06, which hashed the tokenizer
+    file's bytes (`disan verify` accepts fingerprints recorded under either rule)."""
     manifest = load_manifest(bundle) if manifest is None else manifest
-    reading: dict[str, str] = {}  # tokenizer file -> its sha256: how texts become a graph's ids
+    digest = sha256_file if vocab_as_bytes else reading_digest
+    reading: dict[str, str] = {}  # tokenizer file -> its digest: how texts become a graph's ids
     graphs = manifest.get("graphs") or {}
     cache: dict[str, str] = {}  # graph file -> its fingerprint
     digests: dict[tuple[str, int, int], str] = {}  # stored tensor -> sha256 of its bytes
@@ -90,7 +107,7 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None) -> 
                 cache[file] = graph_fingerprint(bundle / file, digests)
             tokenizer = graph_tokenizer(manifest, graph)
             if tokenizer not in reading:
-                reading[tokenizer] = sha256_file(bundle / tokenizer)
+                reading[tokenizer] = digest(bundle / tokenizer)
             spec = json.dumps({"graph": graphs.get(graph), "weights": cache[file],
                                "vocab": reading[tokenizer], "max_len": manifest.get("max_len")},
                               sort_keys=True)
@@ -128,7 +145,7 @@ def sparse_way(bundle: Path) -> str | None:
     with np.load(bundle / entry["file"], allow_pickle=False) as stored:
         levels = hashlib.sha256(np.ascontiguousarray(stored["levels"]).tobytes()).hexdigest()
     spec = {"levels": levels, "scale": entry["scale"],
-            "vocab": sha256_file(bundle / graph_tokenizer(manifest, "encoder"))}
+            "vocab": reading_digest(bundle / graph_tokenizer(manifest, "encoder"))}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 

@@ -104,6 +104,20 @@ def test_a_changed_vocabulary_changes_every_route(tiny_bundle, bundle_copy):
     assert set(statuses(compare(tiny_bundle, bundle_copy)).values()) == {"changed"}
 
 
+def test_the_same_vocabulary_written_in_another_layout_is_the_same_on_every_route(tiny_bundle, bundle_copy):
+    # export writes vocab.json compact since 2026-12-06; the words and their ids are what a route reads
+    rewritten = []
+    for name in ("vocab.json", "tokenizer.json"):
+        path = bundle_copy / name
+        if path.exists():
+            path.write_text(json.dumps(json.loads(path.read_text()), indent=1))
+            rewritten.append(name)
+    rehash(bundle_copy)
+    assert "vocab.json" in rewritten
+    assert all((bundle_copy / n).read_bytes() != (tiny_bundle / n).read_bytes() for n in rewritten)
+    assert set(statuses(compare(tiny_bundle, bundle_copy)).values()) == {"same"}
+
+
 def test_only_the_asked_routes_and_the_exit_status(tiny_bundle, bundle_copy, capsys):
     change_a_sentiment_weight(bundle_copy)
     assert disan_main(["bundle-diff", str(tiny_bundle), str(bundle_copy), "--routes", "embed", "nli"]) == 0

@@ -81,6 +81,20 @@ def test_a_recorded_route_fingerprint_that_the_files_do_not_compute_fails(bundle
     assert not result["passed"] and result["route_fingerprints"]["stale"] == ["embed"]
 
 
+def test_fingerprints_recorded_by_an_export_that_hashed_the_vocabulary_bytes_still_verify(bundle_copy):
+    from model_export.bundle_diff import route_fingerprints  # onnx, as verify's check
+
+    manifest = load_manifest(bundle_copy)
+    manifest["route_fingerprints"] = route_fingerprints(bundle_copy, manifest, vocab_as_bytes=True)
+    assert manifest["route_fingerprints"] != route_fingerprints(bundle_copy, manifest)
+    write_manifest(bundle_copy, manifest)
+    check = verify_bundle(bundle_copy, dev_limit=20)["route_fingerprints"]
+    assert check["stale"] == [] and "before 2026-12-06" in check["rule"]
+    manifest["route_fingerprints"]["nli"]["cpu/fp32"] = "0" * 64  # neither rule computes this
+    write_manifest(bundle_copy, manifest)
+    assert verify_bundle(bundle_copy, dev_limit=20)["route_fingerprints"]["stale"] == ["nli"]
+
+
 def test_old_format_version_refused(bundle_copy):
     manifest_path = bundle_copy / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
