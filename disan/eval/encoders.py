@@ -55,25 +55,36 @@ def disan_encoders(bundle: Path, variant: str = "auto", keep_sparse: bool = Fals
     return encode, (sparse if has_table else None)
 
 
-def checkpoint_windows(checkpoint: Path, bundle: Path) -> Encode:
+def checkpoint_windows(checkpoint: Path, bundle: Path, normalize: bool = True) -> Encode:
     """Texts -> normalised vectors of an encoder checkpoint (a student before export) as `bundle`
     serves its own: the bundle's tokenizer, windows and first-window weight, the checkpoint's weights
     in place of the bundle's graph. A phase from the bundle's recovered encoder reads its tokenizer;
-    a checkpoint that reads another is refused, since its ids would be read as other tokens."""
+    a checkpoint that reads another is refused, since its ids would be read as other tokens.
+    `normalize=False`: the vectors as /embed sends them (`--transfer` reads those)."""
+    encode = served_as(checkpoint, bundle, normalize)
+    if encode is None:
+        raise ValueError(f"{checkpoint} reads another tokenizer than {bundle}'s embed route; give the bundle "
+                         "its phase started from (--bundle)")
+    return encode
+
+
+def served_as(checkpoint: Path, bundle: Path, normalize: bool = True) -> Encode | None:
+    """`checkpoint_windows`, or None where the checkpoint reads another tokenizer than `bundle`'s
+    embed route (its ids would be read as other tokens)."""
     from disan.distill.loop import checkpoint_rows  # torch (`train` extra): only --checkpoint needs it
     from disan.runtime.encoder import Encoder, normalized  # onnxruntime: the bundle's tokenizer and windows
 
     run, tokenizer = checkpoint_rows(checkpoint)
     encoder = Encoder(bundle, long_texts="window")
     if tokenizer != encoder.runtime.tokenizer("embed"):
-        raise ValueError(f"{checkpoint} reads another tokenizer than {bundle}'s embed route; give the bundle "
-                         "its phase started from (--bundle)")
+        return None
+    finish = normalized if normalize else (lambda vectors: vectors)
 
     def encode(texts: list[str]) -> np.ndarray:
         parts = []
         for i in range(0, len(texts), ENCODE_CHUNK):
             prepared = encoder.prepare(texts[i:i + ENCODE_CHUNK])
-            parts.append(normalized(encoder.pool(prepared, run(prepared.rows), EMBEDDING_LEAD)))
+            parts.append(finish(encoder.pool(prepared, run(prepared.rows), EMBEDDING_LEAD)))
         return np.concatenate(parts) if parts else run([])
 
     return encode

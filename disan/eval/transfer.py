@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from disan.data.readers import nli_training_examples, read_examples, read_jsonl
 from disan.data.recipes import RECIPES
-from disan.eval.encoders import wordllama_encoder
+from disan.eval.encoders import served_as, wordllama_encoder
 from disan.runtime.encoder import Encoder as TextEncoder
 from disan.runtime.runtime import load_offline
 from disan.text.tokenizer import tokenize
@@ -62,19 +63,29 @@ def disan_encoder(bundle: Path) -> Encoder:
     return TextEncoder(runtime=load_offline(bundle)).encode
 
 
-def checkpoint_encoder(path: Path) -> Encoder:
-    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch."""
+def checkpoint_encoder(path: Path, bundle: Path | None = None) -> Encoder:
+    """Texts -> the served vectors of an `encoder` checkpoint (a student before export), in torch:
+    where it reads `bundle`'s tokenizer (a phase started from the bundle's recovered encoder), as
+    that bundle would serve it, long texts in its windows (`disan.eval.encoders.served_as`);
+    otherwise through the checkpoint's own vocabulary, each text cut to its first 64 tokens."""
     from disan.distill.loop import checkpoint_encoder as load  # torch (`train` extra)
 
+    if bundle is not None and (bundle / "manifest.json").is_file():
+        encode = served_as(path, bundle, normalize=False)
+        if encode is not None:
+            return encode
+        print(f"{path} reads another tokenizer than {bundle}'s embed route: its own vocabulary, each text "
+              "cut to 64 tokens (no windows)", file=sys.stderr)
     return load(path)
 
 
 def encoders_under_test(checkpoints: Sequence[Path], bundle: Path, bundle_label: str
                         ) -> dict[str, Callable[[], Encoder]]:
     """Label -> encoder factory of what `disan eval --sts / --transfer` scores: each of
-    `checkpoints` (--checkpoint: students before export), else the bundle."""
+    `checkpoints` (--checkpoint: students before export, through `bundle`'s windows where they read
+    its tokenizer), else the bundle."""
     if checkpoints:
-        return {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p)) for p in checkpoints}
+        return {f"DiSAN checkpoint ({p})": (lambda p=p: checkpoint_encoder(p, bundle)) for p in checkpoints}
     return {bundle_label: lambda: disan_encoder(bundle)}
 
 

@@ -120,3 +120,26 @@ def test_transfer_of_a_checkpoint_scores_its_vectors(senteval: Path, tmp_path: P
     assert list(results) == [f"DiSAN checkpoint ({tmp_path / 'student.pt'})"]
     assert set(results[list(results)[0]]) >= {"MR", "TREC", "SICK-E"}
     assert (tmp_path / "out" / "transfer.json").is_file()
+
+
+def test_a_checkpoint_that_reads_the_bundles_tokenizer_is_scored_through_its_windows(
+        tiny_bundle: Path, tiny_checkpoints, tmp_path: Path, capsys) -> None:
+    """`disan eval --transfer|--sts --checkpoint` with `--bundle`: a phase from the bundle's encoder
+    gives the vectors that bundle would serve, a long text's windows and all (not its first 64
+    tokens); a checkpoint of another vocabulary reads its own, each text cut, and says so."""
+    pytest.importorskip("torch")
+    from conftest import make_tiny_checkpoint
+
+    from disan.eval import transfer
+    from disan.text.tokenizer import Vocab
+
+    long_text = "the children are walking in the rain . " * 15 + "a dog is running in the park . " * 15
+    texts = [long_text, "a dog"]
+    (make,) = transfer.encoders_under_test([tiny_checkpoints.nli], tiny_bundle, "bundle").values()
+    # the bundle was exported without --embed: /embed serves the NLI model's encoder
+    np.testing.assert_allclose(make()(texts), transfer.disan_encoder(tiny_bundle)(texts), atol=1e-5)
+    assert capsys.readouterr().err == ""
+    other = make_tiny_checkpoint(tmp_path / "other.pt", "encoder", Vocab(["zebra", "dog"]), [], seed=3)
+    (make,) = transfer.encoders_under_test([other], tiny_bundle, "bundle").values()
+    assert make()(texts).shape[0] == 2
+    assert "cut to 64 tokens" in capsys.readouterr().err
