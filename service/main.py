@@ -25,6 +25,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
+from disan.bundle.dimensions import any_size_up_to, sizes_text
 from disan.bundle.manifest import matryoshka_dims
 from service.common.errors import Unauthorized
 from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
@@ -92,13 +93,18 @@ class DisanApp(FastAPI):
             return schema
         patched = copy.deepcopy(schema)
         sizes = matryoshka_dims(runtime.manifest, runtime.dim)
+        up_to = any_size_up_to(runtime.manifest)
+        served = [{"type": "integer", "enum": sizes}]
+        if up_to:
+            served = [{"type": "integer", "enum": sizes[:1]},
+                      {"type": "integer", "minimum": 1, "maximum": up_to}]
         for model in patched.get("components", {}).get("schemas", {}).values():
             dims = model.get("properties", {}).get("dimensions")
             if dims is not None:
                 dims.clear()
-                dims.update({"anyOf": [{"type": "integer", "enum": sizes}, {"type": "null"}],
+                dims.update({"anyOf": [*served, {"type": "null"}],
                              "title": "Dimensions",
-                             "description": f"one of {sizes}, the sizes this model serves: each "
+                             "description": f"{sizes_text(sizes, up_to)}, the sizes this model serves: each "
                                             "vector cut to `dimensions` components (its first ones, "
                                             "or its coordinates on the bundle's principal axes), "
                                             f"then normalised where asked; omitted: {runtime.dim}"})

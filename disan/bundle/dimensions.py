@@ -54,9 +54,10 @@ def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int |
     sizes = matryoshka_dims(manifest, whole)
     if len(sizes) < 2:
         raise BundleError(f"{path.name}: matryoshka_projection without shorter matryoshka_dims")
-    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < sizes[1]:
-        raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {sizes[1]}] "
-                          f"for the sizes {sizes}")
+    need = max(sizes[1], any_size_up_to(manifest))  # every size up to the axes' count is served
+    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < need:
+        raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {need}] "
+                          f"for the sizes {sizes} and any up to the manifest's axes")
     return axes.astype(np.float32)
 
 
@@ -65,13 +66,32 @@ def bundle_projection(bundle_dir: str | Path) -> np.ndarray | None:
     return load_projection(bundle_dir, load_manifest(bundle_dir, verify_hashes=False))
 
 
-def dimensions_problem(dimensions: object, allowed: Sequence[int]) -> str | None:
-    """Why `dimensions` cannot be served (not an integer, or not one of the `allowed` sizes, which
-    the message names), or None: the one message of `Encoder.encode` and the service."""
+def any_size_up_to(manifest: dict[str, Any]) -> int:
+    """The largest `dimensions` below the whole vector that is served at any size: a bundle with
+    principal axes serves every m from 1 to its axes' count (the coordinates on its first m axes, the
+    best m-dimensional summary whatever m is); 0 where the shorter sizes are trained prefixes, of
+    which only the trained ones (`matryoshka_dims`) are good vectors."""
+    entry = projection_entry(manifest)
+    return int(entry.get("axes") or 0) if entry is not None else 0
+
+
+def sizes_text(allowed: Sequence[int], up_to: int = 0) -> str:
+    """The sizes a model serves, as the refusals say them."""
+    if up_to:
+        return f"{allowed[0]} or any from 1 to {up_to} (measured: {list(allowed)})"
+    return f"one of {list(allowed)}"
+
+
+def dimensions_problem(dimensions: object, allowed: Sequence[int], up_to: int = 0) -> str | None:
+    """Why `dimensions` cannot be served (not an integer, or not one of the `allowed` sizes nor from
+    1 to `up_to` (`any_size_up_to`), which the message names), or None: the one message of
+    `Encoder.encode` and the service."""
     if not isinstance(dimensions, (int, np.integer)) or isinstance(dimensions, bool):
-        return f"dimensions: an integer, one of {list(allowed)}; got {type(dimensions).__name__}"
-    if int(dimensions) not in allowed:
-        return (f"dimensions: {dimensions} is not a size this model serves; the sizes are {list(allowed)}")
+        return f"dimensions: an integer, {sizes_text(allowed, up_to)}; got {type(dimensions).__name__}"
+    if int(dimensions) not in allowed and not 1 <= int(dimensions) <= up_to:
+        if up_to:
+            return f"dimensions: {dimensions} is not a size this model serves: {sizes_text(allowed, up_to)}"
+        return f"dimensions: {dimensions} is not a size this model serves; the sizes are {list(allowed)}"
     return None
 
 

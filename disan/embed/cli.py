@@ -22,6 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from disan.bundle.dimensions import any_size_up_to
 from disan.bundle.lexical import NO_TABLE, lexical_entry
 from disan.bundle.manifest import fingerprints_in_use, load_manifest, matryoshka_dims
 from disan.embed.config import EmbedConfig
@@ -76,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most sentences per onnxruntime call (default: the service's for the provider)")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
     parser.add_argument("--dimensions", type=int, default=d.dimensions,
-                        help="vectors of this size, one the bundle serves (GET /info matryoshka_dims), as "
+                        help="vectors of this size, one the bundle serves (GET /info matryoshka_dims, or any "
+                             "up to dimensions_up_to), as "
                              "/embed's `dimensions` makes them (default: the whole vector)")
     parser.add_argument("--sparse", action="store_true",
                         help="also each text's sparse lexical vector, as POST /embed_sparse sends it (for "
@@ -117,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
                                ("--threads", cfg.threads, 0)):
         if value is not None and value < least:
             raise EmbedError(f"{flag} must be at least {least}, got {value}")
-    if cfg.dimensions is not None:  # one of the sizes the bundle serves
-        sizes = matryoshka_dims(load_manifest(cfg.bundle, verify_hashes=False))
-        problem = dimensions_problem(cfg.dimensions, sizes)
+    if cfg.dimensions is not None:  # a size the bundle serves
+        manifest = load_manifest(cfg.bundle, verify_hashes=False)
+        problem = dimensions_problem(cfg.dimensions, matryoshka_dims(manifest), any_size_up_to(manifest))
         if problem:
             raise EmbedError(f"--{problem}")
     if cfg.sparse and lexical_entry(load_manifest(cfg.bundle, verify_hashes=False)) is None:

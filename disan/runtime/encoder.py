@@ -3,8 +3,8 @@
     from disan import Encoder
     enc = Encoder("models/default")
     vectors = enc.encode(["A man plays a guitar.", "Someone is eating."], normalize=True)
-    short = enc.encode(["A man plays a guitar."], normalize=True,   # a prefix the model was
-                       dimensions=enc.matryoshka_dims[-1])           # trained for, normalised
+    short = enc.encode(["A man plays a guitar."], normalize=True,   # a size the model serves
+                       dimensions=enc.matryoshka_dims[-1])           # (matryoshka_dims, dimensions_up_to)
     enc.similarity(["a query"], ["doc one", "doc two"])   # cosine matrix [1, 2]
     enc.encode_sparse(["a query"])                        # [(token ids, weights)]: /embed_sparse's
     enc.nli([("A man sleeps.", "Nobody is awake.")])      # [{"label", "scores"}]
@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from disan.bundle.dimensions import dimensions_problem, shorten
+from disan.bundle.dimensions import any_size_up_to, dimensions_problem, shorten
 from disan.bundle.lexical import NO_TABLE, SparseVector, hybrid_scores, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
@@ -124,6 +124,12 @@ class Encoder:
         was trained to serve as prefixes of its vector (disan.bundle.manifest.matryoshka_dims)."""
         return matryoshka_dims(self.runtime.manifest, self.dim)
 
+    @property
+    def dimensions_up_to(self) -> int:
+        """Every `dimensions` from 1 to this is served too (a bundle with principal axes: the
+        coordinates on its first m axes); 0 where only `matryoshka_dims` are (trained prefixes)."""
+        return any_size_up_to(self.runtime.manifest)
+
     def __repr__(self) -> str:
         rt = self.runtime
         return (f"Encoder({rt.name!r}, dim={rt.dim}, {rt.graph_set}/{rt.variant} on {rt.provider}, "
@@ -188,9 +194,11 @@ class Encoder:
     def encode(self, texts: str | Sequence[str], batch_size: int | None = None, normalize: bool = False,
                show_progress: bool = False, dimensions: int | None = None) -> np.ndarray:
         """Sentence vectors float32 [N, D] (a single string: [D]), L2-normalised if asked.
-        `dimensions`: each vector's first `dimensions` components, then normalised if asked
-        (Matryoshka); one of `matryoshka_dims`, else ValueError naming them."""
-        problem = None if dimensions is None else dimensions_problem(dimensions, self.matryoshka_dims)
+        `dimensions`: each vector cut to `dimensions` components (its first ones, Matryoshka; or its
+        coordinates on the bundle's first principal axes), then normalised if asked; one of
+        `matryoshka_dims` or any from 1 to `dimensions_up_to`, else ValueError naming them."""
+        problem = None if dimensions is None else dimensions_problem(dimensions, self.matryoshka_dims,
+                                                                     self.dimensions_up_to)
         if problem is not None:
             raise ValueError(problem)
         one = isinstance(texts, str)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from disan.bundle.dimensions import any_size_up_to
 from disan.bundle.lexical import hybrid_scores, sparse_dot, sparse_dots
 from disan.bundle.manifest import matryoshka_dims
 from disan.runtime.encoder import dimensions_problem, prefixed
@@ -70,11 +71,13 @@ def token_count(items: list[Tokenized]) -> int:
 
 def prefix_size(engine: Engine, dimensions: int | None) -> int | None:
     """How many components of each vector to send (None: all): a request's `dimensions` when it
-    is one of the sizes the model serves, else a 422 naming them."""
+    is a size the model serves (`matryoshka_dims`, or any up to its principal axes' count), else a
+    422 naming them."""
     if dimensions is None:
         return None
     runtime = engine.require_ready()
-    problem = dimensions_problem(dimensions, matryoshka_dims(runtime.manifest, runtime.dim))
+    problem = dimensions_problem(dimensions, matryoshka_dims(runtime.manifest, runtime.dim),
+                                 any_size_up_to(runtime.manifest))
     if problem is not None:
         raise InvalidRequest(problem)
     return dimensions if dimensions < runtime.dim else None

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from disan.bundle.dimensions import any_size_up_to
 from disan.bundle.lexical import WEIGHTING
 from disan.bundle.manifest import fingerprints_in_use, matryoshka_dims
 from service.common.errors import ERROR_TABLE, Unauthorized
@@ -312,6 +313,7 @@ async def info(engine: EngineDep) -> dict:
         **tei_info(engine),
         "model": rt.name, "dim": rt.dim, "matryoshka_dims": matryoshka_dims(m, rt.dim),
         "dimensions_by": "prefix" if rt.projection is None else "principal_axes",
+        "dimensions_up_to": any_size_up_to(m),
         "sparse": {"served": rt.idf is not None, "route": "/embed_sparse", "weighting": WEIGHTING},
         "provider": rt.provider, "providers": rt.providers,
         "variant": rt.variant, "labels": rt.labels, "explain": rt.has_explain, "routes": rt.routes,

@@ -22,8 +22,8 @@ _LONG_TEXT = ("texts over max_tokens: window (cut into windows of max_tokens, ea
 _TRUNCATE = "same as long_text=truncate (kept for older clients)"
 DIMENSIONS_HELP = ("vectors of this many components: each vector's first `dimensions` (Matryoshka), or its "
                "coordinates on the bundle's first `dimensions` principal axes, then normalised where "
-               "asked; one of the sizes the model serves (GET /info `matryoshka_dims`, the largest its "
-               "dim), any other a 422 naming them; omitted: dim")
+               "asked; a size the model serves (GET /info `matryoshka_dims`, the largest its dim, or "
+               "any from 1 to `dimensions_up_to`), any other a 422 naming them; omitted: dim")
 # Requests are strict (no 0 -> False, "5" -> 5 coercion) so the API accepts exactly what its
 # OpenAPI schema says, and unknown fields are errors (a typo like "text" is reported, not ignored).
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -263,9 +263,14 @@ class Info(BaseModel):
     model: str
     dim: int
     matryoshka_dims: list[int] = Field(description="the `dimensions` /embed and /v1/embeddings take, "
-                                       "largest (dim) first (the bundle manifest's): trained prefixes, "
-                                       "or coordinates on the bundle's principal axes where "
-                                       "`dimensions_by` is `principal_axes`")
+                                       "largest (dim) first (the bundle manifest's; the model card "
+                                       "gives each one's quality): trained prefixes, or coordinates on "
+                                       "the bundle's principal axes where `dimensions_by` is "
+                                       "`principal_axes`")
+    dimensions_up_to: int = Field(description="`dimensions` from 1 to this are taken too (the "
+                                  "coordinates on the bundle's first principal axes: any size is the "
+                                  "best summary of that size); 0: only `matryoshka_dims` (trained "
+                                  "prefixes)")
     dimensions_by: str = Field(description="how a shorter vector is made: `prefix` (the encoder was "
                                            "trained with Matryoshka prefixes, or serves only dim) or "
                                            "`principal_axes` (the bundle's dimensions.npy)")

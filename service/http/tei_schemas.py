@@ -79,7 +79,8 @@ class TEIEmbedRequest(TEITexts):
     model_config = _tei({"inputs": ["A man is playing a guitar.", "Someone plays music."]},
                         {"inputs": "A man is playing a guitar.", "truncate": True})
     normalize: bool = Field(True, description="L2-normalise each vector (TEI's default: true)")
-    dimensions: int | None = Field(None, description="a size the model serves (GET /info `matryoshka_dims`): "
+    dimensions: int | None = Field(None, description="a size the model serves (GET /info `matryoshka_dims`, "
+                                   "or any from 1 to `dimensions_up_to`): "
                                    "each vector cut to `dimensions` components (its first ones, or its "
                                    "coordinates on the bundle's principal axes), then normalised where "
                                    "asked; any other a 422 naming them")

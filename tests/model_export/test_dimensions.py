@@ -73,8 +73,14 @@ def test_encoder_serves_the_coordinates_on_the_axes(projected, tiny_bundle):
         assert got.shape == (len(TEXTS), m)
         np.testing.assert_allclose(got, unit(whole @ axes[:, :m]), atol=1e-5)
         assert not np.allclose(got, unit(whole[:, :m]), atol=1e-3)  # not a prefix
-    with pytest.raises(ValueError, match="sizes are"):
-        enc.encode(TEXTS, dimensions=3)
+    assert enc.dimensions_up_to == dim // 2
+    # any size up to the axes' count: the coordinates on that many axes (not only the listed sizes)
+    for m in (1, 3, dim // 2 - 1):
+        np.testing.assert_allclose(enc.encode(TEXTS, dimensions=m, normalize=True),
+                                   unit(whole @ axes[:, :m]), atol=1e-5)
+    for bad in (0, dim // 2 + 1, dim - 1, dim + 1):  # past the axes: only the whole vector
+        with pytest.raises(ValueError, match=rf"{dim} or any from 1 to {dim // 2} \(measured"):
+            enc.encode(TEXTS, dimensions=bad)
 
 
 def test_the_leading_axes_keep_more_than_a_prefix(projected):
@@ -109,6 +115,17 @@ def test_service_routes_and_info(projected):
         np.testing.assert_allclose([d["embedding"] for d in openai["data"]], want, atol=1e-5)
         tei = c.post("/embed", json={"inputs": TEXTS, "dimensions": m}).json()
         np.testing.assert_allclose(tei, want, atol=1e-5)
+        # a size between the listed ones: served on every route, and the schema says which
+        assert info["dimensions_up_to"] == m
+        odd = enc.encode(TEXTS, dimensions=3, normalize=True)
+        got = c.post("/v1/embeddings", json={**body, "dimensions": 3}).json()
+        np.testing.assert_allclose([d["embedding"] for d in got["data"]], odd, atol=1e-5)
+        np.testing.assert_allclose(c.post("/embed", json={"inputs": TEXTS, "dimensions": 3}).json(), odd,
+                                   atol=1e-5)
+        r = c.post("/v1/embeddings", json={**body, "dimensions": m + 1})
+        assert r.status_code == 422 and f"any from 1 to {m}" in r.json()["error"]["message"], r.text
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["OpenAIEmbeddingsRequest"]
+        assert {"type": "integer", "minimum": 1, "maximum": m} in schema["properties"]["dimensions"]["anyOf"]
 
 
 def test_prefix_bundles_say_so(tiny_bundle):
@@ -203,9 +220,15 @@ def test_disan_embed_writes_the_served_size(projected, tmp_path, capsys):
     table = pq.read_table(sorted(out.glob("part-*"))[0])
     got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
     np.testing.assert_allclose(got, Encoder(projected).encode(TEXTS, dimensions=m, normalize=True), atol=1e-5)
+    assert disan_main(["embed", str(corpus), "-o", str(tmp_path / "three"), "--bundle", str(projected),
+                       "--normalize", "--dimensions", "3", "--no-progress"]) == 0  # any size up to the axes
+    table = pq.read_table(sorted((tmp_path / "three").glob("part-*"))[0])
+    np.testing.assert_allclose(np.asarray(table.column("embedding").to_pylist(), dtype=np.float32),
+                               Encoder(projected).encode(TEXTS, dimensions=3, normalize=True), atol=1e-5)
+    past = 2 * m + 1  # past the axes, short of the whole vector
     assert disan_main(["embed", str(corpus), "-o", str(tmp_path / "other"), "--bundle", str(projected),
-                       "--dimensions", "3"]) == 2
-    assert "dimensions: 3 is not a size this model serves" in capsys.readouterr().err
+                       "--dimensions", str(past)]) == 2
+    assert f"dimensions: {past} is not a size this model serves" in capsys.readouterr().err
 
 
 def test_disan_embed_refuses_to_resume_with_other_axes(projected, tmp_path, capsys):
