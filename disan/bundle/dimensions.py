@@ -107,9 +107,24 @@ def principal_axes(vectors: np.ndarray, k: int) -> np.ndarray:
     return axes * signs
 
 
+def require_within_the_axes(sizes: Sequence[int], projection: np.ndarray | None, bundle: object) -> None:
+    """ValueError naming the sizes in `sizes`, short of the whole vector, that a bundle with
+    `projection` [D, K] cannot make (more than its K axes; a bundle of prefixes makes any):
+    checked before an evaluation embeds anything, whose row would otherwise be the K-d vector."""
+    if projection is None:
+        return
+    whole, axes = projection.shape
+    past = [m for m in sizes if axes < m < whole]
+    if past:
+        raise ValueError(f"--dimensions {' '.join(map(str, past))}: {bundle} serves sizes up to its {axes} "
+                         f"principal axes, and {whole}")
+
+
 def shorten(vectors: np.ndarray, m: int, projection: np.ndarray | None) -> np.ndarray:
     """Rows of `m` components (not normalised): their first m, or with `projection` [D, K] their
-    coordinates on its first m axes."""
+    coordinates on its first m axes (m at most K: past them the axes cannot make m components)."""
     if projection is None:
         return np.ascontiguousarray(vectors[..., :m])
+    if m > projection.shape[1]:
+        raise ValueError(f"dimensions {m}: more than the bundle's {projection.shape[1]} principal axes")
     return (vectors @ projection[:, :m]).astype(np.float32, copy=False)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from disan.bundle.dimensions import bundle_projection, shorten
+from disan.bundle.dimensions import bundle_projection, require_within_the_axes, shorten
 from disan.bundle.lexical import NO_TABLE, Postings
 from disan.data.readers import open_text
 from disan.eval.encoders import BASELINES, Encode, baseline_keys, checkpoint_windows, disan_encoders
@@ -306,6 +306,7 @@ def evaluate(folders: Sequence[Path], bundle: Path | None, baselines: Sequence[s
             raise ValueError(f"--hybrid: {bundle} {NO_TABLE}")
         models.append((label, lambda: dense))
         projections[label] = bundle_projection(bundle) if dimensions else None
+        require_within_the_axes(dimensions, projections[label], bundle)
         if hybrid and sparse_of is not None:
             sparse[label] = sparse_of
     models += [BASELINES[key] for key in baselines]

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from disan.bundle.dimensions import bundle_projection, shorten
+from disan.bundle.dimensions import bundle_projection, require_within_the_axes, shorten
 from disan.data.sts import sts_scores
 
 
@@ -46,6 +46,7 @@ def run_sts(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     sizes = getattr(args, "dimensions", None) or ()
     # the bundle's `dimensions=m` (disan.bundle.dimensions); checkpoints and baselines: prefixes
     projection = bundle_projection(args.bundle) if sizes and args.bundle and not args.checkpoint else None
+    require_within_the_axes(sizes, projection, args.bundle)
     results = {}
     for label, make in encoders.items():
         encode = remembered(make()) if sizes else make()

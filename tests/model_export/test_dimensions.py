@@ -251,3 +251,27 @@ def test_disan_embed_refuses_to_resume_with_other_axes(projected, tmp_path, caps
     assert main([str(bundle), "--texts", str(refit), "--sizes", str(m)]) == 0
     assert disan_main(args) == 2
     assert "dimensions_axes" in capsys.readouterr().err
+
+
+def test_evaluation_refuses_sizes_past_the_axes(projected, tmp_path, capsys):
+    """`disan eval --sts|--retrieval --dimensions m` with m past the bundle's axes once scored the
+    largest vector the axes make under m's name; now it stops before embedding anything."""
+    from disan.cli import main as disan_main
+
+    dim = load_manifest(projected)["embedding_dim"]
+    past = dim // 2 + 1
+    folder = tmp_path / "toy"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                                 for i, t in enumerate(TEXTS)))
+    (folder / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "guitar"}) + "\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+    for flags in (["--sts", "--data", str(tmp_path), "--sts-baselines", "", "--out-dir", str(tmp_path / "o")],
+                  ["--retrieval", str(folder)]):
+        sizes = ["--dimensions", str(dim // 4), str(past)]
+        code = disan_main(["eval", *flags, "--bundle", str(projected), *sizes])
+        err = capsys.readouterr().err
+        assert code == 2 and f"--dimensions {past}: " in err and f"up to its {dim // 2} principal axes" in err
+    axes = load_projection(projected, load_manifest(projected))
+    with pytest.raises(ValueError, match="principal axes"):
+        shorten(np.ones((1, dim), np.float32), past, axes)
