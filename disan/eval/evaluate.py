@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--transfer: fixed (C = 1, alpha = 1) or tuned (C and alpha chosen by "
                              "cross-validation on the training data only)")
     parser.add_argument("--dimensions", type=int, nargs="+", metavar="M",
-                        help="--retrieval, --sts: also score each vector's first M components, "
-                             "normalised (the Matryoshka sizes a bundle serves: GET /info matryoshka_dims)")
+                        help="--retrieval, --sts: also score each vector cut to M components as the "
+                             "bundle serves `dimensions=M` (GET /info matryoshka_dims, or any up to "
+                             "dimensions_up_to), normalised; a checkpoint's or baseline's first M")
     parser.add_argument("--hybrid", type=float, nargs="+", metavar="W",
                         help="--retrieval: also score the bundle's (1 - W) x dense cosine + W x sparse dot "
                              "(its lexical table: POST /embed_sparse), each W from 0 to 1")
