@@ -10,8 +10,10 @@ Same conventions as `disan`'s commands (disan/cli.py): one module a command with
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from disan.cli import build_parser, dispatch
+from disan.optional import MissingDependency
 
 PROG = "python -m research"
 # command -> (module, one-line help, the extra it needs)
@@ -23,6 +25,21 @@ COMMANDS = {
     "slim": ("research.slim", "copy a checkpoint without its training state, in fp16 (to carry it)",
              "train"),
 }
+
+
+def run_tool(main: Callable[[], int | None], module: str) -> int:
+    """A research tool run as `python -m MODULE`: its `main()`, with a user error (a checkpoint or
+    file that is not there, a value it cannot use, a package not installed) as one line on stderr
+    and exit status 2, as `disan`'s commands answer, instead of a traceback."""
+    prog = f"python -m {module}"
+    try:
+        return int(main() or 0)
+    except MissingDependency as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,4 +151,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from research.cli import run_tool  # only a script run needs it
+
+    raise SystemExit(run_tool(main, "research.lexical_channel"))

@@ -122,4 +122,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from research.cli import run_tool  # only a script run needs it
+
+    raise SystemExit(run_tool(main, "research.pieces_from_words"))

@@ -75,4 +75,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from research.cli import run_tool  # only a script run needs it
+
+    raise SystemExit(run_tool(main, "research.analyses.sentiment_ensembles"))

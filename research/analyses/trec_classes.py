@@ -82,4 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from research.cli import run_tool  # only a script run needs it
+
+    raise SystemExit(run_tool(main, "research.analyses.trec_classes"))
