@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from disan.bundle.dimensions import any_size_up_to
 from disan.bundle.lexical import lexical_entry
 from disan.bundle.manifest import (
     available_variants,
@@ -126,13 +127,18 @@ def dimension_ways(bundle: Path) -> dict[int, str]:
 
 def compare_dimensions(old: Path, new: Path, embed_same: bool) -> dict[str, Any]:
     """The shorter sizes of both bundles: a size both serve is `changed` when the embed route
-    changed or the size is made another way (an index of such vectors must be re-embedded)."""
+    changed or the size is made another way (an index of such vectors must be re-embedded); and
+    the sizes served at any size (`up_to`, disan.bundle.dimensions.any_size_up_to): fewer in the
+    new bundle (`narrower`) is a change too, since a client's `dimensions` may then be refused."""
     a, b = dimension_ways(old), dimension_ways(new)
     both = sorted(set(a) & set(b), reverse=True)
     changed = [m for m in both if not embed_same or a[m] != b[m]]
-    return {"status": "changed" if changed else "same", "changed": changed, "compared": both,
+    up_to = {side: any_size_up_to(load_manifest(path, verify_hashes=False))
+             for side, path in (("old", old), ("new", new))}
+    narrower = up_to["new"] < up_to["old"]
+    return {"status": "changed" if changed or narrower else "same", "changed": changed, "compared": both,
             "only_old": sorted(set(a) - set(b), reverse=True),
-            "only_new": sorted(set(b) - set(a), reverse=True)}
+            "only_new": sorted(set(b) - set(a), reverse=True), "up_to": up_to, "narrower": narrower}
 
 
 def sparse_way(bundle: Path) -> str | None:
@@ -182,7 +188,7 @@ def compare(old: Path, new: Path, only: list[str] | None = None) -> dict[str, An
     dims = compare_dimensions(old, new, report["embed"]["status"] == "same") if "embed" in report else None
     if dims and (dims["compared"] or dims["only_old"] or dims["only_new"]):  # either serves shorter sizes
         out["dimensions"] = dims
-        if dims["changed"]:
+        if dims["changed"] or dims["narrower"]:
             changed.append("embed dimensions")
     sparse = compare_sparse(old, new) if only is None or "embed" in only else None
     if sparse is not None:
@@ -213,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         extra = "".join(f"; only in {side[5:]}: {', '.join(map(str, dims[side]))}"
                         for side in ("only_old", "only_new") if dims[side])
         sizes = ", ".join(map(str, dims["compared"])) or "no shorter size in both"
+        if dims["up_to"]["old"] != dims["up_to"]["new"]:
+            extra += f"; any size up to {dims['up_to']['old']} in old, {dims['up_to']['new']} in new"
         print(f"{'embed dimensions':18} {dims['status']:8} ({sizes}{extra})")
     if "sparse" in report:
         print(f"{'embed sparse':18} {report['sparse']:8} (POST /embed_sparse: the lexical table)")

@@ -203,6 +203,16 @@ def test_bundle_diff_reports_how_shorter_sizes_are_made(projected, tiny_bundle, 
     moved = compare(prefixes, projected)
     assert moved["dimensions"]["changed"] == [dim // 2, dim // 4]
     assert moved["changed"] == ["embed dimensions"]
+    assert moved["dimensions"]["up_to"] == {"old": 0, "new": dim // 2}
+    # the same axes, but fewer sizes served at will: a client's dimensions=dim//2 - 1 would be refused
+    fewer = shutil.copytree(projected, tmp_path / "fewer")
+    manifest = json.loads((fewer / MANIFEST_NAME).read_text())
+    manifest["matryoshka_projection"]["axes"] = dim // 4
+    (fewer / MANIFEST_NAME).write_text(json.dumps(manifest))
+    narrower = compare(projected, fewer)
+    assert narrower["dimensions"]["changed"] == [] and narrower["dimensions"]["narrower"]
+    assert narrower["changed"] == ["embed dimensions"]
+    assert compare(fewer, projected)["changed"] == []  # more sizes: nothing a client has breaks
 
 
 def test_disan_embed_writes_the_served_size(projected, tmp_path, capsys):
