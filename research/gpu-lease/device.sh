@@ -29,7 +29,8 @@
 #   bash .gpurun/run.sh student MINUTES ARGS  (a kit of pack-student.sh, with its last piece) the
 #                                             teacher encodes the corpus for at most MINUTES (a
 #                                             shuffled prefix: every source), then `disan distill
-#                                             student ARGS` on it (KIT/init.pt in ARGS: the start
+#                                             student ARGS` on it, its inputs read first (`--check`:
+#                                             a bad flag or file stops before the teacher; KIT/init.pt in ARGS: the start
 #                                             pack-student.sh --init put in the kit; KIT/data the
 #                                             staged files of --data); student.pt
 #                                             back in fp16 with its metrics, without a borrowed
@@ -165,9 +166,21 @@ student_run() {  # RUN ARGS...: `disan distill student` into RUN, from the kit's
   python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}"
 }
 
+check_students() {  # ARGS [-- ARGS2]...: each set's inputs read (`--check`) before any teacher
+  # minute is spent, so a start without its whitening map or a missing --data file stops here
+  local args=()
+  while [ $# -gt 0 ]; do
+    args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    [ $# -gt 0 ] && shift  # the --
+    student_run "$(mktemp -d "$kit/check-XXXX")" "${args[@]}" --check
+  done
+}
+
 students() {  # MINUTES ARGS [-- ARGS2]...: the teacher, then one student a set of ARGS at once
   local minutes=$1 run runs=() args=() n=0 failed=0 p slim=()
   shift
+  check_students "$@"
   [ "$minutes" = 0 ] || corpus_teacher "$minutes"
   while [ $# -gt 0 ]; do
     args=()
@@ -220,6 +233,7 @@ case $step in
   student)
     unpack
     minutes=$1; shift
+    check_students "$@"
     corpus_teacher "$minutes"
     run=$(mktemp -d "$kit/student-XXXX")
     student_run "$run" "$@"

@@ -53,11 +53,14 @@ def test_a_student_starts_from_the_kits_init_and_leaves_its_borrowed_table_behin
                          capture_output=True, text=True, cwd=ROOT, env=env | {"KIT": str(kit)}, check=False)
     assert got.returncode == 0, got.stdout + got.stderr
     calls = (kit / "calls").read_text().splitlines()
-    assert calls[0].split()[2:4] == ["distill", "teacher"] and "--max-minutes 3" in calls[0]
-    student = calls[1].split()
+    check = calls[0].split()  # the inputs read before any teacher minute is spent
+    assert check[2:4] == ["distill", "student"] and check[-3:] == ["--anchor", "0.5", "--check"]
+    assert check[check.index("--init") + 1] == f"{kit}/init.pt"
+    assert calls[1].split()[2:4] == ["distill", "teacher"] and "--max-minutes 3" in calls[1]
+    student = calls[2].split()
     assert student[student.index("--init") + 1] == f"{kit}/init.pt"
     assert student[-2:] == ["--anchor", "0.5"]
-    assert calls[2].split()[2] == "slim" and calls[2].endswith("--without-borrowed")
+    assert calls[3].split()[2] == "slim" and calls[3].endswith("--without-borrowed")
     assert (out / "student16.pt.part-0").read_text() == "trained\n"
     assert (out / "metrics.jsonl").is_file()
 
@@ -74,7 +77,9 @@ def test_students_train_side_by_side_each_with_its_flags_and_come_back_numbered(
     assert got.returncode == 0, got.stdout + got.stderr
     calls = (kit / "calls").read_text().splitlines()
     assert not any("distill teacher" in c for c in calls)
-    trained = sorted(c.split() for c in calls if "distill student" in c)
+    checked = [c.split() for c in calls if c.endswith("--check")]
+    assert [c[-2] for c in checked] == ["0.5", "256"] and calls.index(" ".join(checked[-1])) == 1
+    trained = sorted(c.split() for c in calls if "distill student" in c and not c.endswith("--check"))
     assert [c[-2:] for c in trained] == [["--anchor", "0.5"], ["--batch-size", "256"]]
     assert all(c[c.index("--init") + 1] == f"{kit}/init.pt" for c in trained)
     outs = {c[c.index("--out") + 1].rsplit("/", 1)[1].split("-")[0]: c[-1] for c in trained}
@@ -83,6 +88,26 @@ def test_students_train_side_by_side_each_with_its_flags_and_come_back_numbered(
         assert (out / f"student{n}-fp16.pt.part-0").read_text() == "trained\n"
     assert (out / "students.sha256").read_text().split()[1::2] == ["student1-fp16.pt", "student2-fp16.pt"]
     assert (out / "metrics-1.jsonl").is_file() and (out / "metrics-2.jsonl").is_file()
+
+
+CHECK_FAILS = STUDENT_STUB.replace("#!/bin/sh\n", """#!/bin/sh
+case "$*" in
+  *--check) echo "$*" >> "$KIT/calls"; echo "--whiten-targets: no whitening map" >&2; exit 2 ;;
+esac
+""", 1)
+
+
+def test_a_student_whose_inputs_fail_the_check_stops_before_the_teacher(tmp_path: Path, bash: str) -> None:
+    """A start without the whitening map --whiten-targets needs (or a bad flag, a missing --data
+    file) stops the step at its check: no teacher minute of the lease is spent on a run that would
+    stop after them."""
+    kit, out, env = stub_machine(tmp_path, CHECK_FAILS)
+    (kit / ".unpacked").touch()
+    got = subprocess.run([bash, str(SCRIPTS[1]), "student", "3", "--init", "KIT/init.pt", "--whiten-targets"],
+                         capture_output=True, text=True, cwd=ROOT, env=env | {"KIT": str(kit)}, check=False)
+    assert got.returncode != 0 and "no whitening map" in got.stderr
+    calls = (kit / "calls").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].endswith("--whiten-targets --check")
 
 
 def test_the_student_packer_names_a_missing_start_before_any_work(tmp_path: Path, bash: str) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from disan.distill.student.config import StudentConfig
-from disan.distill.student.train import train_student
+from disan.distill.student.train import check_inputs, train_student
 
 _HELP = {
     "corpus": "a `disan distill corpus` folder", "out": "run folder (student.pt, metrics.jsonl, pieces.npy)",
@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             elif f.name == "threads":
                 kind = int
             parser.add_argument(flag, type=kind, default=f.default, help=help_text)
+    parser.add_argument("--check", action="store_true",
+                        help="only read the inputs a run reads before the teacher's rows (corpus, --init "
+                        "and its whitening map, tokenizer, --data files) and stop: a lease runs this "
+                        "before its teacher")
 
 
 def config(args: argparse.Namespace) -> StudentConfig:
@@ -70,6 +74,9 @@ def config(args: argparse.Namespace) -> StudentConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
+    if args.check:
+        print(check_inputs(cfg))
+        return 0
     encode = None
     if cfg.starts_fresh and not (cfg.out / "pieces.npy").is_file():  # --resume/--init carry the table
         from disan.distill.teacher import sentence_transformer_encoder  # only for a first run: loads MPNet

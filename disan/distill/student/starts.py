@@ -11,7 +11,7 @@ import torch
 from disan.distill.student.config import StudentConfig
 from disan.distill.student.rows import PieceRows
 from disan.distill.teacher import teacher_tokenizer_file
-from disan.model import DiSANEncoder
+from disan.model import DiSANConfig, DiSANEncoder
 from disan.text.pieces import PieceTokenizer
 
 
@@ -90,15 +90,22 @@ def anchored(target: np.ndarray | None, own: np.ndarray, share: float) -> np.nda
     return unit((1.0 - share) * unit(target) + share * unit(own)).astype(np.float32)
 
 
+def whitening_map(init: dict, path: object) -> dict:
+    """The --init student's whitening map ({"mean", "linear"}), which --whiten-targets needs;
+    ValueError naming what writes one where the start has none (a bundle's recovered encoder)."""
+    whitening = init.get("whitening")
+    if whitening is None:
+        raise ValueError(f"--whiten-targets: {path} carries no whitening map (research.whiten_head writes "
+                         "one, and research.whitening_power --write from a bundle's recovered encoders)")
+    return whitening
+
+
 def whitened_targets(target: np.ndarray, init: dict, path: object) -> np.ndarray:
     """The teacher's vectors through the map `research.whiten_head` folded into the --init
     student's head: its head's output approximates the teacher's vector, so the map sends the
     teacher into the coordinates the student now serves, where the loss weighs the quiet
     directions the whitening lifted as much as the loud ones."""
-    whitening = init.get("whitening")
-    if whitening is None:
-        raise ValueError(f"--whiten-targets: {path} carries no whitening map (research.whiten_head "
-                         "writes one)")
+    whitening = whitening_map(init, path)
     mean, linear = whitening["mean"].double().numpy(), whitening["linear"].double().numpy()
     return ((target - mean) @ linear.T).astype(np.float32)
 
@@ -113,15 +120,22 @@ def run_tokenizer(cfg: StudentConfig, init: dict | None) -> PieceTokenizer:
     return PieceTokenizer.from_file(teacher_tokenizer_file())
 
 
-def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer, ckpt: dict) -> None:
-    """Load the --init checkpoint `ckpt`'s weights into `encoder`; refuses a student of another
-    shape, tokenizer or target space (a turned teacher's coordinates are not the teacher's own). The
-    dropout rate may differ: it is a setting of training, not of the weights."""
+def refuse_another_start(cfg: StudentConfig, model_cfg: DiSANConfig, tok: PieceTokenizer,
+                         ckpt: dict) -> None:
+    """ValueError where the --init checkpoint `ckpt` is not a start of this run: another shape,
+    tokenizer or target space (a turned teacher's coordinates are not the teacher's own); the
+    dropout rate may differ, a setting of training rather than of the weights."""
     trained = ckpt.get("train_config", {})
-    problems = [k for k, v in encoder.cfg.to_dict().items()
-                if k != "keep_prob" and ckpt["config"].get(k) != v]
+    problems = [k for k, v in model_cfg.to_dict().items() if k != "keep_prob" and ckpt["config"].get(k) != v]
     problems += ["tokenizer"] if ckpt.get("tokenizer") != tok.to_str() else []
     problems += ["rotate_teacher"] if trained.get("rotate_teacher", False) != cfg.rotate_teacher else []
     if problems:
         raise ValueError(f"--init: {cfg.init} differs from this run in {', '.join(problems)}")
+
+
+def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer, ckpt: dict) -> None:
+    """Load the --init checkpoint `ckpt`'s weights into `encoder`; refuses a student of another
+    shape, tokenizer or target space (a turned teacher's coordinates are not the teacher's own). The
+    dropout rate may differ: it is a setting of training, not of the weights."""
+    refuse_another_start(cfg, encoder.cfg, tok, ckpt)
     encoder.load_state_dict(ckpt["model_state"])

@@ -34,14 +34,17 @@ from disan.distill.student.starts import (
     fit_head,
     init_from,
     read_as_static,
+    refuse_another_start,
     run_tokenizer,
     start_vectors,
     whitened_targets,
+    whitening_map,
 )
 from disan.distill.student.state import resume_state, save_state, save_student
 from disan.distill.supervision import StudentLabels
 from disan.distill.teacher import TeacherCache
 from disan.model import DiSANConfig, DiSANEncoder
+from disan.text.pieces import PieceTokenizer
 from disan.train.checkpoint import load_checkpoint
 
 
@@ -129,6 +132,42 @@ def chosen_relations(pairs: np.ndarray, relations: list[str], wanted: tuple[str,
     return pairs[np.isin(pairs[:, 2], [relations.index(r) for r in wanted])]
 
 
+def student_model_config(cfg: StudentConfig, tok: PieceTokenizer, init: dict | None) -> DiSANConfig:
+    """The student's DiSAN config: the run's sizes; a start that reads whole words (disan distill
+    whole-words) keeps its tables' layout, and a head that ends in a normalisation
+    (research.whiten_head --unit-length) keeps it."""
+    lent = ("vocab_size", "borrowed_rows", "borrowed_dim", "borrowed_offset")
+    layout = ({k: init["config"][k] for k in lent} if init is not None and init["config"].get("borrowed_rows")
+              else {"vocab_size": len(tok)})
+    unit_length = bool(init is not None and init["config"].get("unit_length"))
+    return DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
+                       proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length)
+
+
+def check_inputs(cfg: StudentConfig) -> str:
+    """Read what a run reads before the teacher's rows (the corpus and its pairs' relations, the
+    --init start and, for --whiten-targets, its whitening map, the tokenizer, the staged files of
+    the label terms), so a bad input stops a lease before its minutes of teacher encoding
+    (research/gpu-lease/device.sh runs this first), the --init start's shape checked as the run
+    checks it; returns a line saying what was read."""
+    texts, info = read_corpus(cfg.corpus)
+    pairs = chosen_relations(np.load(cfg.corpus / "pairs.npy"), list(info.get("relations", {})),
+                             cfg.relations, cfg.corpus)
+    init = load_checkpoint(cfg.init) if cfg.init is not None else None
+    if cfg.whiten_targets:
+        whitening_map(init, cfg.init)
+    tok = run_tokenizer(cfg, init)
+    model_cfg = student_model_config(cfg, tok, init)
+    if init is not None:  # its shape, tokenizer and target space, as the run's start checks them
+        refuse_another_start(cfg, model_cfg, tok, init)
+    labels = StudentLabels(cfg, tok, DiSANEncoder(model_cfg).out_dim)
+    read = [f"{len(texts):,} texts", f"{len(pairs):,} pairs", f"{len(tok):,} tokens"]
+    read += [] if init is None else [f"the start {cfg.init}" + (" and its whitening map" if cfg.whiten_targets
+                                                                else "")]
+    read += ["the label terms' staged files"] if labels.active else []
+    return "inputs read: " + ", ".join(read)
+
+
 def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     """Train a piece-reading student; returns the last evaluation. `teacher_encode` (texts ->
     vectors) is needed only when the piece table's start is not cached yet."""
@@ -151,15 +190,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     val_pairs, pairs = pairs[:held], pairs[held:]
     val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
 
-    # a start that reads whole words (disan distill whole-words) keeps its tables' layout
-    lent = ("vocab_size", "borrowed_rows", "borrowed_dim", "borrowed_offset")
-    layout = ({k: init["config"][k] for k in lent} if init is not None and init["config"].get("borrowed_rows")
-              else {"vocab_size": len(tok)})
-    # a head that ends in a normalisation (research.whiten_head --unit-length) keeps it
-    unit_length = bool(init is not None and init["config"].get("unit_length"))
-    model_cfg = DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
-                            proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length)
-    encoder = DiSANEncoder(model_cfg).to(cfg.device)
+    encoder = DiSANEncoder(student_model_config(cfg, tok, init)).to(cfg.device)
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))

@@ -277,3 +277,39 @@ def test_a_phase_held_by_its_start_alone_reads_no_teacher(tiny, tmp_path) -> Non
         train_student(StudentConfig(out=tmp_path / "few", anchor=1.0, anchor_rows=20, **held))
     with pytest.raises(ValueError, match="reads no teacher"):
         StudentConfig(out=tmp_path / "w", anchor=1.0, whiten_targets=True, rotate_teacher=False, **held)
+
+
+def test_check_reads_a_leases_inputs_before_the_teacher(tiny, tmp_path, capsys) -> None:
+    """`disan distill student --check`, which research/gpu-lease/device.sh runs before the teacher's
+    minutes: a --whiten-targets start without its whitening map (a bundle's recovered encoder), or
+    label terms without their staged files, stop at once; good inputs are read and nothing trains."""
+    from disan.cli import main
+    from disan.train.checkpoint import write_checkpoint
+
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
+                  batch_size=16, pairs_batch=8, steps=2, val_rows=16, eval_every=2, lr=1e-3,
+                  keep_prob=1.0, rotate_teacher=False)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    write_checkpoint(tmp_path / "plain.pt", start)
+    start["whitening"] = {"mean": torch.zeros(16), "linear": torch.eye(16)}
+    write_checkpoint(tmp_path / "white.pt", start)
+    flags = ["distill", "student", "--corpus", str(root / "corpus"), "--tokenizer", str(path),
+             "--embed-dim", "8", "--d-h", "8", "--proj-dim", "16", "--dims", "16", "--no-rotate-teacher",
+             "--check"]
+    whiten = lambda name: ["--init", str(tmp_path / name), "--whiten-targets"]  # noqa: E731
+
+    assert main([*flags, "--out", str(tmp_path / "a"), *whiten("plain.pt")]) == 2
+    assert "carries no whitening map" in capsys.readouterr().err
+    labels = ["--scored-weight", "0.5", "--data", str(tmp_path)]  # no staged files there
+    assert main([*flags, "--out", str(tmp_path / "b"), *labels]) == 2
+    capsys.readouterr()
+    shape = [a if a != "16" else "8" for a in flags]  # another width than the start's
+    assert main([*shape, "--out", str(tmp_path / "d"), "--init", str(tmp_path / "white.pt")]) == 2
+    assert "differs from this run in proj_dim" in capsys.readouterr().err
+    assert main([*flags, "--out", str(tmp_path / "c"), *whiten("white.pt")]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("inputs read: ") and "and its whitening map" in said
+    assert not (tmp_path / "c" / "student.pt").exists()
