@@ -201,6 +201,17 @@ def test_tune_blocks_keeps_a_new_students_table(tiny, tmp_path) -> None:
     assert not np.array_equal(tables["all"], start)
 
 
+def tiny_start(tiny, tmp_path) -> tuple[dict, dict]:
+    """(the StudentConfig values of a tiny run, the checkpoint it trained in two steps): a start."""
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
+                  batch_size=16, pairs_batch=8, steps=2, val_rows=16, eval_every=2, lr=1e-3,
+                  keep_prob=1.0, rotate_teacher=False)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
+    return values, load_checkpoint(tmp_path / "one" / "student.pt")
+
+
 def test_a_phase_from_a_whitened_unit_length_head_keeps_both(tiny, tmp_path) -> None:
     """A start made by research.whiten_head --unit-length: the phase keeps the normalisation (it
     used to refuse the start as another shape) and, with --whiten-targets, distils the teacher
@@ -208,13 +219,7 @@ def test_a_phase_from_a_whitened_unit_length_head_keeps_both(tiny, tmp_path) -> 
     from disan.distill.student.starts import whitened_targets
     from disan.train.checkpoint import write_checkpoint
 
-    root, path = tiny
-    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
-                  batch_size=16, pairs_batch=8, steps=2, val_rows=16, eval_every=2, lr=1e-3,
-                  keep_prob=1.0, rotate_teacher=False)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    values, start = tiny_start(tiny, tmp_path)
     start["config"]["unit_length"] = True
     write_checkpoint(tmp_path / "plain.pt", start)
     linear = np.diag(np.linspace(0.5, 3.0, 16)).astype(np.float32)
@@ -287,12 +292,7 @@ def test_check_reads_a_leases_inputs_before_the_teacher(tiny, tmp_path, capsys) 
     from disan.train.checkpoint import write_checkpoint
 
     root, path = tiny
-    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
-                  batch_size=16, pairs_batch=8, steps=2, val_rows=16, eval_every=2, lr=1e-3,
-                  keep_prob=1.0, rotate_teacher=False)
-    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
-    train_student(StudentConfig(out=tmp_path / "one", **values), teacher_encode=table)
-    start = load_checkpoint(tmp_path / "one" / "student.pt")
+    _, start = tiny_start(tiny, tmp_path)
     write_checkpoint(tmp_path / "plain.pt", start)
     start["whitening"] = {"mean": torch.zeros(16), "linear": torch.eye(16)}
     write_checkpoint(tmp_path / "white.pt", start)
