@@ -166,29 +166,33 @@ student_run() {  # RUN ARGS...: `disan distill student` into RUN, from the kit's
   python3 -m disan.cli distill student --corpus "$kit/corpus" --device "$dev" --out "$run" "${args[@]}"
 }
 
-check_students() {  # ARGS [-- ARGS2]...: each set's inputs read (`--check`) before any teacher
-  # minute is spent, so a start without its whitening map or a missing --data file stops here
-  local args=()
+each_set() {  # FUNCTION ARGS [-- ARGS2]...: FUNCTION with each set of ARGS, in the order given
+  local fn=$1 args=()
+  shift
   while [ $# -gt 0 ]; do
     args=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
     [ $# -gt 0 ] && shift  # the --
-    student_run "$(mktemp -d "$kit/check-XXXX")" "${args[@]}" --check
+    "$fn" "${args[@]}"
   done
 }
 
+check_student() {  # ARGS: the set's inputs read (`--check`) before any teacher minute is spent, so a
+  # start without its whitening map or a missing --data file stops here
+  student_run "$(mktemp -d "$kit/check-XXXX")" "$@" --check
+}
+
+start_student() {  # ARGS: one student of students(), in the background (its n, run and runs)
+  n=$((n + 1)); run=$(mktemp -d "$kit/student$n-XXXX"); runs+=("$run")
+  student_run "$run" "$@" > "$run/log" 2>&1 &
+}
+
 students() {  # MINUTES ARGS [-- ARGS2]...: the teacher, then one student a set of ARGS at once
-  local minutes=$1 run runs=() args=() n=0 failed=0 p slim=()
+  local minutes=$1 run runs=() n=0 failed=0 p slim=()
   shift
-  check_students "$@"
+  each_set check_student "$@"
   [ "$minutes" = 0 ] || corpus_teacher "$minutes"
-  while [ $# -gt 0 ]; do
-    args=()
-    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
-    [ $# -gt 0 ] && shift  # the --
-    n=$((n + 1)); run=$(mktemp -d "$kit/student$n-XXXX"); runs+=("$run")
-    student_run "$run" "${args[@]}" > "$run/log" 2>&1 &
-  done
+  each_set start_student "$@"
   for p in $(jobs -p); do wait "$p" || failed=1; done
   n=0
   for run in "${runs[@]}"; do
@@ -233,7 +237,7 @@ case $step in
   student)
     unpack
     minutes=$1; shift
-    check_students "$@"
+    check_student "$@"
     corpus_teacher "$minutes"
     run=$(mktemp -d "$kit/student-XXXX")
     student_run "$run" "$@"
