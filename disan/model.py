@@ -77,6 +77,11 @@ class DiSANConfig:
     # (`disan train --freeze-words`, joined by `disan ensemble`); see SentimentModel.
     members: int = 1
 
+    @property
+    def out_dim(self) -> int:
+        """The encoder's sentence vector: 2*d_h, or proj_dim where a projection follows."""
+        return self.proj_dim or 2 * self.d_h
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -423,7 +428,7 @@ class DiSANEncoder(nn.Module):
 
     @property
     def out_dim(self) -> int:
-        return self.cfg.proj_dim or 2 * self.cfg.d_h
+        return self.cfg.out_dim
 
     def word_vectors(self, ids: Tensor) -> Tensor:
         """ids [B,n] -> the word vectors the encoder reads [B,n,d_e]."""

@@ -1,7 +1,7 @@
 """Where a student run starts: its tokenizer (`run_tokenizer`), an earlier student's weights
-(`init_from`, `--init`), the projection fitted to the teacher (`fit_head`), blocks that read the table
-as a static encoder does (`read_as_static`, `--static-start`) and targets that keep part of the start's
-own vectors (`start_vectors`, `anchored`, `--anchor`)."""
+(`--init`, checked by `refuse_another_start`), the projection fitted to the teacher (`fit_head`),
+blocks that read the table as a static encoder does (`read_as_static`, `--static-start`) and targets
+that keep part of the start's own vectors (`start_vectors`, `anchored`, `--anchor`)."""
 
 from __future__ import annotations
 
@@ -132,10 +132,3 @@ def refuse_another_start(cfg: StudentConfig, model_cfg: DiSANConfig, tok: PieceT
     if problems:
         raise ValueError(f"--init: {cfg.init} differs from this run in {', '.join(problems)}")
 
-
-def init_from(cfg: StudentConfig, encoder: DiSANEncoder, tok: PieceTokenizer, ckpt: dict) -> None:
-    """Load the --init checkpoint `ckpt`'s weights into `encoder`; refuses a student of another
-    shape, tokenizer or target space (a turned teacher's coordinates are not the teacher's own). The
-    dropout rate may differ: it is a setting of training, not of the weights."""
-    refuse_another_start(cfg, encoder.cfg, tok, ckpt)
-    encoder.load_state_dict(ckpt["model_state"])

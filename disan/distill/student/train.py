@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +33,6 @@ from disan.distill.student.rows import PieceRows, piece_vectors, principal_axes
 from disan.distill.student.starts import (
     anchored,
     fit_head,
-    init_from,
     read_as_static,
     refuse_another_start,
     run_tokenizer,
@@ -144,12 +144,19 @@ def student_model_config(cfg: StudentConfig, tok: PieceTokenizer, init: dict | N
                        proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length)
 
 
-def check_inputs(cfg: StudentConfig) -> str:
-    """Read what a run reads before the teacher's rows (the corpus and its pairs' relations, the
-    --init start and, for --whiten-targets, its whitening map, the tokenizer, the staged files of
-    the label terms), so a bad input stops a lease before its minutes of teacher encoding
-    (research/gpu-lease/device.sh runs this first), the --init start's shape checked as the run
-    checks it; returns a line saying what was read."""
+class RunInputs(NamedTuple):
+    texts: list[str]
+    info: dict  # corpus.json
+    pairs: np.ndarray  # of the chosen relations
+    init: dict | None  # the --init checkpoint
+    tok: PieceTokenizer
+    model_cfg: DiSANConfig
+
+
+def read_inputs(cfg: StudentConfig) -> RunInputs:
+    """What a run reads before the teacher's rows: the corpus's texts, the pairs of the chosen
+    relations, the --init start (refused if another shape, tokenizer or target space, or without the
+    whitening map --whiten-targets needs), the run's tokenizer and its model's config."""
     texts, info = read_corpus(cfg.corpus)
     pairs = chosen_relations(np.load(cfg.corpus / "pairs.npy"), list(info.get("relations", {})),
                              cfg.relations, cfg.corpus)
@@ -158,9 +165,17 @@ def check_inputs(cfg: StudentConfig) -> str:
         whitening_map(init, cfg.init)
     tok = run_tokenizer(cfg, init)
     model_cfg = student_model_config(cfg, tok, init)
-    if init is not None:  # its shape, tokenizer and target space, as the run's start checks them
+    if init is not None:
         refuse_another_start(cfg, model_cfg, tok, init)
-    labels = StudentLabels(cfg, tok, DiSANEncoder(model_cfg).out_dim)
+    return RunInputs(texts, info, pairs, init, tok, model_cfg)
+
+
+def check_inputs(cfg: StudentConfig) -> str:
+    """`read_inputs` and the staged files of the label terms, and nothing trained, so a bad input
+    stops a lease before its minutes of teacher encoding (research/gpu-lease/device.sh runs this
+    first); returns a line saying what was read."""
+    texts, _, pairs, init, tok, model_cfg = read_inputs(cfg)
+    labels = StudentLabels(cfg, tok, model_cfg.out_dim)
     read = [f"{len(texts):,} texts", f"{len(pairs):,} pairs", f"{len(tok):,} tokens"]
     read += [] if init is None else [f"the start {cfg.init}" + (" and its whitening map" if cfg.whiten_targets
                                                                 else "")]
@@ -175,12 +190,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    texts, info = read_corpus(cfg.corpus)
-    pairs = chosen_relations(np.load(cfg.corpus / "pairs.npy"), list(info.get("relations", {})),
-                             cfg.relations, cfg.corpus)
-    init = load_checkpoint(cfg.init) if cfg.init is not None else None
+    texts, info, pairs, init, tok, model_cfg = read_inputs(cfg)
     target, done = teacher_targets(cfg, len(texts), init)
-    tok = run_tokenizer(cfg, init)
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
     needed[:done] = True
     needed[pairs[:, :2].ravel()] = True
@@ -190,7 +201,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     val_pairs, pairs = pairs[:held], pairs[held:]
     val, train_rows = np.arange(cfg.val_rows), np.arange(cfg.val_rows, done)  # the corpus is shuffled
 
-    encoder = DiSANEncoder(student_model_config(cfg, tok, init)).to(cfg.device)
+    encoder = DiSANEncoder(model_cfg).to(cfg.device)
     if cfg.starts_fresh and (teacher_encode is not None or (cfg.out / "pieces.npy").is_file()):
         table = piece_vectors(tok, cfg.embed_dim, teacher_encode, cfg.out / "pieces.npy")
         encoder.embed.weight.data.copy_(torch.from_numpy(table))
@@ -221,7 +232,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             target = anchored(target, start_vectors(None, rows, done, cfg), cfg.anchor)
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
         if init is not None:
-            init_from(cfg, encoder, tok, init)
+            encoder.load_state_dict(init["model_state"])  # read_inputs refused another start
             if cfg.tune == "all":
                 encoder.trainable_rows.fill_(True)
             if cfg.anchor > 0:
