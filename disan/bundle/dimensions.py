@@ -95,6 +95,12 @@ def dimensions_problem(dimensions: object, allowed: Sequence[int], up_to: int = 
     return None
 
 
+def served_size_problem(dimensions: object, manifest: dict[str, Any], dim: int | None = None) -> str | None:
+    """`dimensions_problem` against the sizes the bundle of `manifest` serves (`matryoshka_dims`, and
+    any up to `any_size_up_to`): the one check of `Encoder.encode`, the service and `disan embed`."""
+    return dimensions_problem(dimensions, matryoshka_dims(manifest, dim), any_size_up_to(manifest))
+
+
 def principal_axes(vectors: np.ndarray, k: int) -> np.ndarray:
     """The first `k` uncentered principal directions of `vectors` [N, D] as columns, float64 [D, k],
     strongest first; each axis's sign set so its largest component is positive (the same axes

@@ -22,9 +22,9 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from disan.bundle.dimensions import any_size_up_to
+from disan.bundle.dimensions import served_size_problem
 from disan.bundle.lexical import NO_TABLE, lexical_entry
-from disan.bundle.manifest import fingerprints_in_use, load_manifest, matryoshka_dims
+from disan.bundle.manifest import fingerprints_in_use, load_manifest
 from disan.embed.config import EmbedConfig
 from disan.embed.inputs import (
     FORMATS,
@@ -44,7 +44,7 @@ from disan.embed.shards import (
     write_shard,
 )
 from disan.optional import require
-from disan.runtime.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, dimensions_problem, prefixed
+from disan.runtime.encoder import LONG_TEXT_POLICIES, Encoder, TextTooLong, prefixed
 from disan.runtime.ort_session import Providers, Variant
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -120,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise EmbedError(f"{flag} must be at least {least}, got {value}")
     if cfg.dimensions is not None:  # a size the bundle serves
-        manifest = load_manifest(cfg.bundle, verify_hashes=False)
-        problem = dimensions_problem(cfg.dimensions, matryoshka_dims(manifest), any_size_up_to(manifest))
+        problem = served_size_problem(cfg.dimensions, load_manifest(cfg.bundle, verify_hashes=False))
         if problem:
             raise EmbedError(f"--{problem}")
     if cfg.sparse and lexical_entry(load_manifest(cfg.bundle, verify_hashes=False)) is None:

@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from disan.bundle.dimensions import any_size_up_to, dimensions_problem, shorten
+from disan.bundle.dimensions import any_size_up_to, dimensions_problem, served_size_problem, shorten
 from disan.bundle.lexical import NO_TABLE, SparseVector, hybrid_scores, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
@@ -197,8 +197,8 @@ class Encoder:
         `dimensions`: each vector cut to `dimensions` components (its first ones, Matryoshka; or its
         coordinates on the bundle's first principal axes), then normalised if asked; one of
         `matryoshka_dims` or any from 1 to `dimensions_up_to`, else ValueError naming them."""
-        problem = None if dimensions is None else dimensions_problem(dimensions, self.matryoshka_dims,
-                                                                     self.dimensions_up_to)
+        problem = None if dimensions is None else served_size_problem(dimensions, self.runtime.manifest,
+                                                                      self.dim)
         if problem is not None:
             raise ValueError(problem)
         one = isinstance(texts, str)

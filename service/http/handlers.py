@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from disan.bundle.dimensions import any_size_up_to
+from disan.bundle.dimensions import served_size_problem
 from disan.bundle.lexical import hybrid_scores, sparse_dot, sparse_dots
-from disan.bundle.manifest import matryoshka_dims
-from disan.runtime.encoder import dimensions_problem, prefixed
+from disan.runtime.encoder import prefixed
 from service.common.errors import InvalidRequest, ModelNotFound, RequestTooLarge
 from service.http.openai_schemas import OpenAIEmbeddingsRequest
 from service.http.schemas import (
@@ -76,8 +75,7 @@ def prefix_size(engine: Engine, dimensions: int | None) -> int | None:
     if dimensions is None:
         return None
     runtime = engine.require_ready()
-    problem = dimensions_problem(dimensions, matryoshka_dims(runtime.manifest, runtime.dim),
-                                 any_size_up_to(runtime.manifest))
+    problem = served_size_problem(dimensions, runtime.manifest, runtime.dim)
     if problem is not None:
         raise InvalidRequest(problem)
     return dimensions if dimensions < runtime.dim else None
