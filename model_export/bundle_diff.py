@@ -84,20 +84,21 @@ def reading_digest(path: Path) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None,
-                       vocab_as_bytes: bool = False) -> dict[str, dict[str, str]]:
+def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None, vocab_as_bytes: bool = False,
+                       digests: dict[tuple[str, int, int], str] | None = None) -> dict[str, dict[str, str]]:
     """route -> {"set/variant": fingerprint} of the graph each route is served by, in every graph
     set and variant of the bundle (routes whose graph the bundle lacks are left out). `disan
     export` records them as the manifest's `route_fingerprints` (what `/info` reports for the
     graphs in use); `compare` recomputes them from the files, trusting no manifest.
     `vocab_as_bytes`: the rule of bundles exported before 2026-12-06, which hashed the tokenizer
-    file's bytes (`disan verify` accepts fingerprints recorded under either rule)."""
+    file's bytes (`disan verify` accepts fingerprints recorded under either rule). `digests` keeps
+    the stored tensors' sha256 across calls (graph_fingerprint), so a second rule hashes none again."""
     manifest = load_manifest(bundle) if manifest is None else manifest
     digest = sha256_file if vocab_as_bytes else reading_digest
     reading: dict[str, str] = {}  # tokenizer file -> its digest: how texts become a graph's ids
     graphs = manifest.get("graphs") or {}
     cache: dict[str, str] = {}  # graph file -> its fingerprint
-    digests: dict[tuple[str, int, int], str] = {}  # stored tensor -> sha256 of its bytes
+    digests = {} if digests is None else digests  # stored tensor -> sha256 of its bytes
     out: dict[str, dict[str, str]] = {}
     for route, graph in routes(manifest, bundle).items():
         for set_name, variant in available_variants(manifest):

@@ -265,7 +265,8 @@ def fingerprint_check(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     try:
         from model_export.bundle_diff import route_fingerprints  # onnx: the train extra
 
-        actual = route_fingerprints(bundle_dir, manifest)
+        digests: dict = {}  # the stored tensors' sha256, for the older rule below too
+        actual = route_fingerprints(bundle_dir, manifest, digests=digests)
     except ModuleNotFoundError as exc:  # the service's environment
         return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}
     stale = sorted(r for r in set(recorded) | set(actual) if recorded.get(r) != actual.get(r))
@@ -273,7 +274,7 @@ def fingerprint_check(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
         return {"checked": True, "stale": []}
     # recorded by an export before 2026-12-06, which hashed the tokenizer file's bytes: valid if
     # every route the current rule disagrees on is what that rule computes
-    before = route_fingerprints(bundle_dir, manifest, vocab_as_bytes=True)
+    before = route_fingerprints(bundle_dir, manifest, vocab_as_bytes=True, digests=digests)
     still = [r for r in stale if recorded.get(r) != before.get(r)]
     if still:
         return {"checked": True, "stale": still}
