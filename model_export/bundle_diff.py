@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from disan.bundle.dimensions import any_size_up_to
+from disan.bundle.dimensions import any_size_up_to, axes_digest, load_projection
 from disan.bundle.lexical import lexical_entry
 from disan.bundle.manifest import (
     available_variants,
@@ -119,11 +119,11 @@ def route_fingerprints(bundle: Path, manifest: dict[str, Any] | None = None, voc
 
 def dimension_ways(bundle: Path) -> dict[int, str]:
     """Each shorter size the embed route serves (`dimensions`) -> how it is made: "prefix", or
-    "axes:<sha256 of the principal axes file>" (disan.bundle.dimensions)."""
+    "axes:<sha256 of the first m axes as served>" (disan.bundle.dimensions): a size is made the same
+    way when its leading axes are, whatever axes the file adds after them."""
     manifest = load_manifest(bundle, verify_hashes=False)
-    projection = manifest.get("matryoshka_projection")
-    way = "prefix" if not projection else f"axes:{sha256_file(bundle / projection['file'])}"
-    return {m: way for m in matryoshka_dims(manifest)[1:]}
+    projection = load_projection(bundle, manifest)
+    return {m: axes_digest(projection, m) for m in matryoshka_dims(manifest)[1:]}
 
 
 def compare_dimensions(old: Path, new: Path, embed_same: bool) -> dict[str, Any]:

@@ -7,13 +7,17 @@ the uncentered principal directions of the encoder's vectors of a broad set of t
 m coordinates are the best m-dimensional summary of those vectors in the least-squares sense, and
 all of them together are a rotation (cosines of whole vectors unchanged). The embed route's vector is a linear
 map of DiSAN's 2*d_h sentence vector plus a bias, so its components span at most 2*d_h + 1
-directions: that many axes lose nothing.
+directions: that many axes lose nothing. A bundle whose axes span the vector that way
+(`matryoshka_projection.spans_the_vector`) serves every size: past its K axes, the coordinates on K
+axes and zeros after them, the same vector in m components (any orthonormal completion of the
+axes gives every vector the encoder makes a zero coordinate there).
 
 The manifest names the file (`matryoshka_projection`); `disan.runtime` loads it once.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,9 +41,11 @@ def projection_entry(manifest: dict[str, Any]) -> dict[str, Any] | None:
 
 def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int | None = None
                     ) -> np.ndarray | None:
-    """The bundle's principal axes, float32 [D, K] (None: its sizes are trained prefixes). Raises
-    BundleError when the file is missing, not an array of that shape, or has fewer axes than the
-    largest shorter size the manifest lists."""
+    """The bundle's principal axes, float32 [D, K] (None: its sizes are trained prefixes); where they
+    span the vector, with zero columns after them up to D - 1 (every size short of the whole is then
+    a product with the first m columns). Raises BundleError when the file is missing, not an array
+    of that shape, or has fewer axes than the manifest says or than the largest shorter size it
+    lists needs."""
     entry = projection_entry(manifest)
     if entry is None:
         return None
@@ -54,11 +60,15 @@ def load_projection(bundle_dir: str | Path, manifest: dict[str, Any], dim: int |
     sizes = matryoshka_dims(manifest, whole)
     if len(sizes) < 2:
         raise BundleError(f"{path.name}: matryoshka_projection without shorter matryoshka_dims")
-    need = max(sizes[1], any_size_up_to(manifest))  # every size up to the axes' count is served
-    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < need:
+    spans = spans_the_vector(manifest)
+    need = int(entry.get("axes") or 0) if spans else max(sizes[1], any_size_up_to(manifest))
+    if axes.ndim != 2 or axes.shape[0] != whole or axes.shape[1] < need or need >= whole:
         raise BundleError(f"{path.name}: shape {axes.shape}, need [{whole}, >= {need}] "
                           f"for the sizes {sizes} and any up to the manifest's axes")
-    return axes.astype(np.float32)
+    axes = axes.astype(np.float32)
+    if spans:  # past the span every vector's coordinate is 0 (module docstring)
+        axes = np.pad(axes[:, :need], ((0, 0), (0, whole - 1 - need)))
+    return axes
 
 
 def bundle_projection(bundle_dir: str | Path) -> np.ndarray | None:
@@ -66,13 +76,25 @@ def bundle_projection(bundle_dir: str | Path) -> np.ndarray | None:
     return load_projection(bundle_dir, load_manifest(bundle_dir, verify_hashes=False))
 
 
+def spans_the_vector(manifest: dict[str, Any]) -> bool:
+    """Whether the bundle's principal axes span every vector its encoder makes (`python -m
+    model_export.dimensions --span` checked it on its fit texts), so that sizes past them are served."""
+    entry = projection_entry(manifest)
+    return bool(entry and entry.get("spans_the_vector") is True)
+
+
 def any_size_up_to(manifest: dict[str, Any]) -> int:
     """The largest `dimensions` below the whole vector that is served at any size: a bundle with
     principal axes serves every m from 1 to its axes' count (the coordinates on its first m axes, the
-    best m-dimensional summary whatever m is); 0 where the shorter sizes are trained prefixes, of
-    which only the trained ones (`matryoshka_dims`) are good vectors."""
+    best m-dimensional summary whatever m is), and every m short of the whole where the axes span the
+    vector; 0 where the shorter sizes are trained prefixes, of which only the trained ones
+    (`matryoshka_dims`) are good vectors."""
     entry = projection_entry(manifest)
-    return int(entry.get("axes") or 0) if entry is not None else 0
+    if entry is None:
+        return 0
+    if spans_the_vector(manifest):
+        return int(manifest["embedding_dim"]) - 1
+    return int(entry.get("axes") or 0)
 
 
 def sizes_text(allowed: Sequence[int], up_to: int = 0) -> str:
@@ -124,6 +146,15 @@ def require_within_the_axes(sizes: Sequence[int], projection: np.ndarray | None,
     if past:
         raise ValueError(f"--dimensions {' '.join(map(str, past))}: {bundle} serves sizes up to its {axes} "
                          f"principal axes, and {whole}")
+
+
+def axes_digest(projection: np.ndarray | None, m: int) -> str:
+    """What makes `dimensions=m`, as a sha256: "prefix", or the first m columns of `projection` as
+    served (`load_projection`), so that axes added after them leave size m the same vectors
+    (`disan bundle-diff`, a resumed `disan embed` job)."""
+    if projection is None:
+        return "prefix"
+    return "axes:" + hashlib.sha256(np.ascontiguousarray(projection[:, :m]).tobytes()).hexdigest()
 
 
 def shorten(vectors: np.ndarray, m: int, projection: np.ndarray | None) -> np.ndarray:

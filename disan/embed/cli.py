@@ -22,7 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from disan.bundle.dimensions import served_size_problem
+from disan.bundle.dimensions import axes_digest, served_size_problem
 from disan.bundle.lexical import NO_TABLE, lexical_entry
 from disan.bundle.manifest import fingerprints_in_use, load_manifest
 from disan.embed.config import EmbedConfig
@@ -165,12 +165,12 @@ class Job:
 
     @staticmethod
     def size_identity(rt, dimensions: int | None) -> dict[str, str]:
-        """What says shorter vectors are made the same way: the principal axes file's sha256 (the
-        embed fingerprint does not cover it), when `--dimensions` is served through them."""
-        entry = rt.manifest.get("matryoshka_projection")
-        if dimensions is None or rt.projection is None or not entry:
+        """What says shorter vectors are made the same way: the sha256 of the principal axes that
+        make them (the embed fingerprint does not cover them), when `--dimensions` is served through
+        them; axes the bundle adds after those leave a job's vectors the same."""
+        if dimensions is None or rt.projection is None:
             return {}
-        return {"dimensions_axes": rt.manifest["files"][entry["file"]]}
+        return {"dimensions_axes": axes_digest(rt.projection, dimensions)}
 
     @staticmethod
     def sparse_identity(rt, sparse: bool) -> dict[str, str]:
