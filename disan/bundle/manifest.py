@@ -56,7 +56,9 @@ NLI model in one graph, are refused with a message saying how to rebuild them):
     "matryoshka_projection": {"file": "dimensions.npy", "axes": K, ...}   optional: the shorter
                                                 sizes are coordinates on these principal axes
                                                 (fp16 [D, K]), not prefixes (disan.bundle.dimensions;
-                                                `python -m model_export.dimensions` writes it)
+                                                `python -m model_export.dimensions` writes it);
+                                                "spans_the_vector": true where the K axes span
+                                                every vector (every size short of D served)
     plus name, created, vocab, vocab_size, max_len, embedding_dim (the encoder graph's D),
     models (configs, labels, metrics; "embed" too with --embed), sources (file names + sha256,
     never paths; each checkpoint a source was made from named once, under its sha256, in
