@@ -95,7 +95,9 @@ class DisanApp(FastAPI):
         sizes = matryoshka_dims(runtime.manifest, runtime.dim)
         up_to = any_size_up_to(runtime.manifest)
         served = [{"type": "integer", "enum": sizes}]
-        if up_to:
+        if up_to >= sizes[0] - 1:  # axes that span the vector: every size
+            served = [{"type": "integer", "minimum": 1, "maximum": sizes[0]}]
+        elif up_to:
             served = [{"type": "integer", "enum": sizes[:1]},
                       {"type": "integer", "minimum": 1, "maximum": up_to}]
         for model in patched.get("components", {}).get("schemas", {}).values():

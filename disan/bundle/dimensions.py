@@ -99,6 +99,8 @@ def any_size_up_to(manifest: dict[str, Any]) -> int:
 
 def sizes_text(allowed: Sequence[int], up_to: int = 0) -> str:
     """The sizes a model serves, as the refusals say them."""
+    if up_to >= allowed[0] - 1:  # every size, the whole one too
+        return f"any from 1 to {allowed[0]} (measured: {list(allowed)})"
     if up_to:
         return f"{allowed[0]} or any from 1 to {up_to} (measured: {list(allowed)})"
     return f"one of {list(allowed)}"

@@ -93,7 +93,7 @@ def test_every_size_short_of_the_whole_is_served(eight, spanning):
                                    before.encode(TEXTS, dimensions=m, normalize=True), atol=1e-6)
     np.testing.assert_allclose(enc.encode(TEXTS, dimensions=PROJ_DIM), enc.encode(TEXTS))
     for bad in (0, PROJ_DIM + 1):
-        with pytest.raises(ValueError, match=rf"{PROJ_DIM} or any from 1 to {PROJ_DIM - 1}"):
+        with pytest.raises(ValueError, match=rf"this model serves: any from 1 to {PROJ_DIM} \(measured"):
             enc.encode(TEXTS, dimensions=bad)
 
 
@@ -110,7 +110,11 @@ def test_service_and_bundle_diff(eight, spanning):
         body = {"input": TEXTS, "model": c.get("/info").json()["model"], "dimensions": 20}
         got = c.post("/v1/embeddings", json=body).json()
         np.testing.assert_allclose([d["embedding"] for d in got["data"]], want, atol=1e-5)
-        assert c.post("/v1/embeddings", json={**body, "dimensions": PROJ_DIM + 1}).status_code == 422
+        r = c.post("/v1/embeddings", json={**body, "dimensions": PROJ_DIM + 1})
+        assert r.status_code == 422 and f"any from 1 to {PROJ_DIM} (measured" in r.json()["error"]["message"]
+        schema = c.get("/openapi.json").json()["components"]["schemas"]["OpenAIEmbeddingsRequest"]
+        assert schema["properties"]["dimensions"]["anyOf"] == [
+            {"type": "integer", "minimum": 1, "maximum": PROJ_DIM}, {"type": "null"}]
     diff = compare(eight, spanning)["dimensions"]
     assert diff["status"] == "same" and diff["changed"] == [] and diff["compared"] == [8]
     assert diff["only_new"] == [20] and diff["up_to"] == {"old": 8, "new": PROJ_DIM - 1}
