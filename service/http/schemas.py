@@ -269,8 +269,9 @@ class Info(BaseModel):
                                        "`principal_axes`")
     dimensions_up_to: int = Field(description="`dimensions` from 1 to this are taken too (the "
                                   "coordinates on the bundle's first principal axes: any size is the "
-                                  "best summary of that size); 0: only `matryoshka_dims` (trained "
-                                  "prefixes)")
+                                  "best summary of that size; past axes that span the vector, its "
+                                  "coordinates on all of them and zeros); 0: only `matryoshka_dims` "
+                                  "(trained prefixes)")
     dimensions_by: str = Field(description="how a shorter vector is made: `prefix` (the encoder was "
                                            "trained with Matryoshka prefixes, or serves only dim) or "
                                            "`principal_axes` (the bundle's dimensions.npy)")
