@@ -167,8 +167,9 @@ class Job:
     def size_identity(rt, dimensions: int | None) -> dict[str, str]:
         """What says shorter vectors are made the same way: the sha256 of the principal axes that
         make them (the embed fingerprint does not cover them), when `--dimensions` is served through
-        them; axes the bundle adds after those leave a job's vectors the same."""
-        if dimensions is None or rt.projection is None:
+        them; axes the bundle adds after those leave a job's vectors the same, and the whole size
+        depends on none."""
+        if dimensions is None or rt.projection is None or dimensions >= rt.dim:
             return {}
         return {"dimensions_axes": axes_digest(rt.projection, dimensions)}
 

@@ -243,7 +243,8 @@ def test_disan_embed_writes_the_served_size(projected, tmp_path, capsys):
 
 def test_disan_embed_refuses_to_resume_with_other_axes(projected, tmp_path, capsys):
     """The embed fingerprint does not cover the principal axes: a job of shorter vectors records
-    them, so its output is not continued with vectors made another way."""
+    them, so its output is not continued with vectors made another way; a job of the whole size
+    (named with --dimensions) depends on none and goes on."""
     pytest.importorskip("pyarrow")
     import shutil
 
@@ -258,9 +259,13 @@ def test_disan_embed_refuses_to_resume_with_other_axes(projected, tmp_path, caps
     assert disan_main(args) == 0
     refit = tmp_path / "refit.txt"
     refit.write_text("\n".join(fit_texts(300)[::-1][:200]) + "\n")
+    whole = ["embed", str(corpus), "-o", str(tmp_path / "whole"), "--bundle", str(bundle),  # D, named
+             "--dimensions", str(load_manifest(bundle)["embedding_dim"]), "--no-progress"]
+    assert disan_main(whole) == 0
     assert main([str(bundle), "--texts", str(refit), "--sizes", str(m)]) == 0
     assert disan_main(args) == 2
     assert "dimensions_axes" in capsys.readouterr().err
+    assert disan_main(whole) == 0  # the whole vector depends on no axes: the job goes on
 
 
 def test_evaluation_refuses_sizes_past_the_axes(projected, tmp_path, capsys):
