@@ -31,7 +31,8 @@ def repack(bundle: Path) -> dict[str, Any]:
     """Rewrite `bundle`'s word vocabulary and fingerprints in place (module docstring); returns
     {"vocab_bytes": [before, after], "fingerprints": the rule they were recorded by before}."""
     manifest = load_manifest(bundle)  # the files' hashes checked
-    check = fingerprint_check(bundle, manifest)
+    digests: dict = {}  # the stored tensors' sha256: hashed once, for the check and the new fingerprints
+    check = fingerprint_check(bundle, manifest, digests)
     if check.get("stale"):
         raise BundleError(f"{bundle}: the recorded fingerprints of {', '.join(check['stale'])} are not what "
                           f"its files compute; export the bundle again")
@@ -43,7 +44,8 @@ def repack(bundle: Path) -> dict[str, Any]:
         rewritten.unlink()
         raise BundleError(f"{path}: written again it would not read the same; left as it is")
     rewritten.replace(path)
-    write_manifest(bundle, {**manifest, "route_fingerprints": route_fingerprints(bundle, manifest)})
+    fingerprints = route_fingerprints(bundle, manifest, digests=digests)
+    write_manifest(bundle, {**manifest, "route_fingerprints": fingerprints})
     return {"vocab_bytes": [before, path.stat().st_size],
             "fingerprints": check.get("rule", "content" if check.get("checked") else "none recorded")}
 

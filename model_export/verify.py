@@ -255,17 +255,19 @@ def exporter_metadata(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     return report
 
 
-def fingerprint_check(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def fingerprint_check(bundle_dir: Path, manifest: dict[str, Any],
+                      digests: dict | None = None) -> dict[str, Any]:
     """Whether the manifest's `route_fingerprints` are what its files compute (`stale`: the routes
     whose recorded fingerprint is not). A bundle exported before they were recorded has none,
-    which is not a failure. Needs onnx (the train extra)."""
+    which is not a failure. Needs onnx (the train extra). `digests` keeps the stored tensors'
+    sha256 for the caller (route_fingerprints)."""
     recorded = manifest.get("route_fingerprints")
     if recorded is None:
         return {"checked": False, "reason": "the manifest records none (exported before `disan export` did)"}
     try:
         from model_export.bundle_diff import route_fingerprints  # onnx: the train extra
 
-        digests: dict = {}  # the stored tensors' sha256, for the older rule below too
+        digests = {} if digests is None else digests  # the stored tensors' sha256, for the older rule too
         actual = route_fingerprints(bundle_dir, manifest, digests=digests)
     except ModuleNotFoundError as exc:  # the service's environment
         return {"checked": False, "reason": f"{exc.name} is not installed (the `train` extra has it)"}

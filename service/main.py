@@ -25,7 +25,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import disan
-from disan.bundle.dimensions import any_size_up_to, sizes_text
+from disan.bundle.dimensions import any_size_up_to, every_size, sizes_text
 from disan.bundle.manifest import matryoshka_dims
 from service.common.errors import Unauthorized
 from service.common.metrics import Metrics, MetricsMiddleware, RouteLabels
@@ -95,7 +95,7 @@ class DisanApp(FastAPI):
         sizes = matryoshka_dims(runtime.manifest, runtime.dim)
         up_to = any_size_up_to(runtime.manifest)
         served = [{"type": "integer", "enum": sizes}]
-        if up_to >= sizes[0] - 1:  # axes that span the vector: every size
+        if every_size(sizes, up_to):
             served = [{"type": "integer", "minimum": 1, "maximum": sizes[0]}]
         elif up_to:
             served = [{"type": "integer", "enum": sizes[:1]},

@@ -97,9 +97,15 @@ def any_size_up_to(manifest: dict[str, Any]) -> int:
     return int(entry.get("axes") or 0)
 
 
+def every_size(allowed: Sequence[int], up_to: int) -> bool:
+    """Whether every size from 1 to the whole (`allowed[0]`) is served: the sizes up to `up_to`
+    reach the one below the whole (axes that span the vector)."""
+    return up_to >= allowed[0] - 1
+
+
 def sizes_text(allowed: Sequence[int], up_to: int = 0) -> str:
     """The sizes a model serves, as the refusals say them."""
-    if up_to >= allowed[0] - 1:  # every size, the whole one too
+    if every_size(allowed, up_to):
         return f"any from 1 to {allowed[0]} (measured: {list(allowed)})"
     if up_to:
         return f"{allowed[0]} or any from 1 to {up_to} (measured: {list(allowed)})"

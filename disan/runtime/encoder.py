@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from disan.bundle.dimensions import any_size_up_to, dimensions_problem, served_size_problem, shorten
+from disan.bundle.dimensions import any_size_up_to, served_size_problem, shorten
 from disan.bundle.lexical import NO_TABLE, SparseVector, hybrid_scores, sparse_dots, sparse_vector
 from disan.bundle.manifest import matryoshka_dims
 from disan.optional import require
@@ -43,8 +43,7 @@ from disan.text.windowing import EMBEDDING_LEAD, LONG_TEXT_POLICIES, LongTextPol
 # What a text longer than the model's max_tokens becomes (disan.text.windowing, the service's policy):
 # windows whose vectors are pooled, cut to max_tokens, or an error.
 LongTexts = Literal["window", "truncate", "error"]
-__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "dimensions_problem", "normalized",
-           "prefixed"]
+__all__ = ["LONG_TEXT_POLICIES", "Encoder", "Prepared", "TextTooLong", "normalized", "prefixed"]
 
 
 class TextTooLong(ValueError):
