@@ -30,6 +30,10 @@ class StudentConfig:
     lr: float = 4e-3
     warmup_steps: int = 100  # the learning rate rises linearly over these steps, then falls to zero
     head_lr_scale: float = 1.0  # the projection's learning rate, times lr (a fitted head moves less)
+    # the token table's learning rate, times lr: a row moves only in the steps whose batch holds its
+    # piece, by about lr a coordinate a step under Adam, so at a rate chosen for the blocks an --init
+    # table stays where it was (--tune rows: --lr is the table's rate)
+    table_lr_scale: float = 1.0
     steps: int = 2000
     max_minutes: float | None = None
     val_rows: int = 1024
@@ -88,6 +92,11 @@ class StudentConfig:
             raise ValueError(f"tune={self.tune!r}: all, rows, head or blocks")
         if self.tune in ("rows", "head") and self.starts_fresh:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
+        if self.table_lr_scale <= 0 or self.head_lr_scale <= 0:
+            raise ValueError("--table-lr-scale and --head-lr-scale multiply --lr: above 0")
+        if self.table_lr_scale != 1.0 and self.tune != "all":
+            raise ValueError(f"--table-lr-scale sets the table's rate beside the blocks' (--tune all); "
+                             f"--tune {self.tune} gives --lr to what it trains")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
         weights = (self.scored_weight, self.sentiment_weight, self.nli_weight, self.nli_classes_weight)

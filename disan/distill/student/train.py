@@ -212,10 +212,13 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             param.requires_grad_({"rows": name == "embed.weight", "head": name.startswith("proj."),
                                   "blocks": not name.startswith("embed.")}[cfg.tune])
     head = [p for n, p in encoder.named_parameters() if n.startswith("proj.") and p.requires_grad]
-    body = [p for n, p in encoder.named_parameters() if not n.startswith("proj.") and p.requires_grad]
+    own_table = cfg.table_lr_scale != 1.0  # its own group only then: earlier states keep their layout
+    body = [p for n, p in encoder.named_parameters()
+            if not n.startswith("proj.") and p.requires_grad and not (own_table and n == "embed.weight")]
     labels = StudentLabels(cfg, tok, encoder.out_dim)
     groups = [{"params": body, "lr": cfg.lr}]
     groups += [{"params": head, "lr": cfg.lr * cfg.head_lr_scale}] if head else []
+    groups += [{"params": [encoder.embed.weight], "lr": cfg.lr * cfg.table_lr_scale}] if own_table else []
     groups += [{"params": labels.parameters(), "lr": cfg.lr}] if labels.parameters() else []
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
 

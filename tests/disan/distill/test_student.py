@@ -237,6 +237,27 @@ def test_warmup_then_linear_decay_and_a_slower_head(tiny, tmp_path) -> None:
     assert [g["initial_lr"] for g in state["optimizer"]["param_groups"]] == pytest.approx([1e-2, 1e-3])
 
 
+def test_the_token_table_can_learn_faster_than_the_blocks(tiny, tmp_path) -> None:
+    root, path = tiny
+    common = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
+                  batch_size=16, pairs_batch=8, steps=6, val_rows=16, eval_every=3, lr=1e-3,
+                  warmup_steps=1, fit_head_rows=32)
+    moved = {}
+    teacher = lambda texts: np.random.default_rng(4).normal(size=(len(texts), 12))  # noqa: E731
+    for scale in (1.0, 30.0):
+        cfg = StudentConfig(out=tmp_path / f"s{scale}", table_lr_scale=scale, **common)
+        train_student(cfg, teacher_encode=teacher)
+        state = torch.load(cfg.out / "state.pt", weights_only=False)
+        start = torch.from_numpy(np.load(cfg.out / "pieces.npy")).float()
+        moved[scale] = (state["model"]["embed.weight"].float() - start).abs().max().item()
+        if scale != 1.0:
+            lrs = [g["initial_lr"] for g in state["optimizer"]["param_groups"]]
+            assert lrs == pytest.approx([1e-3, 1e-3, 3e-2])  # blocks, head, table
+    assert moved[30.0] > 10 * moved[1.0] > 0
+    with pytest.raises(ValueError, match="--tune all"):
+        StudentConfig(out=tmp_path / "x", table_lr_scale=2.0, tune="blocks", init=tmp_path / "a.pt", **common)
+
+
 def test_the_turned_teacher_keeps_every_cosine_and_puts_the_most_first() -> None:
     from disan.distill.student.rows import principal_axes
     from disan.distill.student.train import cosine_matrix
