@@ -92,8 +92,8 @@ class StudentConfig:
             raise ValueError(f"tune={self.tune!r}: all, rows, head or blocks")
         if self.tune in ("rows", "head") and self.starts_fresh:
             raise ValueError(f"--tune {self.tune} trains part of an --init (or resumed) student; give --init")
-        if self.table_lr_scale <= 0 or self.head_lr_scale <= 0:
-            raise ValueError("--table-lr-scale and --head-lr-scale multiply --lr: above 0")
+        if self.table_lr_scale <= 0:
+            raise ValueError(f"table_lr_scale={self.table_lr_scale}: a factor of --lr above 0")
         if self.table_lr_scale != 1.0 and self.tune != "all":
             raise ValueError(f"--table-lr-scale sets the table's rate beside the blocks' (--tune all); "
                              f"--tune {self.tune} gives --lr to what it trains")

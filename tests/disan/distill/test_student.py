@@ -256,6 +256,8 @@ def test_the_token_table_can_learn_faster_than_the_blocks(tiny, tmp_path) -> Non
     assert moved[30.0] > 10 * moved[1.0] > 0
     with pytest.raises(ValueError, match="--tune all"):
         StudentConfig(out=tmp_path / "x", table_lr_scale=2.0, tune="blocks", init=tmp_path / "a.pt", **common)
+    with pytest.raises(ValueError, match="above 0"):
+        StudentConfig(out=tmp_path / "x", table_lr_scale=0.0, **common)
 
 
 def test_the_turned_teacher_keeps_every_cosine_and_puts_the_most_first() -> None:
