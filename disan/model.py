@@ -5,6 +5,7 @@ Shapes: B = batch, n = tokens, d_e = embedding dim, d = d_h (hidden dim, 300 in 
     x = embed(ids)                                       [B, n, d_e]
     fw = DiSA(x, forward mask),  bw = DiSA(x, backward)  [B, n, d] each    (eqs. 14-20)
     u = [fw; bw]                                         [B, n, 2d]
+    u = u + gain * [fw'(u); bw'(u)]  per further layer   [B, n, 2d]        (config `layers`; not the paper)
     s = source2token(u)                                  [B, 2d]           (eqs. 12-13)
 
 Masking never uses -inf: the multi-dimensional logits are bounded by c (c*tanh(./c)), so we
@@ -76,6 +77,10 @@ class DiSANConfig:
     # > 1 (sentiment): an ensemble of this many models trained apart over one frozen word table
     # (`disan train --freeze-words`, joined by `disan ensemble`); see SentimentModel.
     members: int = 1
+    # > 1 (a directional DiSAN): more directional layers over the first one's token vectors u, each
+    # added to what it reads with a per-feature gain that starts at 0 (`ResidualLayer`), so a deeper
+    # student grown from a trained one starts with that one's vectors
+    layers: int = 1
 
     @property
     def out_dim(self) -> int:
@@ -298,6 +303,25 @@ def directional_pair(fw: DiSA, bw: DiSA, x: Tensor, mask: Tensor, need_attention
     return (u_f, a_f, g_f), (u_b, a_b, g_b)
 
 
+class ResidualLayer(nn.Module):
+    """A further directional layer (`DiSANConfig.layers`): a forward and a backward DiSA block over
+    the layer below's token vectors u [B,n,2d], u + gain * [fw(u); bw(u)]. The gain starts at 0: the
+    layer first passes u through unchanged, and learns how much to add."""
+
+    def __init__(self, cfg: DiSANConfig):
+        super().__init__()
+        inner = replace(cfg, embed_dim=2 * cfg.d_h)
+        self.fw, self.bw = DiSA(inner, "forward"), DiSA(inner, "backward")
+        self.gain = nn.Parameter(torch.zeros(2 * cfg.d_h))
+
+    def forward(self, u: Tensor, mask: Tensor, packed: bool, chunk_cells: int) -> Tensor:
+        if packed:
+            (u_fw, _, _), (u_bw, _, _) = directional_pair(self.fw, self.bw, u, mask, chunk_cells=chunk_cells)
+        else:
+            u_fw, u_bw = self.fw(u, mask)[0], self.bw(u, mask)[0]
+        return u + self.gain * torch.cat([u_fw, u_bw], dim=-1)
+
+
 class Source2Token(nn.Module):
     """Source2token attention [B,n,D] -> [B,D]: multi-dimensional (eqs. 12-13, one weight per
     feature), or `s2t_kind="additive"`: the traditional additive attention, one weight per token
@@ -414,6 +438,10 @@ class DiSANEncoder(nn.Module):
             direction_b = "backward" if cfg.mask_kind == "directional" else "diag"
             self.fw = DiSA(cfg, "forward" if cfg.mask_kind == "directional" else "diag")
             self.bw = DiSA(cfg, direction_b)
+        if cfg.layers > 1 and (cfg.encoder_kind != "disan" or cfg.mask_kind != "directional"):
+            raise ValueError(f"layers={cfg.layers}: further layers are directional DiSA blocks; "
+                             f"{cfg.encoder_kind}/{cfg.mask_kind} has none")
+        self.upper = nn.ModuleList(ResidualLayer(cfg) for _ in range(cfg.layers - 1))
         self.s2t = Source2Token(2 * cfg.d_h, cfg)
         self.proj = nn.Linear(2 * cfg.d_h, cfg.proj_dim) if cfg.proj_dim > 0 else None
         if cfg.unit_length and self.proj is None:
@@ -475,6 +503,8 @@ class DiSANEncoder(nn.Module):
                 u_fw, a_fw, g_fw = self.fw(x, mask, need_attention=return_tokens)
                 u_bw, a_bw, g_bw = self.bw(x, mask, need_attention=return_tokens)
             u = torch.cat([u_fw, u_bw], dim=-1)                           # [B,n,2d]
+            for layer in self.upper:  # the token-level extras below stay the first layer's
+                u = layer(u, mask, self.packed, self.chunk_cells)        # [B,n,2d]
             extras = {"u_fw": u_fw, "u_bw": u_bw, "attn_fw": a_fw, "attn_bw": a_bw,
                       "gate_fw": g_fw, "gate_bw": g_bw}
         sent, probs = self.s2t(u, mask)                                   # [B,2d]

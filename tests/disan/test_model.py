@@ -346,3 +346,30 @@ def test_a_unit_length_encoder_serves_its_heads_directions_at_length_one(tmp_pat
         torch.testing.assert_close(unit(ids, mask), plain(ids, mask), rtol=0, atol=0)
     with pytest.raises(ValueError, match="unit_length"):
         encoder(unit_length=True)  # no head to end
+
+
+def test_a_further_layer_starts_as_a_pass_through_and_then_reads_context() -> None:
+    """layers=2: with the first layer's weights and the new gain at 0 the vectors are the one-layer
+    model's; with a gain the further layer changes them, the packed and per-block paths agree, and
+    padding still does not matter."""
+    one = encoder()
+    torch.manual_seed(0)
+    two = DiSANEncoder(DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, layers=2)).double().eval()
+    missing, unexpected = two.load_state_dict(one.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("upper.0.") for k in missing)
+    ids = torch.randint(2, V, (3, 7))
+    ids[1, 4:] = 0
+    mask = ids != 0
+    with torch.no_grad():
+        torch.testing.assert_close(two(ids, mask), one(ids, mask), rtol=0, atol=0)
+        two.upper[0].gain.fill_(0.5)
+        grown = two(ids, mask)
+        assert (grown - one(ids, mask)).abs().max() > 1e-3
+        two.packed = False
+        torch.testing.assert_close(two(ids, mask), grown, rtol=1e-12, atol=1e-12)
+        two.packed = True
+        padded = two(torch.cat([ids, torch.zeros(3, 3, dtype=ids.dtype)], 1),
+                     torch.cat([mask, torch.zeros(3, 3, dtype=torch.bool)], 1))
+        torch.testing.assert_close(padded, grown, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="layers=2"):
+        DiSANEncoder(DiSANConfig(vocab_size=V, embed_dim=8, d_h=6, layers=2, encoder_kind="bilstm"))

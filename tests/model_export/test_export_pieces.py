@@ -331,3 +331,26 @@ def test_calibrate_rounds_the_borrowed_table_as_a_piece_bundle_stores_it(piece_b
     got = Encoder(piece_bundle).sentiment(texts)
     labels = manifest["models"]["sentiment"]["labels"]
     np.testing.assert_allclose([[r["scores"][k] for k in labels] for r in got], want, atol=1e-5, rtol=0)
+
+
+def test_a_deeper_encoder_exports_and_serves_its_own_vectors(tiny_checkpoints, borrowed, tmp_path) -> None:
+    """An encoder with a further directional layer (`layers=2`, its gain set, so the layer counts)
+    exports, verifies, and serves the vectors the checkpoint computes."""
+    tok = tiny_piece_tokenizer()
+    path = tmp_path / "deep.pt"
+    filler = Vocab([f"w{i}" for i in range(len(tok) - 2)])
+    make_tiny_checkpoint(path, "encoder", filler, [], seed=9, proj_dim=16, embed_dim=12, layers=2)
+    payload = load_checkpoint(path)
+    gain = [k for k in payload["model_state"] if k.endswith("upper.0.gain")]
+    assert len(gain) == 1
+    payload["model_state"][gain[0]] = torch.full_like(payload["model_state"][gain[0]], 0.7)
+    payload.update(vocab=[], tokenizer=tok.to_str(), matryoshka_dims=[16, 8])
+    write_checkpoint(path, payload)
+    bundle = export_with(tiny_checkpoints, borrowed, path, tmp_path / "bundle")
+    assert load_manifest(bundle)["verification"]["passed"]
+    got, want = Encoder(bundle).encode(TEXTS), _reference(path, TEXTS)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() > 0.9999, cos
+    payload["model_state"][gain[0]].zero_()
+    write_checkpoint(tmp_path / "flat.pt", payload)
+    assert np.abs(_reference(tmp_path / "flat.pt", TEXTS) - want).max() > 1e-4  # the layer counted

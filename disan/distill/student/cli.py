@@ -18,6 +18,8 @@ _HELP = {
     "rotate_teacher": "distil into the teacher's space turned onto its principal axes, every prefix",
     "init": "start from this student's weights (same shape and tokenizer), with a new optimizer and "
     "schedule and no head fit",
+    "layers": "directional layers; an --init student with fewer grows (each new layer starts as a "
+    "pass-through)",
     "table_lr_scale": "the token table's learning rate, times --lr (--tune all)",
     "tune": "all; rows: only the table rows the --init student marks trainable; head: only the projection; "
     "blocks: all but the token table",

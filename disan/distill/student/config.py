@@ -16,6 +16,9 @@ class StudentConfig:
     embed_dim: int = 256
     d_h: int = 256
     proj_dim: int = 768
+    # directional layers (DiSANConfig.layers); an --init student with fewer grows: its layers are
+    # kept and each new one starts as a pass-through (gain 0)
+    layers: int = 1
     keep_prob: float = 0.9  # dropout keep probability (the paper's 0.75 is for the task models)
     dims: tuple[int, ...] = (768, 512, 256, 128)
     max_pieces: int = 128
@@ -97,6 +100,8 @@ class StudentConfig:
         if self.table_lr_scale != 1.0 and self.tune != "all":
             raise ValueError(f"--table-lr-scale sets the table's rate beside the blocks' (--tune all); "
                              f"--tune {self.tune} gives --lr to what it trains")
+        if self.layers < 1:
+            raise ValueError(f"layers={self.layers}: at least 1")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"anchor={self.anchor}: a share between 0 and 1")
         weights = (self.scored_weight, self.sentiment_weight, self.nli_weight, self.nli_classes_weight)

@@ -110,6 +110,16 @@ def whitened_targets(target: np.ndarray, init: dict, path: object) -> np.ndarray
     return ((target - mean) @ linear.T).astype(np.float32)
 
 
+def load_start(encoder: DiSANEncoder, ckpt: dict) -> None:
+    """The --init student's weights into `encoder`; layers it lacks (a run with more `layers`) keep
+    their pass-through start (gain 0), so the grown student serves the start's vectors."""
+    missing, unexpected = encoder.load_state_dict(ckpt["model_state"], strict=False)
+    grown = [k for k in missing if k.startswith("upper.")]
+    if unexpected or len(grown) != len(missing):
+        raise ValueError(f"--init: weights that do not fit this student: "
+                         f"{', '.join(sorted(set(missing) - set(grown)) + sorted(unexpected))}")
+
+
 def run_tokenizer(cfg: StudentConfig, init: dict | None) -> PieceTokenizer:
     """The run's tokenizer: --tokenizer, else the --init student's own (whole words too, after
     `disan distill whole-words`), else the teacher's WordPiece."""
@@ -124,9 +134,12 @@ def refuse_another_start(cfg: StudentConfig, model_cfg: DiSANConfig, tok: PieceT
                          ckpt: dict) -> None:
     """ValueError where the --init checkpoint `ckpt` is not a start of this run: another shape,
     tokenizer or target space (a turned teacher's coordinates are not the teacher's own); the
-    dropout rate may differ, a setting of training rather than of the weights."""
+    dropout rate may differ, a setting of training rather than of the weights, and the run may have
+    more layers than the start (`load_start` grows it)."""
     trained = ckpt.get("train_config", {})
-    problems = [k for k, v in model_cfg.to_dict().items() if k != "keep_prob" and ckpt["config"].get(k) != v]
+    mine = {k: v for k, v in model_cfg.to_dict().items() if k not in ("keep_prob", "layers")}
+    problems = [k for k, v in mine.items() if ckpt["config"].get(k) != v]
+    problems += ["layers"] if ckpt["config"].get("layers", 1) > model_cfg.layers else []
     problems += ["tokenizer"] if ckpt.get("tokenizer") != tok.to_str() else []
     problems += ["rotate_teacher"] if trained.get("rotate_teacher", False) != cfg.rotate_teacher else []
     if problems:

@@ -33,6 +33,7 @@ from disan.distill.student.rows import PieceRows, piece_vectors, principal_axes
 from disan.distill.student.starts import (
     anchored,
     fit_head,
+    load_start,
     read_as_static,
     refuse_another_start,
     run_tokenizer,
@@ -141,7 +142,8 @@ def student_model_config(cfg: StudentConfig, tok: PieceTokenizer, init: dict | N
               else {"vocab_size": len(tok)})
     unit_length = bool(init is not None and init["config"].get("unit_length"))
     return DiSANConfig(**layout, embed_dim=cfg.embed_dim, d_h=cfg.d_h, task="encoder",
-                       proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length)
+                       proj_dim=cfg.proj_dim, keep_prob=cfg.keep_prob, unit_length=unit_length,
+                       layers=cfg.layers)
 
 
 class RunInputs(NamedTuple):
@@ -235,7 +237,7 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
             target = anchored(target, start_vectors(None, rows, done, cfg), cfg.anchor)
     elif cfg.init is not None or (cfg.fit_head_rows > 0 and encoder.proj is not None):
         if init is not None:
-            encoder.load_state_dict(init["model_state"])  # read_inputs refused another start
+            load_start(encoder, init)  # read_inputs refused another start
             if cfg.tune == "all":
                 encoder.trainable_rows.fill_(True)
             if cfg.anchor > 0:

@@ -313,3 +313,26 @@ def test_check_reads_a_leases_inputs_before_the_teacher(tiny, tmp_path, capsys) 
     said = capsys.readouterr().out
     assert said.startswith("inputs read: ") and "and its whitening map" in said
     assert not (tmp_path / "c" / "student.pt").exists()
+
+
+def test_a_deeper_run_grows_its_start_and_starts_from_its_vectors(tiny, tmp_path) -> None:
+    """--layers 2 from a one-layer --init: the start's weights are kept, the new layer's gain starts
+    at 0 (the step-0 evaluation is the start's) and then learns; a start with more layers than the
+    run is refused."""
+    values, start = tiny_start(tiny, tmp_path)
+    values = values | {"steps": 3, "eval_every": 3}
+    train_student(StudentConfig(out=tmp_path / "same", init=tmp_path / "one" / "student.pt", **values))
+    train_student(StudentConfig(out=tmp_path / "deep", init=tmp_path / "one" / "student.pt", layers=2,
+                                **values))
+    logs = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+            for name in ("same", "deep")}
+    assert logs["deep"][0]["val_cosine"] == logs["same"][0]["val_cosine"]
+    deep = load_checkpoint(tmp_path / "deep" / "student.pt")
+    assert deep["config"]["layers"] == 2
+    assert deep["model_state"]["upper.0.gain"].abs().max() > 0
+    kept = [k for k in start["model_state"] if not k.startswith("upper.")]
+    assert set(kept) == set(start["model_state"])
+    with pytest.raises(ValueError, match="differs from this run in layers"):
+        train_student(StudentConfig(out=tmp_path / "back", init=tmp_path / "deep" / "student.pt", **values))
+    with pytest.raises(ValueError, match="layers=0"):
+        StudentConfig(out=tmp_path / "none", layers=0, **values)
