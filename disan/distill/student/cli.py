@@ -25,6 +25,8 @@ _HELP = {
     "blocks: all but the token table",
     "static_start": "set the blocks so that the untrained student reads its table as a static encoder does "
     "(the mean of its rows), before the head is fitted",
+    "windows": "read a text longer than --max-pieces in windows of that many pieces, pooled as the "
+    "embed route pools them, instead of cutting it there",
     "length_buckets": "length-sorted parts a batch runs as (less padding; the loss is the same)",
     "anchor": "share of each target that is the --init student's own vector (0: the teacher alone)",
     "anchor_rows": "with --anchor 1 (no teacher read): the corpus rows the phase trains on",

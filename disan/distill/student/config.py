@@ -22,6 +22,10 @@ class StudentConfig:
     keep_prob: float = 0.9  # dropout keep probability (the paper's 0.75 is for the task models)
     dims: tuple[int, ...] = (768, 512, 256, 128)
     max_pieces: int = 128
+    # a text longer than max_pieces read as the embed route reads it (windows of max_pieces, pooled
+    # with the first counting twice) rather than cut: the long rows and the pairs' passages then
+    # train the document vectors the bundle serves
+    windows: bool = False
     batch_size: int = 128
     pairs_batch: int = 64
     pairs_weight: float = 1.0

@@ -19,7 +19,7 @@ from disan.train.checkpoint import write_checkpoint
 STATE_KEYS = ("embed_dim", "d_h", "proj_dim", "keep_prob", "dims", "max_pieces", "batch_size", "pairs_batch",
               "steps", "lr", "warmup_steps", "head_lr_scale", "rotate_teacher", "tune", "anchor", "seed",
               "scored_weight", "sentiment_weight", "labels_batch", "whiten_targets", "nli_weight",
-              "nli_classes_weight", "table_lr_scale", "layers")
+              "nli_classes_weight", "table_lr_scale", "layers", "windows")
 
 
 def save_state(cfg: StudentConfig, step: int, encoder: DiSANEncoder, optimizer, schedule,

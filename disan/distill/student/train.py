@@ -197,7 +197,8 @@ def train_student(cfg: StudentConfig, teacher_encode=None) -> dict:
     needed = np.zeros(len(texts), bool)  # the rows the teacher encoded and the pairs' texts
     needed[:done] = True
     needed[pairs[:, :2].ravel()] = True
-    rows = PieceRows(tok, [t if keep else "" for t, keep in zip(texts, needed, strict=True)], cfg.max_pieces)
+    rows = PieceRows(tok, [t if keep else "" for t, keep in zip(texts, needed, strict=True)], cfg.max_pieces,
+                     windows=cfg.windows)
     pairs = pairs[rng.permutation(len(pairs))]
     held = min(512, len(pairs) // 5)
     val_pairs, pairs = pairs[:held], pairs[held:]

@@ -141,6 +141,53 @@ def test_length_sorted_parts_give_the_vectors_of_one_batch(tiny) -> None:
             assert torch.allclose(rows.encode(encoder, chosen, "cpu", buckets), whole, atol=1e-5)
 
 
+def test_windowed_rows_give_the_vectors_the_embed_route_serves(tiny) -> None:
+    from disan.model import DiSANConfig, DiSANEncoder
+    from disan.text.windowing import EMBEDDING_LEAD, pool_windows, split_windows
+
+    _, path = tiny
+    tok = PieceTokenizer.from_file(path)
+    long = ("disk file network packet server client query answer question title river storm farmer cattle "
+            "council shelter road water kernel module driver memory page cache")
+    texts = ["river storm", long, "query answer"]
+    cut, windowed = PieceRows(tok, texts, max_pieces=6), PieceRows(tok, texts, max_pieces=6, windows=True)
+    torch.manual_seed(0)
+    encoder = DiSANEncoder(DiSANConfig(vocab_size=len(tok), embed_dim=8, d_h=8, task="encoder",
+                                       proj_dim=12)).eval()
+    chosen = np.array([1, 0, 2, 1])
+    ids = tok.batch_ids(texts[1:2])[0]
+    assert len(ids) > 12  # three windows at least: the pooling is not one window's vector
+    with torch.no_grad():
+        got = windowed.encode(encoder, chosen, "cpu", buckets=2)
+        parts = split_windows(ids, 6)
+        each = torch.cat([encoder(*windowed_batch(w)) for w in parts]).numpy()
+        served = pool_windows(each, [len(w) for w in parts], EMBEDDING_LEAD)
+        short = cut.encode(encoder, chosen, "cpu")
+    assert np.allclose(got[0].numpy(), served, atol=1e-5) and np.allclose(got[3].numpy(), served, atol=1e-5)
+    assert torch.allclose(got[[1, 2]], short[[1, 2]], atol=1e-5)  # a text that fits is read as before
+    first = encoder(*windowed_batch(ids[:6])).detach()[0]
+    assert torch.allclose(short[0], first, atol=1e-5)  # without windows a long text is its first window
+    assert not torch.allclose(got[0], short[0], atol=1e-3)
+
+
+def windowed_batch(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor([ids])
+    return x, torch.ones_like(x, dtype=torch.bool)
+
+
+def test_a_windowed_run_reads_its_long_rows_in_windows(tiny, tmp_path) -> None:
+    root, path = tiny
+    values = dict(corpus=root / "corpus", tokenizer=path, embed_dim=8, d_h=8, proj_dim=16, dims=(16,),
+                  batch_size=16, pairs_batch=8, steps=1, val_rows=16, eval_every=1, max_pieces=4, seed=5)
+    table = lambda texts: np.random.default_rng(3).normal(size=(len(texts), 12))  # noqa: E731
+    cut = train_student(StudentConfig(out=tmp_path / "cut", **values), teacher_encode=table)
+    windowed = train_student(StudentConfig(out=tmp_path / "win", windows=True, **values),
+                             teacher_encode=table)
+    assert windowed["val_cosine"] != cut["val_cosine"]
+    assert load_checkpoint(tmp_path / "win" / "student.pt")["model_state"].keys() == \
+        load_checkpoint(tmp_path / "cut" / "student.pt")["model_state"].keys()
+
+
 def test_a_resumed_run_ends_where_one_run_ends(tiny, tmp_path) -> None:
     root, path = tiny
 
