@@ -39,7 +39,7 @@ class PieceRows:
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
 
     def batch(self, rows: np.ndarray, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return padded([self.flat[self.offsets[r]:self.offsets[r] + self.lengths[r]] for r in rows], device)
+        return padded([self.ids(r) for r in rows], device)
 
     def encode(self, encoder: DiSANEncoder, rows: np.ndarray, device: str, buckets: int = 1) -> torch.Tensor:
         """`encoder`'s vectors of `rows`, in order, run as `buckets` length-sorted parts: the
